@@ -1,0 +1,31 @@
+# Two front doors: `make test` (set up + run the tests) and `make demo` (set up + run the main job).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-all lint demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check hycache tests benchmarks
+
+test: setup lint
+	$(BIN)/pytest -q
+
+test-all: setup
+	$(BIN)/pytest -q -m ''
+
+demo: setup
+	$(BIN)/hycache explain --block-size 4416 --prefix-match-unit 64 --eagle \
+		--prompt-tokens 64016 --shared-prefix 57600
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

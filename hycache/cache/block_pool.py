@@ -1,0 +1,172 @@
+"""The block pool: fixed blocks shared by every layer group, ref counts, keys, LRU eviction.
+
+Block 0 is the null block (never allocated, never keyed). A block is either referenced
+(ref_cnt > 0) or in the free queue; a free block may still carry keys (a cached block), and
+loses them only when it is reallocated (evicted).
+
+Free queue, head (next to reuse) on the left:
+
+    [unkeyed frees ...][keyed frees, least recently freed first ...]
+     ^ freed unkeyed blocks go to the head    freed keyed blocks go to the tail ^
+
+A block may carry several keys: one per registered position (a full-block key and mid-block
+keys). Every key is `(group_id, prefix hash)`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from hycache.cache.hashing import Hash
+
+NULL_BLOCK = 0
+
+
+class CacheKey(NamedTuple):
+    group: int
+    hash: Hash
+
+
+@dataclass(frozen=True)
+class BlockEvent:
+    """A key stored on or removed from a block; sent to subscribers (e.g. a store mirror)."""
+
+    kind: str  # "stored" | "removed"
+    key: CacheKey
+    block_id: int
+    position: int
+
+
+class NoFreeBlocksError(RuntimeError):
+    pass
+
+
+class IntegrityError(AssertionError):
+    pass
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError(
+                f"num_blocks: need at least 2 (one is the null block), got {num_blocks}"
+            )
+        self.num_blocks = num_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.keys: list[list[tuple[CacheKey, int]]] = [[] for _ in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self._key_to_block: dict[CacheKey, int] = {}
+        self._subscribers: list[Callable[[BlockEvent], None]] = []
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks carrying at least one key (referenced or free)."""
+        return sum(1 for k in self.keys if k)
+
+    def lookup(self, key: CacheKey) -> int | None:
+        """The block holding `key`, or None. Does not modify the pool."""
+        return self._key_to_block.get(key)
+
+    def is_free(self, block_id: int) -> bool:
+        return block_id in self._free
+
+    def subscribe(self, callback: Callable[[BlockEvent], None]) -> None:
+        self._subscribers.append(callback)
+
+    # -- allocation ----------------------------------------------------------------------------
+
+    def allocate(self, n: int) -> list[int]:
+        """Take `n` blocks from the head of the free queue, evicting their keys."""
+        if n > len(self._free):
+            raise NoFreeBlocksError(f"need {n} blocks, {len(self._free)} free")
+        out = []
+        for _ in range(n):
+            block_id, _ = self._free.popitem(last=False)
+            self._evict(block_id)
+            self.ref_cnt[block_id] = 1
+            out.append(block_id)
+        return out
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Take a reference on cached blocks (a cache hit); free ones leave the queue."""
+        for b in block_ids:
+            if b == NULL_BLOCK:
+                continue
+            if self.ref_cnt[b] == 0:
+                del self._free[b]
+            self.ref_cnt[b] += 1
+
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference from each block, in the order given (pass a request's blocks tail
+        first, so its tail is evicted before its head)."""
+        for b in block_ids:
+            if b == NULL_BLOCK:
+                continue
+            if self.ref_cnt[b] <= 0:
+                raise IntegrityError(f"block {b} freed with ref_cnt {self.ref_cnt[b]}")
+            self.ref_cnt[b] -= 1
+            if self.ref_cnt[b] == 0:
+                self._free[b] = None
+                if not self.keys[b]:
+                    self._free.move_to_end(b, last=False)
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    def add_key(self, block_id: int, key: CacheKey, position: int) -> bool:
+        """Register `key` on a referenced block. Returns False (and changes nothing) when the key
+        already names a block: the first writer wins."""
+        if block_id == NULL_BLOCK or self.ref_cnt[block_id] <= 0:
+            raise IntegrityError(f"key published on unreferenced block {block_id}")
+        if key in self._key_to_block:
+            return False
+        self._key_to_block[key] = block_id
+        self.keys[block_id].append((key, position))
+        self._emit(BlockEvent("stored", key, block_id, position))
+        return True
+
+    def _evict(self, block_id: int) -> None:
+        for key, position in self.keys[block_id]:
+            del self._key_to_block[key]
+            self._emit(BlockEvent("removed", key, block_id, position))
+        self.keys[block_id] = []
+
+    def _emit(self, event: BlockEvent) -> None:
+        for cb in self._subscribers:
+            cb(event)
+
+    # -- integrity ---------------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """free + referenced + null == total; keys point at live keyed blocks; no ref < 0."""
+        referenced = 0
+        for b in range(1, self.num_blocks):
+            r = self.ref_cnt[b]
+            if r < 0:
+                raise IntegrityError(f"block {b} has ref_cnt {r}")
+            if r > 0:
+                referenced += 1
+                if b in self._free:
+                    raise IntegrityError(f"referenced block {b} is in the free queue")
+            elif b not in self._free:
+                raise IntegrityError(f"block {b} has no references and is not free")
+        if self.ref_cnt[NULL_BLOCK] != 0 or NULL_BLOCK in self._free:
+            raise IntegrityError("the null block was allocated")
+        if len(self._free) + referenced + 1 != self.num_blocks:
+            raise IntegrityError(
+                f"free {len(self._free)} + referenced {referenced} + null != {self.num_blocks}"
+            )
+        for key, b in self._key_to_block.items():
+            if all(k != key for k, _ in self.keys[b]):
+                raise IntegrityError(f"key {key} maps to block {b}, which does not carry it")
+        n_keys = sum(len(k) for k in self.keys)
+        if n_keys != len(self._key_to_block):
+            raise IntegrityError(f"{n_keys} keys on blocks, {len(self._key_to_block)} in the map")

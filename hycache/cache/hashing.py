@@ -1,0 +1,68 @@
+"""Chained, seeded prefix hashes in match units (DESIGN §3.1).
+
+Unit k's hash covers (hash of unit k-1, its u tokens, the request's extra keys), so it
+fingerprints the whole prefix [0, k*u). xxh3-128 with a configurable seed: two processes (or an
+engine and an external store) with the same seed agree on every key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+Hash = bytes  # 16-byte digest
+
+
+def extra_key_bytes(cache_salt: str | None = None, extra: Sequence[str] = ()) -> bytes:
+    """Encode a request's extra keys (cache salt, adapter id, ...) once, unambiguously."""
+    parts = [cache_salt or "", *extra]
+    return b"\x1f".join(p.encode() for p in parts) if any(parts) else b""
+
+
+class PrefixHashes:
+    """The unit hashes of a growing token sequence, computed incrementally.
+
+    `at(n)` is the hash of the prefix [0, n) for n a positive multiple of the unit. Tokens are
+    appended with `extend`; only completed units are hashed.
+    """
+
+    __slots__ = ("_extra", "_hashes", "_pending", "seed", "unit")
+
+    def __init__(self, unit: int, seed: int = 0, extra: bytes = b"") -> None:
+        self.unit = unit
+        self.seed = seed
+        self._extra = extra
+        self._hashes: list[Hash] = []
+        self._pending: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    @property
+    def num_hashed_tokens(self) -> int:
+        return len(self._hashes) * self.unit
+
+    def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
+        if isinstance(tokens, np.ndarray):
+            self._pending.extend(tokens.tolist())
+        else:
+            self._pending.extend(int(t) for t in tokens)
+        u = self.unit
+        n_units = len(self._pending) // u
+        if not n_units:
+            return
+        data = np.asarray(self._pending[: n_units * u], dtype=np.int64).tobytes()
+        del self._pending[: n_units * u]
+        parent = self._hashes[-1] if self._hashes else b""
+        width = u * 8
+        digest = xxhash.xxh3_128_digest
+        seed, extra, out = self.seed, self._extra, self._hashes
+        for k in range(n_units):
+            parent = digest(parent + data[k * width : (k + 1) * width] + extra, seed)
+            out.append(parent)
+
+    def at(self, n: int) -> Hash:
+        """Hash of the prefix [0, n); n must be a positive multiple of the unit, hashed."""
+        return self._hashes[n // self.unit - 1]

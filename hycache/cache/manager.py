@@ -1,0 +1,175 @@
+"""The cache manager: the one object the scheduler talks to.
+
+lookup(req)                    -> CacheHit            pure; the joint hit and the junction
+allocate(req, start, end, k)   -> StepAllocation|None  slots for [start, end) + k lookahead;
+                                                      None (nothing changed) if blocks run out
+commit(req)                    after the forward: publish keys for verified tokens only
+free(req)                      release everything, tail blocks first
+take_copies()                  block copies (copy-on-write) the runner must do first
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hycache.cache.attention import AttentionManager
+from hycache.cache.block_pool import BlockPool
+from hycache.cache.boundaries import Boundaries
+from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
+from hycache.cache.ssm import SSMManager, StateIO
+from hycache.config import CacheConfig, GroupKind, SpeculativeConfig
+from hycache.request import Request
+
+
+@dataclass(frozen=True)
+class StepAllocation:
+    block_tables: tuple[list[int], ...]  # per attention group (live lists: read, don't keep)
+    states: tuple[StateIO, ...]  # per SSM group
+    checkpoint: bool  # this step's SSM end state is kept and keyed
+
+
+@dataclass
+class CacheStats:
+    num_blocks: int = 0
+    free_blocks: int = 0
+    used_blocks: int = 0
+    cached_blocks: int = 0
+    admissions: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    lost_reuse_tokens: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
+class CacheManager:
+    def __init__(self, cache: CacheConfig, spec: SpeculativeConfig) -> None:
+        self.config = cache
+        self.bounds = Boundaries.from_config(cache, spec)
+        self.pool = BlockPool(cache.num_blocks)
+        self.attention: list[AttentionManager] = []
+        self.ssm: list[SSMManager] = []
+        for gid, kind in enumerate(cache.groups):
+            if kind is GroupKind.ATTENTION:
+                self.attention.append(AttentionManager(gid, self.pool, self.bounds))
+            else:
+                self.ssm.append(SSMManager(gid, self.pool, self.bounds))
+        self._copies: list[tuple[int, int]] = []
+        self._live: set[str] = set()
+        self._stats = CacheStats(num_blocks=cache.num_blocks)
+
+    # -- lookup --------------------------------------------------------------------------------
+
+    def lookup(self, req: Request) -> CacheHit:
+        """The joint hit for a request about to be (re)admitted. Does not modify the cache."""
+        if not self.config.enable_prefix_caching:
+            return no_hit(len(self.attention), len(self.ssm))
+        return find_joint_hit(self.attention, self.ssm, req.hashes, req.num_tokens, self.bounds)
+
+    def will_checkpoint(self, req: Request, end: int) -> bool:
+        return (
+            bool(self.ssm)
+            and self.config.enable_prefix_caching
+            and self.bounds.should_checkpoint(end, req.num_prompt_tokens, req.junction_stop)
+        )
+
+    # -- allocation ------------------------------------------------------------------------------
+
+    def allocate(
+        self,
+        req: Request,
+        start: int,
+        end: int,
+        num_lookahead: int = 0,
+        hit: CacheHit | None = None,
+    ) -> StepAllocation | None:
+        """Slots for tokens [start, end) plus `num_lookahead` draft slots. `hit` is given on the
+        request's first allocation after a lookup. Returns None, changing nothing, when the
+        free blocks do not suffice."""
+        rid = req.request_id
+        first = rid not in self._live
+        if first and hit is None:
+            hit = no_hit(len(self.attention), len(self.ssm))
+        resume = hit.resume_point if hit else 0
+        checkpoint = self.will_checkpoint(req, end)
+        total = end + num_lookahead
+        need = 0
+        for i, m in enumerate(self.attention):
+            blocks = hit.attention_blocks[i] if first and hit else []
+            need += m.blocks_needed(rid, blocks, resume, total)
+        for i, s in enumerate(self.ssm):
+            need += s.blocks_needed(rid, hit.ssm_blocks[i] if first and hit else None, checkpoint)
+        if need > self.pool.num_free:
+            return None
+        if first:
+            assert hit is not None
+            for i, m in enumerate(self.attention):
+                m.adopt(rid, hit.attention_blocks[i], resume)
+            for i, s in enumerate(self.ssm):
+                s.adopt(rid, hit.ssm_blocks[i] if resume else None)
+            self._live.add(rid)
+            self._record_admission(req, hit)
+        for m in self.attention:
+            m.grow(rid, total, self._copies)
+        states = tuple(s.plan_step(rid, end, checkpoint) for s in self.ssm)
+        return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
+
+    def commit(self, req: Request) -> None:
+        """After the forward: publish keys for the request's verified tokens (never drafts)."""
+        rid = req.request_id
+        if rid not in self._live:
+            return
+        for s in self.ssm:
+            s.commit(rid, req.hashes)
+        if self.config.enable_prefix_caching:
+            for m in self.attention:
+                m.publish(rid, req.hashes, req.num_computed_tokens, req.num_prompt_tokens)
+
+    def free(self, req: Request) -> None:
+        rid = req.request_id
+        if rid not in self._live:
+            return
+        self._live.discard(rid)
+        for s in reversed(self.ssm):
+            s.free(rid)
+        for m in reversed(self.attention):
+            m.free(rid)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Block copies (src, dst) for the runner to perform before the next forward. The
+        sources were pinned until now; they are released here."""
+        copies, self._copies = self._copies, []
+        self.pool.free(src for src, _ in copies)
+        return copies
+
+    # -- accounting ------------------------------------------------------------------------------
+
+    def _record_admission(self, req: Request, hit: CacheHit) -> None:
+        st = self._stats
+        st.admissions += 1
+        st.query_tokens += req.num_tokens
+        st.hit_tokens += hit.resume_point
+        st.lost_reuse_tokens += hit.lost_reuse
+
+    def block_table(self, req: Request, group: int = 0) -> list[int]:
+        return self.attention[group].block_table(req.request_id)
+
+    def ssm_source(self, req: Request, group: int = 0) -> int | None:
+        return self.ssm[group].state_src(req.request_id)
+
+    def stats(self) -> CacheStats:
+        st = self._stats
+        st.free_blocks = self.pool.num_free
+        st.used_blocks = self.pool.num_blocks - 1 - self.pool.num_free
+        st.cached_blocks = self.pool.num_cached
+        return st
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+
+    @property
+    def num_live_requests(self) -> int:
+        return len(self._live)

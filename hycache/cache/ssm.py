@@ -1,0 +1,126 @@
+"""SSM (Mamba, "align" mode) group manager: state blocks and exact-position checkpoints.
+
+An SSM layer keeps one state, overwritten in place, so a prefix is reusable only where a copy
+of the state at exactly that position was kept. Each step reads its initial state from `src`
+and writes its final state to `dst`:
+
+    step ends at a checkpoint:   src ──forward──▶ fresh block F   (F keyed at `end` after the
+                                                                   forward; next step reads F)
+    any other step:              src ──forward──▶ running block R (overwritten every step)
+
+So a checkpoint is frozen the moment it is written: the next forward writes elsewhere, and the
+running block is never keyed. States that are not checkpoints live only in R and are gone at
+once (retention). Keys are published in `commit`, after the forward that wrote them, so a
+request scheduled in the same step cannot hit them (DESIGN §3.7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hycache.cache.block_pool import BlockPool, CacheKey
+from hycache.cache.boundaries import Boundaries
+from hycache.cache.hashing import PrefixHashes
+
+
+def find_ssm_hit(
+    hashes: PrefixHashes, pool: BlockPool, group: int, unit: int, limit: int
+) -> tuple[int, int | None]:
+    """Largest n <= limit with a checkpoint keyed at exactly n, scanning right to left, and its
+    block. Pure: does not modify the pool."""
+    for n in range(limit // unit * unit, 0, -unit):
+        b = pool.lookup(CacheKey(group, hashes.at(n)))
+        if b is not None:
+            return n, b
+    return 0, None
+
+
+@dataclass
+class _State:
+    src: int | None = None  # block the next step starts from (None: zeros)
+    src_held: bool = False  # src is a hit block or our own checkpoint, referenced by us
+    running: int | None = None
+    pending_dst: int | None = None
+    pending_end: int = 0
+    pending_checkpoint: bool = False
+
+
+@dataclass(frozen=True)
+class StateIO:
+    """Where one request's step reads and writes its SSM state (None: start from zeros)."""
+
+    src: int | None
+    dst: int
+
+
+class SSMManager:
+    kind = "ssm"
+
+    def __init__(self, group: int, pool: BlockPool, bounds: Boundaries) -> None:
+        self.group = group
+        self.pool = pool
+        self.bounds = bounds
+        self._states: dict[str, _State] = {}
+
+    def find_hit(self, hashes: PrefixHashes, limit: int) -> tuple[int, int | None]:
+        return find_ssm_hit(hashes, self.pool, self.group, self.bounds.unit, limit)
+
+    def blocks_needed(self, request_id: str, hit_block: int | None, checkpoint: bool) -> int:
+        st = self._states.get(request_id)
+        need = 0
+        if st is None and hit_block is not None and self.pool.ref_cnt[hit_block] == 0:
+            need += 1
+        running = st.running if st else None
+        if checkpoint or running is None:
+            need += 1
+        return need
+
+    def adopt(self, request_id: str, hit_block: int | None) -> None:
+        st = self._states[request_id] = _State()
+        if hit_block is not None:
+            self.pool.touch([hit_block])
+            st.src, st.src_held = hit_block, True
+
+    def plan_step(self, request_id: str, end: int, checkpoint: bool) -> StateIO:
+        """Choose the destination of this step's final state (see the module diagram)."""
+        st = self._states[request_id]
+        if checkpoint:
+            (dst,) = self.pool.allocate(1)
+        else:
+            if st.running is None:
+                (st.running,) = self.pool.allocate(1)
+            dst = st.running
+        st.pending_dst, st.pending_end, st.pending_checkpoint = dst, end, checkpoint
+        return StateIO(st.src, dst)
+
+    def commit(self, request_id: str, hashes: PrefixHashes) -> None:
+        """The forward has written the planned state: key it if it is a checkpoint, and make it
+        the source of the next step."""
+        st = self._states[request_id]
+        if st.pending_dst is None:
+            return
+        dst, end = st.pending_dst, st.pending_end
+        if st.src_held and st.src is not None and st.src != dst:
+            self.pool.free([st.src])
+        if st.pending_checkpoint:
+            self.pool.add_key(dst, CacheKey(self.group, hashes.at(end)), end)
+            st.src, st.src_held = dst, True
+        else:
+            st.src, st.src_held = dst, False
+        st.pending_dst = None
+
+    def free(self, request_id: str) -> None:
+        st = self._states.pop(request_id, None)
+        if st is None:
+            return
+        blocks = []
+        if st.pending_dst is not None and st.pending_dst != st.running:
+            blocks.append(st.pending_dst)
+        if st.src_held and st.src is not None:
+            blocks.append(st.src)
+        if st.running is not None:
+            blocks.append(st.running)
+        self.pool.free(blocks)
+
+    def state_src(self, request_id: str) -> int | None:
+        return self._states[request_id].src

@@ -1,0 +1,197 @@
+"""Frozen, validated configuration for the cache, the drafter and the scheduler.
+
+Every user-facing knob lives here. Validation raises one `ValueError` per problem that names the
+field and says how to fix it; nothing downstream re-checks user input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Policy(StrEnum):
+    """Where SSM checkpoints are placed (DESIGN §3.5)."""
+
+    TAIL = "tail"
+    REPLAY = "replay"
+    JUNCTION = "junction"
+
+
+POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in Policy)
+
+
+def parse_policy(value: str | Policy) -> Policy:
+    if isinstance(value, Policy):
+        return value
+    try:
+        return Policy(value)
+    except ValueError:
+        raise ValueError(
+            f"policy: unknown policy {value!r}; choose one of {', '.join(POLICY_NAMES)}"
+        ) from None
+
+
+def parse_retention(value: str | int) -> str | int:
+    """`semantic` (default), `dense`, or an interval in tokens (int or decimal string)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value in ("semantic", "dense"):
+            return value
+        if value.isdigit():
+            return int(value)
+    raise ValueError(
+        f"retention: unknown retention {value!r}; use 'semantic', 'dense' or an interval in "
+        "tokens (a multiple of block_size)"
+    )
+
+
+class GroupKind(StrEnum):
+    ATTENTION = "attention"
+    SSM = "ssm"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Prefix-cache geometry and policy.
+
+    `groups` lists the model's layer groups in the order the runner sees them (e.g. target
+    attention, SSM, drafter attention); every group uses the same `block_size`.
+    """
+
+    block_size: int = 16
+    prefix_match_unit: int | None = None
+    num_blocks: int = 1024
+    max_model_len: int = 4096
+    policy: Policy = Policy.JUNCTION
+    retention: str | int = "semantic"
+    enable_prefix_caching: bool = True
+    hash_seed: int = 0
+    groups: tuple[GroupKind, ...] = (GroupKind.ATTENTION, GroupKind.SSM)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", parse_policy(self.policy))
+        object.__setattr__(self, "retention", parse_retention(self.retention))
+        object.__setattr__(self, "groups", tuple(GroupKind(g) for g in self.groups))
+        if self.block_size <= 0:
+            raise ValueError(f"block_size: must be a positive integer, got {self.block_size}")
+        if self.prefix_match_unit is not None:
+            u = self.prefix_match_unit
+            if u <= 0:
+                raise ValueError(f"prefix_match_unit: must be a positive integer, got {u}")
+            if self.block_size % u:
+                raise ValueError(
+                    f"prefix_match_unit: {u} does not divide block_size {self.block_size}; pick "
+                    f"a divisor of {self.block_size} (or leave it unset to match whole blocks)"
+                )
+        if self.max_model_len <= 0:
+            raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
+        if isinstance(self.retention, int) and (
+            self.retention <= 0 or self.retention % self.block_size
+        ):
+            raise ValueError(
+                f"retention: interval {self.retention} is not a positive multiple of block_size "
+                f"{self.block_size}; use a multiple such as {self.block_size * 4}"
+            )
+        if not self.groups:
+            raise ValueError("groups: at least one layer group is required")
+        need = self.min_blocks()
+        if self.num_blocks < need:
+            raise ValueError(
+                f"num_blocks: {self.num_blocks} blocks cannot hold one request of max_model_len "
+                f"{self.max_model_len} (needs at least {need} with {len(self.groups)} groups at "
+                f"block_size {self.block_size}); raise num_blocks or lower max_model_len"
+            )
+
+    @property
+    def unit(self) -> int:
+        """The prefix-match unit `u` (equal to the block size when unset)."""
+        return self.prefix_match_unit or self.block_size
+
+    @property
+    def num_attention_groups(self) -> int:
+        return sum(g is GroupKind.ATTENTION for g in self.groups)
+
+    @property
+    def num_ssm_groups(self) -> int:
+        return sum(g is GroupKind.SSM for g in self.groups)
+
+    def min_blocks(self) -> int:
+        """Blocks one maximal request needs: the null block, a full attention table per
+        attention group, and per SSM group a running state, a held source and a fresh
+        checkpoint, plus one copy-on-write block per attention group."""
+        per_table = math.ceil(self.max_model_len / self.block_size)
+        return 1 + self.num_attention_groups * (per_table + 1) + 3 * self.num_ssm_groups
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding with an EAGLE/MTP drafter.
+
+    `eagle_drop` defaults to on whenever drafts are proposed: a hit must then recompute its last
+    match unit so the drafter gets the target's hidden state (DESIGN §3.4).
+    """
+
+    num_speculative_tokens: int = 0
+    eagle_drop: bool | None = None
+    acceptance_rate: float = 0.7
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 0:
+            raise ValueError(
+                f"num_speculative_tokens: must be >= 0, got {self.num_speculative_tokens}"
+            )
+        if not 0.0 <= self.acceptance_rate <= 1.0:
+            raise ValueError(f"acceptance_rate: must lie in [0, 1], got {self.acceptance_rate}")
+        if self.eagle_drop is None:
+            object.__setattr__(self, "eagle_drop", self.num_speculative_tokens > 0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_speculative_tokens > 0
+
+    def drop(self, cache: CacheConfig) -> int:
+        """The EAGLE drop `d`: one match unit (the block when unset), or 0 without a drafter."""
+        return cache.unit if self.eagle_drop else 0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(
+                f"max_num_batched_tokens: must be positive, got {self.max_num_batched_tokens}"
+            )
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs: must be positive, got {self.max_num_seqs}")
+
+
+@dataclass(frozen=True)
+class HycacheConfig:
+    """The three configs together, with the checks that need more than one of them."""
+
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        b = self.cache.block_size
+        if GroupKind.SSM in self.cache.groups and self.scheduler.max_num_batched_tokens < b:
+            raise ValueError(
+                f"max_num_batched_tokens: {self.scheduler.max_num_batched_tokens} is below "
+                f"block_size {b}; SSM-aligned chunks must be able to reach the next block "
+                f"boundary, so raise it to at least {b}"
+            )
+        k = self.speculative.num_speculative_tokens
+        if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs * (1 + k) and (
+            self.scheduler.max_num_batched_tokens < 1 + k
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens: {self.scheduler.max_num_batched_tokens} cannot fit one "
+                f"speculative decode step of {1 + k} tokens"
+            )

@@ -1,0 +1,259 @@
+"""Building blocks shared by the Bamba model and the EAGLE draft head.
+
+Owns: `RMSNorm`, rotary embeddings (`rope_cos_sin`, `apply_rope`, honouring a partial rotary
+factor), the SwiGLU `MLP`, grouped-query `Attention` over a `PagedKVCache`, and
+`AttentionPlan` - the per-step slot bookkeeping (where new K/V go, which slots each request
+reads, the causal masks) computed once per forward and shared by all attention layers that use
+the same block tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hycache.model.paged import PagedKVCache, StepBatch
+
+# Requests whose query length is at most this go through one padded, batched attention call;
+# longer ones (prefill chunks) are handled one request at a time in query tiles.
+PADDED_ATTENTION_MAX_QUERY = 32
+# Query rows per SDPA call in the per-request path (bounds the size of the mask).
+ATTENTION_QUERY_TILE = 2048
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Precision for norms, softmax-side math and SSM states: float32, or float64 if asked."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class RMSNorm(nn.Module):
+    """y = weight * x / sqrt(mean(x^2) + eps), normalised in float32 (float64 for float64)."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        in_dtype = x.dtype
+        xf = x.to(compute_dtype(in_dtype))  # (..., hidden)
+        var = xf.pow(2).mean(-1, keepdim=True)  # (..., 1)
+        return self.weight * (xf * torch.rsqrt(var + self.eps)).to(in_dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (N, rotary_dim) for absolute positions (N,).
+
+    Angles are computed in float32 as transformers does (float64 for float64 models), in the
+    non-interleaved layout: frequencies repeated as [f_0 .. f_{d/2-1}, f_0 .. f_{d/2-1}].
+    """
+    cdt = compute_dtype(dtype)
+    exponent = torch.arange(0, rotary_dim, 2, dtype=cdt, device=positions.device) / rotary_dim
+    inv_freq = 1.0 / (theta**exponent)  # (rotary_dim / 2,)
+    freqs = positions.to(cdt)[:, None] * inv_freq[None, :]  # (N, rotary_dim / 2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (N, rotary_dim)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first rotary_dim dims of x (N, heads, head_dim); the rest pass through."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]  # (N, heads, rot), (N, heads, head_dim - rot)
+    half = rot // 2
+    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)  # (N, heads, rot)
+    x_rot = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([x_rot, x_pass], dim=-1)  # (N, heads, head_dim)
+
+
+@dataclass
+class AttentionPlan:
+    """Slot bookkeeping for one step, shared by every attention layer using these block tables.
+
+    Attributes:
+        write_slots: (N,) flat slot (block * block_size + row) where each new token's K/V go.
+        starts: request r's tokens are rows starts[r] .. starts[r + 1] - 1.
+        read_slots: per request, (context_len + query_len,) flat slots of positions 0.. in order.
+        positions: (N,) absolute positions (for the causal masks).
+        padded: batched layout used when every query is short (decode / verify), else None.
+    """
+
+    write_slots: torch.Tensor
+    starts: list[int]
+    read_slots: list[torch.Tensor]
+    positions: torch.Tensor
+    padded: PaddedAttention | None
+
+    @classmethod
+    def build(cls, batch: StepBatch, block_size: int, device: torch.device) -> AttentionPlan:
+        starts = batch.query_starts()
+        positions = batch.positions.to(device)
+        write_parts: list[torch.Tensor] = []
+        read_slots: list[torch.Tensor] = []
+        for r in range(batch.num_requests):
+            total = batch.context_lens[r] + batch.query_lens[r]
+            table = batch.block_tables[r]
+            if len(table) * block_size < total:
+                raise ValueError(
+                    f"StepBatch.block_tables[{r}] has {len(table)} blocks of {block_size}, "
+                    f"too few for {total} tokens"
+                )
+            bt = torch.tensor(table, dtype=torch.int64, device=device)  # (blocks,)
+            pos = torch.arange(total, dtype=torch.int64, device=device)  # (T,)
+            slots = bt[pos // block_size] * block_size + pos % block_size  # (T,)
+            read_slots.append(slots)
+            write_parts.append(slots[batch.context_lens[r] :])
+        write_slots = torch.cat(write_parts)  # (N,)
+        padded = None
+        if max(batch.query_lens) <= PADDED_ATTENTION_MAX_QUERY:
+            padded = PaddedAttention.build(batch, read_slots, positions, starts, device)
+        return cls(write_slots, starts, read_slots, positions, padded)
+
+
+@dataclass
+class PaddedAttention:
+    """All requests padded to (R, q_max) queries and (R, T_max) keys, for one SDPA call.
+
+    Attributes:
+        rows: (R, q_max) token row of each padded query (padding points at row 0).
+        valid: (R, q_max) bool, True for real queries.
+        slots: (R, T_max) flat key slots (padding points at slot 0 and is masked).
+        mask: (R, 1, q_max, T_max) bool, True where a query may attend to a key.
+    """
+
+    rows: torch.Tensor
+    valid: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def build(
+        cls,
+        batch: StepBatch,
+        read_slots: list[torch.Tensor],
+        positions: torch.Tensor,
+        starts: list[int],
+        device: torch.device,
+    ) -> PaddedAttention:
+        nreq = batch.num_requests
+        q_max = max(batch.query_lens)
+        t_max = max(s.shape[0] for s in read_slots)
+        rows = torch.zeros(nreq, q_max, dtype=torch.int64, device=device)  # (R, q_max)
+        valid = torch.zeros(nreq, q_max, dtype=torch.bool, device=device)  # (R, q_max)
+        slots = torch.zeros(nreq, t_max, dtype=torch.int64, device=device)  # (R, T_max)
+        lens = torch.tensor([s.shape[0] for s in read_slots], device=device)  # (R,)
+        for r in range(nreq):
+            q = batch.query_lens[r]
+            rows[r, :q] = torch.arange(starts[r], starts[r] + q, device=device)
+            valid[r, :q] = True
+            slots[r, : read_slots[r].shape[0]] = read_slots[r]
+        qpos = torch.where(valid, positions[rows], lens[:, None] - 1)  # (R, q_max)
+        keys = torch.arange(t_max, device=device)  # (T_max,)
+        mask = (keys[None, None, :] <= qpos[:, :, None]) & (keys[None, None, :] < lens[:, None, None])
+        return cls(rows, valid, slots, mask[:, None])  # mask: (R, 1, q_max, T_max)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with (partial) rotary embeddings over a paged KV cache."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        bias: bool,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        plan: AttentionPlan,
+        kv: PagedKVCache,
+        kv_layer: int,
+    ) -> torch.Tensor:
+        """x: (N, hidden) -> (N, hidden). Writes the new K/V into `kv` layer `kv_layer` first."""
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # (N, heads, head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        kv.write(kv_layer, plan.write_slots, k, v)
+
+        if plan.padded is not None:
+            out = self._padded(q, plan.padded, kv, kv_layer)
+        else:
+            out = torch.empty_like(q)  # (N, heads, head_dim)
+            for r, slots in enumerate(plan.read_slots):
+                s, e = plan.starts[r], plan.starts[r + 1]
+                out[s:e] = self._one_request(q[s:e], plan.positions[s:e], slots, kv, kv_layer)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+              ) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=self.scale, enable_gqa=True
+        )
+
+    def _one_request(
+        self,
+        q: torch.Tensor,
+        qpos: torch.Tensor,
+        slots: torch.Tensor,
+        kv: PagedKVCache,
+        kv_layer: int,
+    ) -> torch.Tensor:
+        """q: (q_len, heads, head_dim) attending causally to the keys at `slots` (T,)."""
+        k, v = kv.gather(kv_layer, slots)  # (T, kv_heads, head_dim) each
+        k = k.transpose(0, 1)[None]  # (1, kv_heads, T, head_dim)
+        v = v.transpose(0, 1)[None]  # (1, kv_heads, T, head_dim)
+        keys = torch.arange(slots.shape[0], device=q.device)  # (T,)
+        out = torch.empty_like(q)  # (q_len, heads, head_dim)
+        for a in range(0, q.shape[0], ATTENTION_QUERY_TILE):
+            b = min(a + ATTENTION_QUERY_TILE, q.shape[0])
+            hi = int(qpos[b - 1].item()) + 1  # keys beyond the tile's last position are unused
+            mask = keys[None, :hi] <= qpos[a:b, None]  # (tile, hi)
+            qt = q[a:b].transpose(0, 1)[None]  # (1, heads, tile, head_dim)
+            o = self._sdpa(qt, k[:, :, :hi], v[:, :, :hi], mask)  # (1, heads, tile, head_dim)
+            out[a:b] = o[0].transpose(0, 1)
+        return out
+
+    def _padded(
+        self, q: torch.Tensor, pad: PaddedAttention, kv: PagedKVCache, kv_layer: int
+    ) -> torch.Tensor:
+        k, v = kv.gather(kv_layer, pad.slots)  # (R, T_max, kv_heads, head_dim) each
+        qp = q[pad.rows].transpose(1, 2)  # (R, heads, q_max, head_dim)
+        o = self._sdpa(qp, k.transpose(1, 2), v.transpose(1, 2), pad.mask)
+        o = o.transpose(1, 2)  # (R, q_max, heads, head_dim)
+        out = torch.empty_like(q)  # (N, heads, head_dim)
+        out[pad.rows[pad.valid]] = o[pad.valid]
+        return out

@@ -1,0 +1,231 @@
+"""Loading Bamba models: Hugging Face checkpoint directories and built-in presets.
+
+Owns `load_model` (directory with `config.json` + `*.safetensors`, single or sharded, with or
+without `model.safetensors.index.json`; optional `tokenizer.json`), `save_model` (the inverse,
+used by tests and tools), the preset registry (`PRESETS`, `preset_config`) and strict
+state-dict checking shared with the EAGLE head (`check_state_dict`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from hycache.model.bamba import BambaForCausalLM
+from hycache.model.config import BambaConfig
+
+try:  # optional at import time; listed in the project dependencies
+    from tokenizers import Tokenizer
+except ImportError:  # pragma: no cover
+    Tokenizer = None  # type: ignore[assignment,misc]
+
+_LOADABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+# ---------------------------------------------------------------------------------- presets
+def _tiny_config() -> BambaConfig:
+    return BambaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        attn_layer_indices=(2, 5),
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_n_groups=2,
+        mamba_d_state=64,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=128,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        tie_word_embeddings=False,
+        max_position_embeddings=65536,
+    )
+
+
+PRESET_SEEDS: dict[str, int] = {"tiny": 1234}
+PRESETS: dict[str, Callable[[], BambaConfig]] = {"tiny": _tiny_config}
+
+
+def preset_config(name: str) -> BambaConfig:
+    """The config of a built-in preset (`tiny`)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    return PRESETS[name]()
+
+
+# ---------------------------------------------------------------------------------- checking
+def check_state_dict(
+    expected: Mapping[str, torch.Size],
+    found: Mapping[str, torch.Size],
+    *,
+    what: str,
+    optional: frozenset[str] = frozenset(),
+) -> None:
+    """Raise ValueError naming every missing, unexpected or misshaped tensor."""
+    missing = sorted(k for k in expected if k not in found and k not in optional)
+    unexpected = sorted(k for k in found if k not in expected and k not in optional)
+    misshaped = sorted(
+        f"{k}: checkpoint {tuple(found[k])} vs model {tuple(expected[k])}"
+        for k in expected
+        if k in found and tuple(found[k]) != tuple(expected[k])
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing tensors {missing}")
+    if unexpected:
+        problems.append(f"unexpected tensors {unexpected}")
+    if misshaped:
+        problems.append(f"shape mismatch {misshaped}")
+    if problems:
+        raise ValueError(f"{what}: " + "; ".join(problems))
+
+
+def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """All tensors of the given files (CPU). Raises ValueError on a tensor present twice or
+    stored in an unsupported dtype."""
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as fh:
+            for key in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if key in tensors:
+                    raise ValueError(f"tensor {key!r} appears in more than one file ({f.name})")
+                t = fh.get_tensor(key)
+                if t.dtype not in _LOADABLE_DTYPES:
+                    raise ValueError(f"tensor {key!r} has unsupported dtype {t.dtype}")
+                tensors[key] = t
+    return tensors
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' dict")
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.is_file():
+                raise FileNotFoundError(f"{f} (listed in {index.name}) does not exist")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return files
+
+
+def _index_check(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return
+    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    listed_missing = sorted(k for k in weight_map if k not in tensors)
+    if listed_missing:
+        raise ValueError(f"{index.name} lists tensors that no shard holds: {listed_missing}")
+
+
+# ---------------------------------------------------------------------------------- API
+def load_config(path: str | Path) -> BambaConfig:
+    """Read and validate `config.json` in a checkpoint directory."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path} not found")
+    d: dict[str, Any] = json.loads(cfg_path.read_text())
+    return BambaConfig.from_hf_dict(d)
+
+
+def load_model(
+    path_or_preset: str,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> tuple[BambaForCausalLM, BambaConfig, Any | None]:
+    """Load a Bamba model: (model, config, tokenizers.Tokenizer or None).
+
+    `path_or_preset` is a preset name (`tiny`: random weights from a fixed seed, built in
+    memory) or a directory holding `config.json` (model_type "bamba") and `*.safetensors`
+    (float32 / bfloat16 / float16 tensors, cast to `dtype`).
+    """
+    if path_or_preset in PRESETS and not Path(path_or_preset).is_dir():
+        config = preset_config(path_or_preset)
+        model = BambaForCausalLM.random(config, PRESET_SEEDS[path_or_preset], dtype, device)
+        return model, config, None
+
+    path = Path(path_or_preset)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{path_or_preset!r} is neither a checkpoint directory nor a preset "
+            f"({sorted(PRESETS)})"
+        )
+    config = load_config(path)
+    tensors = read_safetensors(_checkpoint_files(path))
+    _index_check(path, tensors)
+
+    model = BambaForCausalLM.empty(config, dtype, device)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    optional = frozenset()
+    if config.tie_word_embeddings:
+        # A tied checkpoint may still carry a copy of the head; it is ignored.
+        optional = frozenset({"lm_head.weight"})
+        tensors.pop("lm_head.weight", None)
+    check_state_dict(expected, {k: t.shape for k, t in tensors.items()},
+                     what=f"checkpoint {path}", optional=optional)
+    with torch.no_grad():
+        state = model.state_dict()
+        for key, t in tensors.items():
+            state[key].copy_(t.to(device=state[key].device, dtype=state[key].dtype))
+
+    tokenizer = None
+    tok_path = path / "tokenizer.json"
+    if tok_path.is_file():
+        if Tokenizer is None:  # pragma: no cover
+            raise ImportError("tokenizer.json found but the `tokenizers` package is missing")
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    return model, config, tokenizer
+
+
+def save_model(
+    model: BambaForCausalLM,
+    path: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_tensors: int | None = None,
+    write_index: bool = True,
+) -> None:
+    """Write `config.json` and safetensors (optionally sharded) that `load_model` reads back.
+
+    Args:
+        dtype: cast tensors to this dtype on disk (default: keep the model's).
+        max_shard_tensors: when set, at most this many tensors per shard file.
+        write_index: with sharding, also write `model.safetensors.index.json`.
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2))
+    state = {
+        k: (v if dtype is None else v.to(dtype)).detach().cpu().contiguous()
+        for k, v in model.state_dict().items()
+    }
+    if max_shard_tensors is None:
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    keys = list(state)
+    shards = [keys[i : i + max_shard_tensors] for i in range(0, len(keys), max_shard_tensors)]
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: state[k] for k in shard}, str(out / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    if write_index:
+        index = {"metadata": {}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

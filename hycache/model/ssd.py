@@ -1,0 +1,172 @@
+"""The Mamba2 state-space-duality (SSD) scan: a chunked form for prefill and a recurrence.
+
+Owns the pure tensor math of the selective scan; the mixer module in `bamba.py` owns the
+projections, the conv and the norm around it.
+
+For one head with input x_t (head_dim P), step size dt_t > 0, scalar decay A < 0 and
+input-dependent B_t, C_t (d_state N), the recurrence is
+
+    h_t = exp(dt_t * A) * h_{t-1} + dt_t * x_t ⊗ B_t        h: (P, N)
+    y_t = h_t · C_t                                         y: (P,)
+
+(the D skip term, y_t += D * x_t, is added by the caller). Heads are split into `n_groups`
+groups that share B and C: head h uses group h // (n_heads // n_groups).
+
+`ssd_chunked` evaluates the same thing in blocks of `chunk_size` tokens: within a chunk as a
+masked "attention" product (C_l · B_s) * exp(a_{s+1} + ... + a_l), across chunks by passing the
+state h at chunk boundaries. It is exact up to rounding, for any chunk size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def segment_sum(a: torch.Tensor) -> torch.Tensor:
+    """out[..., l, s] = a[..., s+1] + ... + a[..., l] for s <= l, and -inf above the diagonal.
+
+    Computed by masked cumulative sums (no differences of large prefix sums, so no
+    cancellation). a: (..., Q) -> (..., Q, Q).
+    """
+    q = a.shape[-1]
+    tri_strict = torch.ones(q, q, dtype=torch.bool, device=a.device).tril(-1)
+    x = a[..., :, None].expand(*a.shape, q)  # (..., Q_k, Q_s): x[k, s] = a[k]
+    x = x.masked_fill(~tri_strict, 0.0)  # keep k > s
+    out = torch.cumsum(x, dim=-2)  # (..., Q_l, Q_s): sum_{s < k <= l} a[k]
+    tri = torch.ones(q, q, dtype=torch.bool, device=a.device).tril(0)
+    return out.masked_fill(~tri, float("-inf"))
+
+
+def ssd_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked SSD scan over a whole sequence.
+
+    Args:
+        x: (batch, seqlen, n_heads, head_dim) SSM input.
+        dt: (batch, seqlen, n_heads) step sizes, already softplus'ed and clamped.
+        A: (n_heads,) negative decay rates.
+        B: (batch, seqlen, n_groups, d_state) input matrix.
+        C: (batch, seqlen, n_groups, d_state) output matrix.
+        chunk_size: block length Q (any positive int; only rounding depends on it).
+        initial_state: (batch, n_heads, head_dim, d_state) state before the first token, or
+            None for zeros.
+
+    Returns:
+        y: (batch, seqlen, n_heads, head_dim) outputs (without the D skip term).
+        final_state: (batch, n_heads, head_dim, d_state) state after the last token.
+
+    Everything is computed in x's dtype; callers pass float32 (or float64).
+    """
+    b, t, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    r = h // g
+    q = max(1, min(chunk_size, t))
+    nc = -(-t // q)
+    pad = nc * q - t
+    dtype = x.dtype
+    if initial_state is None:
+        initial_state = x.new_zeros(b, h, p, n)
+
+    if pad:
+        # Padded steps have dt = 0: no decay (exp(0) = 1) and no input, so states are unchanged.
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+        dt = torch.nn.functional.pad(dt, (0, 0, 0, pad))
+        B = torch.nn.functional.pad(B, (0, 0, 0, 0, 0, pad))
+        C = torch.nn.functional.pad(C, (0, 0, 0, 0, 0, pad))
+
+    xc = x.reshape(b, nc, q, g, r, p)  # (batch, chunk, l, group, head_in_group, head_dim)
+    dtc = dt.to(dtype).reshape(b, nc, q, g, r)  # (batch, chunk, l, group, head_in_group)
+    Bc = B.to(dtype).reshape(b, nc, q, g, n)  # (batch, chunk, s, group, d_state)
+    Cc = C.to(dtype).reshape(b, nc, q, g, n)  # (batch, chunk, l, group, d_state)
+    a = dtc * A.to(dtype).view(g, r)  # (batch, chunk, l, group, head_in_group) log-decay per step
+    a_t = a.permute(0, 1, 3, 4, 2)  # (batch, chunk, group, head_in_group, l)
+    a_cum = torch.cumsum(a_t, dim=-1)  # (batch, chunk, group, head_in_group, l)
+    decay = torch.exp(segment_sum(a_t))  # (batch, chunk, group, head_in_group, l, s)
+    xdt = xc * dtc[..., None]  # (batch, chunk, s, group, head_in_group, head_dim)
+
+    # 1. Within each chunk: y_l += sum_{s <= l} (C_l · B_s) exp(a_{s+1..l}) dt_s x_s.
+    cb = torch.einsum("bclgn,bcsgn->bcgls", Cc, Bc)  # (batch, chunk, group, l, s)
+    scores = cb[:, :, :, None] * decay  # (batch, chunk, group, head_in_group, l, s)
+    y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, xdt)  # (batch, chunk, l, g, hig, head_dim)
+
+    # 2. What each chunk adds to the state at its end: sum_s exp(a_{s+1..Q-1}) dt_s x_s ⊗ B_s.
+    to_end = decay[..., -1, :]  # (batch, chunk, group, head_in_group, s)
+    chunk_states = torch.einsum(
+        "bcgrs,bcsgn,bcsgrp->bcgrpn", to_end, Bc, xdt
+    )  # (batch, chunk, group, head_in_group, head_dim, d_state)
+
+    # 3. Pass the state across chunk boundaries (sequential over chunks, cheap).
+    chunk_decay = torch.exp(a_cum[..., -1])  # (batch, chunk, group, head_in_group)
+    state = initial_state.to(dtype).reshape(b, g, r, p, n)  # (batch, g, hig, head_dim, d_state)
+    starts = []
+    for c in range(nc):
+        starts.append(state)
+        state = chunk_decay[:, c, :, :, None, None] * state + chunk_states[:, c]
+    start_states = torch.stack(starts, dim=1)  # (batch, chunk, g, hig, head_dim, d_state)
+
+    # 4. Contribution of the chunk's start state: y_l += exp(a_{0..l}) C_l · h_start.
+    y_off = torch.einsum(
+        "bclgn,bcgrpn->bclgrp", Cc, start_states
+    )  # (batch, chunk, l, group, head_in_group, head_dim)
+    y = y + y_off * torch.exp(a_cum).permute(0, 1, 4, 2, 3)[..., None]
+
+    y = y.reshape(b, nc * q, h, p)[:, :t]  # (batch, seqlen, n_heads, head_dim)
+    return y, state.reshape(b, h, p, n)
+
+
+def ssd_step(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One recurrence step for a batch of sequences.
+
+    Args:
+        state: (batch, n_heads, head_dim, d_state) h_{t-1}.
+        x: (batch, n_heads, head_dim); dt: (batch, n_heads); A: (n_heads,);
+        B, C: (batch, n_groups, d_state).
+
+    Returns:
+        y: (batch, n_heads, head_dim) = h_t · C_t (without D), and the new state h_t.
+    """
+    dtype = state.dtype
+    _bsz, h = dt.shape
+    g = B.shape[1]
+    r = h // g
+    dt = dt.to(dtype)  # (batch, n_heads)
+    Bh = B.to(dtype).repeat_interleave(r, dim=1)  # (batch, n_heads, d_state)
+    Ch = C.to(dtype).repeat_interleave(r, dim=1)  # (batch, n_heads, d_state)
+    dA = torch.exp(dt * A.to(dtype))  # (batch, n_heads)
+    dBx = (dt[..., None] * x.to(dtype))[..., None] * Bh[:, :, None, :]  # (batch, h, hd, d_state)
+    new_state = dA[..., None, None] * state + dBx  # (batch, n_heads, head_dim, d_state)
+    y = torch.einsum("bhpn,bhn->bhp", new_state, Ch)  # (batch, n_heads, head_dim)
+    return y, new_state
+
+
+def ssd_recurrent(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token reference with the same signature and results as `ssd_chunked`."""
+    b, t, h, p = x.shape
+    n = B.shape[-1]
+    state = x.new_zeros(b, h, p, n) if initial_state is None else initial_state.to(x.dtype)
+    ys = []
+    for i in range(t):
+        y, state = ssd_step(state, x[:, i], dt[:, i], A, B[:, i], C[:, i])
+        ys.append(y)
+    return torch.stack(ys, dim=1), state  # (batch, seqlen, n_heads, head_dim), final state

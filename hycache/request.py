@@ -1,0 +1,126 @@
+"""A request: its tokens, their prefix hashes, and how far it has computed.
+
+One counter drives everything: `num_computed_tokens` catches up with `num_tokens`. Prefill
+chunks, cache hits and verified drafts all just advance it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hycache.cache.hashing import PrefixHashes
+
+
+class RequestStatus(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self.value.startswith("finished")
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must lie in (0, 1], got {self.top_p}")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+
+
+@dataclass
+class CacheOutcome:
+    """What the cache lookup decided the last time this request was admitted."""
+
+    resume_point: int = 0
+    junction: int = 0
+    attention_match: int = 0
+    lost_reuse: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    hashes: PrefixHashes
+    arrival: int = 0
+    eos_token_id: int | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)
+    outcome: CacheOutcome = field(default_factory=CacheOutcome)
+    junction_stop: int | None = None
+    num_prefill_steps: int = 0
+    num_preemptions: int = 0
+    prefill_tokens_computed: int = 0
+    first_hit_tokens: int | None = None
+
+    @classmethod
+    def new(
+        cls,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        unit: int,
+        hash_seed: int = 0,
+        extra_keys: bytes = b"",
+        arrival: int = 0,
+        eos_token_id: int | None = None,
+    ) -> Request:
+        tokens = [int(t) for t in prompt_token_ids]
+        hashes = PrefixHashes(unit, hash_seed, extra_keys)
+        hashes.extend(tokens)
+        return cls(request_id, tokens, sampling, hashes, arrival, eos_token_id)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        """Still computing known tokens (prompt, or replayed outputs after preemption)."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def token(self, i: int) -> int:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    def append_output(self, token_ids: Sequence[int]) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.hashes.extend(token_ids)

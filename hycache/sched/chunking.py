@@ -1,0 +1,33 @@
+"""The SSM-aligned chunk split (DESIGN §3.6): where a prefill chunk may end.
+
+An SSM state exists only at the end of a forward step, so every non-final chunk ends where a
+checkpoint may be kept: on the block grid, or at a mandatory stop from the boundaries module
+(replay boundary, tail checkpoint, junction, the next block boundary after a mid-block start).
+
+    start          stop?         limit = min(num_tokens, start + budget)
+      |--------------|--------------|
+      first mandatory stop in (start, limit]  -> end there
+      else the whole rest fits                -> end at num_tokens (the final chunk)
+      else the last block-grid position <= limit (0 if none: wait for more budget)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def chunk_end(
+    start: int, num_tokens: int, budget: int, stops: Sequence[int], block_size: int
+) -> int:
+    """End of the chunk starting at `start`, or `start` when nothing can be scheduled.
+
+    `stops` are ascending mandatory stops (positions > start)."""
+    limit = min(num_tokens, start + budget)
+    for s in stops:
+        if s >= num_tokens or s > limit:
+            break
+        return s
+    if limit == num_tokens:
+        return num_tokens
+    end = limit // block_size * block_size
+    return end if end > start else start

@@ -1,0 +1,230 @@
+"""Continuous-batching scheduler: one token budget per step, prefill chunks and decodes together.
+
+Each request's `num_computed_tokens` catches up with its token count. A step serves running
+requests first (arrival order), then admits waiting ones (FCFS) through a cache lookup. When
+blocks run out, the newest running request not yet served this step is preempted by
+recompute: it returns to the front of the queue and later replays its outputs as prefill.
+
+    schedule() -> SchedulerOutput   what to run: tokens, block tables, state slots, copies
+    update(out, results)            sampled tokens and accepted drafts; publishes cache keys
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hycache.cache.manager import CacheManager, StepAllocation
+from hycache.config import HycacheConfig
+from hycache.request import Request, RequestStatus
+from hycache.sched.chunking import chunk_end
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    start: int  # first position computed this step
+    num_tokens: int  # known tokens computed this step (a prefill chunk, or 1 when decoding)
+    draft_token_ids: list[int]  # verified in the same forward, after the known tokens
+    alloc: StepAllocation
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """The step reaches the request's last known token, so it produces a new token."""
+        return self.end == self.request.num_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.tokens(self.start, self.end) + self.draft_token_ids
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    scheduled: list[ScheduledRequest]
+    block_copies: list[tuple[int, int]]
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens + len(s.draft_token_ids) for s in self.scheduled)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The executor's answer for one scheduled request."""
+
+    sampled_token_ids: list[int]  # accepted drafts then one new token; empty mid-prefill
+    num_accepted_drafts: int = 0
+    next_draft_token_ids: list[int] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, config: HycacheConfig) -> None:
+        self.config = config
+        self.cache = CacheManager(config.cache, config.speculative)
+        self.bounds = self.cache.bounds
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished: list[Request] = []
+        self.step_count = 0
+        self._arrivals = 0
+        self._scheduled_ids: set[str] = set()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        req.arrival = self._arrivals
+        self._arrivals += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request at any point; everything it holds is freed. False if unknown."""
+        for req in [*self.running, *self.waiting]:
+            if req.request_id == request_id:
+                self._finish(req, RequestStatus.FINISHED_ABORTED)
+                return True
+        return False
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- schedule ------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.scheduler.max_num_batched_tokens
+        k = self.config.speculative.num_speculative_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        self._scheduled_ids = set()
+        for req in list(self.running):
+            if req.status is not RequestStatus.RUNNING or budget <= 0:
+                continue
+            start = req.num_computed_tokens
+            if req.num_tokens - start > 1:
+                end = self._chunk_end(req, start, budget)
+                drafts: list[int] = []
+            else:
+                drafts = req.spec_token_ids[: min(k, budget - 1)]
+                end = start + 1
+            if end <= start:
+                continue
+            alloc = self.cache.allocate(req, start, end, len(drafts))
+            while alloc is None:
+                victim = self._preempt_newest()
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+                alloc = self.cache.allocate(req, start, end, len(drafts))
+            if alloc is None:
+                continue
+            scheduled.append(ScheduledRequest(req, start, end - start, drafts, alloc))
+            self._scheduled_ids.add(req.request_id)
+            budget -= end - start + len(drafts)
+        if not preempted:
+            budget = self._admit(scheduled, budget)
+        self.step_count += 1
+        return SchedulerOutput(self.step_count, scheduled, self.cache.take_copies(), preempted)
+
+    def _admit(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        max_seqs = self.config.scheduler.max_num_seqs
+        while self.waiting and budget > 0 and len(self.running) < max_seqs:
+            req = self.waiting[0]
+            hit = self.cache.lookup(req)
+            start = hit.resume_point
+            req.junction_stop = self.bounds.junction_stop(
+                hit.junction, start, req.num_prompt_tokens
+            )
+            req.num_computed_tokens = start
+            end = self._chunk_end(req, start, budget)
+            alloc = self.cache.allocate(req, start, end, 0, hit) if end > start else None
+            if alloc is None:
+                req.num_computed_tokens = 0
+                req.junction_stop = None
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            req.outcome.resume_point = start
+            req.outcome.junction = hit.junction
+            req.outcome.attention_match = hit.attention_match
+            req.outcome.lost_reuse = hit.lost_reuse
+            if req.first_hit_tokens is None:
+                req.first_hit_tokens = start
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, start, end - start, [], alloc))
+            self._scheduled_ids.add(req.request_id)
+            budget -= end - start
+        return budget
+
+    def _chunk_end(self, req: Request, start: int, budget: int) -> int:
+        stops = self.bounds.prefill_stops(start, req.num_prompt_tokens, req.junction_stop)
+        return chunk_end(start, req.num_tokens, budget, stops, self.bounds.block_size)
+
+    def _preempt_newest(self) -> Request:
+        """Preempt the newest running request that has not been served this step."""
+        for req in reversed(self.running):
+            if req.request_id not in self._scheduled_ids:
+                break
+        self.running.remove(req)
+        self.cache.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.junction_stop = None
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        return req
+
+    # -- update --------------------------------------------------------------------------------
+
+    def update(self, out: SchedulerOutput, results: Mapping[str, StepResult]) -> list[Request]:
+        """Apply one step's results; returns the requests that finished in it."""
+        done: list[Request] = []
+        for s in out.scheduled:
+            req = s.request
+            if req.status is not RequestStatus.RUNNING:
+                continue  # aborted between schedule and update
+            res = results.get(req.request_id, StepResult([]))
+            if req.num_tokens - s.start > 1:
+                req.num_prefill_steps += 1
+                req.prefill_tokens_computed += s.num_tokens
+            accepted = min(res.num_accepted_drafts, len(s.draft_token_ids))
+            req.num_computed_tokens = s.end + accepted
+            self.cache.commit(req)
+            if s.samples:
+                status = self._append(req, res.sampled_token_ids[: accepted + 1])
+                req.spec_token_ids = list(res.next_draft_token_ids)
+                if status is not None:
+                    self._finish(req, status)
+                    done.append(req)
+        return done
+
+    def _append(self, req: Request, tokens: list[int]) -> RequestStatus | None:
+        sp = req.sampling
+        room = sp.max_tokens - req.num_output_tokens
+        new: list[int] = []
+        status = None
+        for t in tokens[:room]:
+            new.append(t)
+            if t in sp.stop_token_ids or (not sp.ignore_eos and t == req.eos_token_id):
+                status = RequestStatus.FINISHED_STOPPED
+                break
+        req.append_output(new)
+        if status is None and req.num_output_tokens >= sp.max_tokens:
+            status = RequestStatus.FINISHED_LENGTH
+        return status
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        self.cache.free(req)
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = status
+        self.finished.append(req)

@@ -1,0 +1,386 @@
+"""Roofline cost model: how long one scheduled step takes on a given GPU.
+
+This module owns the step-time arithmetic of the simulator. The simulator runs the real
+scheduler and cache; for every step it describes the work (:class:`StepWork`: per request, how
+many tokens are computed, over how much cached context, how many of them are drafts) and asks
+:meth:`CostModel.step_time` how far to advance its virtual clock. It also sizes the cache:
+:meth:`CostModel.block_bytes` and :meth:`CostModel.num_blocks`.
+
+A step is a sequence of phases, each timed by a roofline,
+``max(FLOPs / (peak * compute_eff), bytes / (bandwidth * bw_eff))``, plus fixed overheads:
+block copies (memory only), the target's forward, and, with speculative decoding, the drafter's
+passes (one over every new token, then ``k - 1`` more over the decoding requests). The
+equations, what they ignore and where the constants come from are in ``docs/cost-model.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hycache.sim.presets import GpuSpec, ModelSpec
+
+__all__ = [
+    "DEFAULT_BANDWIDTH_EFFICIENCY",
+    "DEFAULT_COMPUTE_EFFICIENCY",
+    "DEFAULT_DRAFT_PASS_OVERHEAD_S",
+    "DEFAULT_STEP_OVERHEAD_S",
+    "CostModel",
+    "PhaseCost",
+    "SeqWork",
+    "StepWork",
+]
+
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+DEFAULT_STEP_OVERHEAD_S = 1.5e-3
+DEFAULT_DRAFT_PASS_OVERHEAD_S = 2.0e-4
+
+# FLOPs per SSM-state element per token (state update a*h + dt*x*B, then the C.h read-out).
+SSM_STATE_FLOPS_PER_ELEMENT = 6
+# FLOPs per attention (query, key) pair per head per head_dim element: QK^T (2) + PV (2).
+ATTENTION_FLOPS_PER_PAIR_ELEMENT = 4
+
+
+@dataclass(frozen=True)
+class SeqWork:
+    """One request's share of a step."""
+
+    num_new_tokens: int  # target tokens computed: a prefill chunk, or 1 + k when verifying k
+    context_len: int  # tokens already in the cache before this step (attention reads them)
+    num_draft_tokens: int  # k when this is a speculative decode step for this request, else 0
+    is_prefill: bool
+
+    def __post_init__(self) -> None:
+        if self.num_new_tokens < 1:
+            raise ValueError(f"num_new_tokens must be >= 1, got {self.num_new_tokens}")
+        if self.context_len < 0:
+            raise ValueError(f"context_len must be >= 0, got {self.context_len}")
+        if self.num_draft_tokens < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
+        if self.num_draft_tokens >= self.num_new_tokens:
+            raise ValueError(
+                f"num_draft_tokens ({self.num_draft_tokens}) must be < num_new_tokens "
+                f"({self.num_new_tokens}): a verify step computes 1 + k positions"
+            )
+        if self.is_prefill and self.num_draft_tokens:
+            raise ValueError("a prefill chunk carries no draft tokens")
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """Everything one engine step computes."""
+
+    seqs: tuple[SeqWork, ...]
+    num_block_copies: int = 0  # block copies (copy-on-write, checkpoint freezes) run first
+
+    def __post_init__(self) -> None:
+        if self.num_block_copies < 0:
+            raise ValueError(f"num_block_copies must be >= 0, got {self.num_block_copies}")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.seqs)
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """One roofline-timed phase of a step."""
+
+    name: str
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.overhead_s
+
+    @property
+    def compute_bound(self) -> bool:
+        return self.compute_s >= self.memory_s
+
+
+def _attention_pairs(num_new: int, context: int) -> float:
+    """(query, key) pairs of a causal chunk of ``num_new`` queries after ``context`` keys."""
+    return num_new * context + num_new * (num_new + 1) / 2
+
+
+class CostModel:
+    """Step times for ``model`` on ``gpu``.
+
+    Efficiencies and the per-step overhead default to the GPU preset's values, else to
+    :data:`DEFAULT_COMPUTE_EFFICIENCY`, :data:`DEFAULT_BANDWIDTH_EFFICIENCY` and
+    :data:`DEFAULT_STEP_OVERHEAD_S`.
+
+    ``block_size`` (optional) lets block copies cost a whole page (:meth:`block_bytes`); without
+    it a copy costs one SSM state. ``intermediate_state_writes`` models verify kernels that
+    write the SSM state after every verified position (so a rejected draft can be rolled back);
+    turn it off for kernels that write only the final state.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        *,
+        compute_efficiency: float | None = None,
+        bandwidth_efficiency: float | None = None,
+        step_overhead_s: float | None = None,
+        speculative: bool,
+        num_speculative_tokens: int,
+        draft_pass_overhead_s: float = DEFAULT_DRAFT_PASS_OVERHEAD_S,
+        block_size: int | None = None,
+        intermediate_state_writes: bool = True,
+    ) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.compute_efficiency = _pick(
+            compute_efficiency, gpu.compute_efficiency, DEFAULT_COMPUTE_EFFICIENCY
+        )
+        self.bandwidth_efficiency = _pick(
+            bandwidth_efficiency, gpu.bandwidth_efficiency, DEFAULT_BANDWIDTH_EFFICIENCY
+        )
+        self.step_overhead_s = _pick(step_overhead_s, gpu.step_overhead_s, DEFAULT_STEP_OVERHEAD_S)
+        for label, eff in (
+            ("compute_efficiency", self.compute_efficiency),
+            ("bandwidth_efficiency", self.bandwidth_efficiency),
+        ):
+            if not 0.0 < eff <= 1.0:
+                raise ValueError(f"{label} must be in (0, 1], got {eff}")
+        if self.step_overhead_s < 0 or draft_pass_overhead_s < 0:
+            raise ValueError("overheads must be >= 0")
+        if num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+        if speculative and num_speculative_tokens < 1:
+            raise ValueError("speculative decoding needs num_speculative_tokens >= 1")
+        if block_size is not None and block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.speculative = speculative
+        self.num_speculative_tokens = num_speculative_tokens if speculative else 0
+        self.draft_pass_overhead_s = draft_pass_overhead_s
+        self.block_size = block_size
+        self.intermediate_state_writes = intermediate_state_writes
+
+        self._flops_rate = gpu.peak_flops * self.compute_efficiency
+        self._bytes_rate = gpu.hbm_bandwidth * self.bandwidth_efficiency
+
+    # --- memory sizing ------------------------------------------------------------------------
+
+    @property
+    def attention_bytes_per_token(self) -> int:
+        """K and V of one token across every cached attention layer (the drafter's included
+        when speculative decoding is on: its KV lives in the same blocks)."""
+        m = self.model
+        layers = m.layers.attention + (m.drafter.num_layers if self.speculative else 0)
+        return layers * m.kv_bytes_per_token_per_layer
+
+    def block_bytes(self, block_size: int) -> int:
+        """Bytes of one page of the shared pool.
+
+        An attention block holds ``block_size`` tokens of K and V for every attention layer; an
+        SSM block holds one conv + SSM state for every Mamba layer. The pool is shared, so one
+        page is as large as the larger of the two.
+        """
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        return max(block_size * self.attention_bytes_per_token, self.model.ssm_state_bytes)
+
+    def balanced_block_size(self, multiple: int = 16) -> int:
+        """Smallest block size (a multiple of ``multiple``) whose attention block is at least
+        as large as one SSM state, so neither kind of page wastes much of the shared pool."""
+        if multiple < 1:
+            raise ValueError(f"multiple must be >= 1, got {multiple}")
+        per_token = self.attention_bytes_per_token
+        if per_token == 0:
+            return multiple
+        tokens = -(-self.model.ssm_state_bytes // per_token)
+        return max(multiple, -(-tokens // multiple) * multiple)
+
+    @property
+    def resident_weight_bytes(self) -> int:
+        """Target weights, plus the drafter's own layers when speculative decoding is on."""
+        extra = self.model.drafter_weight_bytes if self.speculative else 0
+        return self.model.weight_bytes + extra
+
+    def num_blocks(self, block_size: int, *, memory_fraction: float = 0.9) -> int:
+        """Pages that fit in ``memory_fraction`` of GPU memory after the weights."""
+        if not 0.0 < memory_fraction <= 1.0:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+        budget = int(self.gpu.memory_bytes * memory_fraction) - self.resident_weight_bytes
+        if budget <= 0:
+            raise ValueError(
+                f"model {self.model.name!r} weights ({self.resident_weight_bytes / 1e9:.1f} GB) "
+                f"do not fit in {memory_fraction:.0%} of {self.gpu.name} memory "
+                f"({self.gpu.memory_bytes / 1e9:.1f} GB)"
+            )
+        return budget // self.block_bytes(block_size)
+
+    # --- step time ------------------------------------------------------------------------
+
+    def _phase(self, name: str, flops: float, nbytes: float, overhead_s: float) -> PhaseCost:
+        return PhaseCost(
+            name=name,
+            flops=flops,
+            bytes=nbytes,
+            compute_s=flops / self._flops_rate,
+            memory_s=nbytes / self._bytes_rate,
+            overhead_s=overhead_s,
+        )
+
+    def _ssm_flops_per_layer(self, num_new: int) -> float:
+        mb = self.model.mamba
+        state = SSM_STATE_FLOPS_PER_ELEMENT * mb.num_heads * mb.head_dim * mb.d_state
+        conv = 2 * mb.d_conv * mb.conv_dim
+        per_token = state + conv
+        if num_new > 1:  # chunked SSD: the quadratic intra-chunk term
+            q = min(mb.chunk_size, num_new)
+            per_token += 2 * q * (mb.n_groups * mb.d_state + mb.num_heads * mb.head_dim)
+        return per_token * num_new
+
+    def _attention_flops_per_layer(self, num_new: int, context: int) -> float:
+        a = self.model.attention
+        pairs = _attention_pairs(num_new, context)
+        return ATTENTION_FLOPS_PER_PAIR_ELEMENT * a.num_heads * a.head_dim * pairs
+
+    def _moe_weight_bytes(self, num_tokens: int) -> float:
+        """Routed-expert bytes read: experts touched by ``num_tokens`` uniform top-k draws."""
+        m = self.model
+        moe = m.moe
+        if moe is None or moe.num_blocks == 0:
+            return 0.0
+        e, k = moe.num_experts, moe.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** num_tokens)
+        per_expert = m.moe_expert_params / (moe.num_blocks * e)
+        return moe.num_blocks * touched * per_expert * m.dtype_bytes
+
+    def _check(self, work: StepWork) -> None:
+        for s in work.seqs:
+            if s.num_draft_tokens and not self.speculative:
+                raise ValueError("num_draft_tokens > 0 but speculative decoding is off")
+            if s.num_draft_tokens > self.num_speculative_tokens:
+                raise ValueError(
+                    f"num_draft_tokens ({s.num_draft_tokens}) exceeds num_speculative_tokens "
+                    f"({self.num_speculative_tokens})"
+                )
+
+    def phases(self, work: StepWork) -> list[PhaseCost]:
+        """The step's phases in execution order (empty for an empty step)."""
+        self._check(work)
+        m = self.model
+        out: list[PhaseCost] = []
+        if not work.seqs and not work.num_block_copies:
+            return out
+
+        if work.num_block_copies:
+            page = self.block_bytes(self.block_size) if self.block_size else m.ssm_state_bytes
+            out.append(self._phase("block_copies", 0.0, 2.0 * work.num_block_copies * page, 0.0))
+
+        if work.seqs:
+            out.append(self._target_phase(work))
+        if work.seqs and self.speculative:
+            out.extend(self._drafter_phases(work))
+
+        # The fixed per-step cost: scheduling, input preparation, sampling, launches.
+        out.append(self._phase("step_overhead", 0.0, 0.0, self.step_overhead_s))
+        return out
+
+    def _target_phase(self, work: StepWork) -> PhaseCost:
+        m = self.model
+        dt = m.dtype_bytes
+        tokens = work.num_tokens
+        kv_layer = m.kv_bytes_per_token_per_layer
+        n_attn, n_mamba = m.layers.attention, m.layers.mamba
+
+        logits = sum(1 if s.is_prefill else s.num_new_tokens for s in work.seqs)
+        flops = 2.0 * m.body_active_params * tokens + 2.0 * m.hidden_size * m.vocab_size * logits
+        dense_body = m.body_total_params - m.moe_expert_params
+        nbytes = float(dense_body * dt) + self._moe_weight_bytes(tokens) + m.lm_head_params * dt
+
+        for s in work.seqs:
+            n, c = s.num_new_tokens, s.context_len
+            flops += n_attn * self._attention_flops_per_layer(n, c)
+            flops += n_mamba * self._ssm_flops_per_layer(n)
+            nbytes += n_attn * kv_layer * (c + n)  # read the context, write the new tokens
+            if n_mamba:
+                reads = 1 if c > 0 else 0  # a fresh request starts from a zero state
+                writes = 1
+                if self.intermediate_state_writes and s.num_draft_tokens:
+                    writes = 1 + s.num_draft_tokens
+                nbytes += (reads + writes) * m.ssm_state_bytes
+        return self._phase("target", flops, nbytes, 0.0)
+
+    def _drafter_phases(self, work: StepWork) -> list[PhaseCost]:
+        m = self.model
+        dt = m.dtype_bytes
+        kv_layer = m.kv_bytes_per_token_per_layer * m.drafter.num_layers
+        a = m.attention
+        attn_per_pair = ATTENTION_FLOPS_PER_PAIR_ELEMENT * a.num_heads * a.head_dim
+        attn_per_pair *= m.drafter.num_layers
+        head_flops_per_row = 2.0 * m.hidden_size * m.vocab_size
+        weights = float(m.drafter_weight_bytes + m.lm_head_params * dt)
+        out: list[PhaseCost] = []
+
+        # Pass 1: over every new token of the step (prefill chunks build the drafter's KV;
+        # verified positions feed the first draft). One draft logit row per request.
+        tokens = work.num_tokens
+        flops = 2.0 * m.drafter_layer_params * tokens + head_flops_per_row * len(work.seqs)
+        nbytes = weights
+        for s in work.seqs:
+            flops += attn_per_pair * _attention_pairs(s.num_new_tokens, s.context_len)
+            nbytes += kv_layer * (s.context_len + s.num_new_tokens)
+        out.append(self._phase("draft_1", flops, nbytes, self.draft_pass_overhead_s))
+
+        # Passes 2..k: one token per decoding request, sequential.
+        decoding = [s for s in work.seqs if not s.is_prefill]
+        if decoding:
+            for j in range(2, self.num_speculative_tokens + 1):
+                flops = (2.0 * m.drafter_layer_params + head_flops_per_row) * len(decoding)
+                nbytes = weights
+                for s in decoding:
+                    ctx = s.context_len + s.num_new_tokens + j - 2
+                    flops += attn_per_pair * _attention_pairs(1, ctx)
+                    nbytes += kv_layer * (ctx + 1)
+                out.append(self._phase(f"draft_{j}", flops, nbytes, self.draft_pass_overhead_s))
+        return out
+
+    def step_time(self, work: StepWork) -> float:
+        """Seconds the step takes (0 for a step with no work)."""
+        return sum(p.time_s for p in self.phases(work))
+
+    def breakdown(self, work: StepWork) -> dict[str, float]:
+        """Totals of the step's phases, for docs and debugging.
+
+        ``compute_s`` and ``memory_s`` sum each phase's compute and memory terms; ``time_s``
+        is the step time (each phase contributes its larger term, plus overheads).
+        """
+        ph = self.phases(work)
+        target = [p for p in ph if p.name == "target"]
+        draft = [p for p in ph if p.name.startswith("draft_")]
+        copies = [p for p in ph if p.name == "block_copies"]
+        return {
+            "flops": sum(p.flops for p in ph),
+            "bytes": sum(p.bytes for p in ph),
+            "compute_s": sum(p.compute_s for p in ph),
+            "memory_s": sum(p.memory_s for p in ph),
+            "overhead_s": sum(p.overhead_s for p in ph),
+            "time_s": sum(p.time_s for p in ph),
+            "target_flops": sum(p.flops for p in target),
+            "target_bytes": sum(p.bytes for p in target),
+            "target_s": sum(p.time_s for p in target),
+            "draft_flops": sum(p.flops for p in draft),
+            "draft_bytes": sum(p.bytes for p in draft),
+            "draft_s": sum(p.time_s for p in draft),
+            "num_draft_passes": float(len(draft)),
+            "copy_bytes": sum(p.bytes for p in copies),
+            "tokens": float(work.num_tokens),
+        }
+
+
+def _pick(explicit: float | None, preset: float | None, default: float) -> float:
+    if explicit is not None:
+        return float(explicit)
+    if preset is not None:
+        return float(preset)
+    return default

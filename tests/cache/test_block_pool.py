@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+
+from hycache.cache.block_pool import BlockPool, CacheKey, IntegrityError, NoFreeBlocksError
+
+
+def key(i: int) -> CacheKey:
+    return CacheKey(0, i.to_bytes(16, "little"))
+
+
+def test_null_block_is_never_handed_out() -> None:
+    pool = BlockPool(5)
+    assert 0 not in pool.allocate(4)
+    with pytest.raises(NoFreeBlocksError):
+        pool.allocate(1)
+    pool.check_integrity()
+
+
+def test_keyed_frees_go_to_the_tail_unkeyed_to_the_head() -> None:
+    pool = BlockPool(5)
+    a, b, c, d = pool.allocate(4)
+    pool.add_key(a, key(1), 4)
+    pool.free([a])  # keyed: tail
+    pool.free([b])  # unkeyed: head
+    assert pool.allocate(1) == [b]
+    assert pool.lookup(key(1)) == a
+    assert pool.allocate(1) == [a]  # evicted now
+    assert pool.lookup(key(1)) is None
+    pool.check_integrity()
+
+
+def test_request_tail_blocks_are_evicted_first() -> None:
+    pool = BlockPool(4)
+    blocks = pool.allocate(3)
+    for i, b in enumerate(blocks):
+        pool.add_key(b, key(i), i)
+    pool.free(reversed(blocks))
+    assert pool.allocate(1) == [blocks[-1]]
+    assert pool.lookup(key(0)) == blocks[0]
+
+
+def test_touch_reclaims_a_cached_block_and_events_are_sent() -> None:
+    pool = BlockPool(3)
+    events = []
+    pool.subscribe(events.append)
+    (a,) = pool.allocate(1)
+    assert pool.add_key(a, key(5), 8)
+    assert not pool.add_key(a, key(5), 8)  # first writer wins
+    pool.free([a])
+    pool.touch([a])
+    assert pool.ref_cnt[a] == 1 and not pool.is_free(a)
+    pool.free([a])
+    pool.allocate(2)
+    assert [e.kind for e in events] == ["stored", "removed"]
+    pool.check_integrity()
+
+
+def test_double_free_is_caught() -> None:
+    pool = BlockPool(3)
+    (a,) = pool.allocate(1)
+    pool.free([a])
+    with pytest.raises(IntegrityError):
+        pool.free([a])
+
+
+def test_several_keys_per_block() -> None:
+    pool = BlockPool(3)
+    (a,) = pool.allocate(1)
+    pool.add_key(a, key(1), 4)
+    pool.add_key(a, key(2), 8)
+    assert pool.lookup(key(1)) == pool.lookup(key(2)) == a
+    pool.free([a])
+    pool.allocate(2)
+    assert pool.lookup(key(1)) is None and pool.lookup(key(2)) is None
+    pool.check_integrity()

@@ -1,0 +1,49 @@
+"""The joint hit: attention first, the EAGLE drop once, SSM to a fixed point."""
+
+from __future__ import annotations
+
+import random
+
+from tests.helpers import make_config, new_request, run_sequential, tokens
+
+from hycache.cache.manager import CacheManager
+
+
+def test_identical_resend_resumes_at_the_replay_boundary_with_whole_blocks() -> None:
+    # DESIGN §3.4: B = u = 32, EAGLE: 128 tokens match 4 blocks, drop one, resume at 96.
+    cfg = make_config(block_size=32, unit=None, policy="replay")
+    p = tokens(random.Random(0), 128)
+    _, (_, resend) = run_sequential(cfg, [p, p])
+    assert resend.first_hit_tokens == 96
+
+
+def test_resume_point_is_below_the_prompt_end() -> None:
+    for eagle in (True, False):
+        cfg = make_config(block_size=16, unit=4, eagle=eagle)
+        p = tokens(random.Random(1), 64)
+        sched, (_, resend) = run_sequential(cfg, [p, p])
+        assert resend.first_hit_tokens <= 63
+        assert resend.first_hit_tokens == (60 if eagle else 60)
+
+
+def test_lookup_is_pure() -> None:
+    cfg = make_config()
+    p = tokens(random.Random(2), 80)
+    sched, _ = run_sequential(cfg, [p])
+    cache: CacheManager = sched.cache
+    before = (list(cache.pool.ref_cnt), cache.pool.num_free, dict(cache.pool._key_to_block))
+    req = new_request(cfg, "probe", p)
+    hit = cache.lookup(req)
+    assert hit.resume_point == 76
+    assert before == (list(cache.pool.ref_cnt), cache.pool.num_free, cache.pool._key_to_block)
+
+
+def test_drop_applied_once_and_ssm_never_drops() -> None:
+    cfg = make_config(block_size=16, unit=4)
+    p = tokens(random.Random(3), 40)
+    sched, _ = run_sequential(cfg, [p])
+    hit = sched.cache.lookup(new_request(cfg, "x", p))
+    # attention matched the whole hashed prompt (40), dropped one unit (36) = tail checkpoint
+    assert hit.attention_match == 40
+    assert hit.resume_point == 36
+    assert hit.junction == 0

@@ -68,7 +68,7 @@ class Request:
     num_computed_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)
     outcome: CacheOutcome = field(default_factory=CacheOutcome)
-    junction_stop: int | None = None
+    junction_stops: tuple[int, ...] = ()
     num_prefill_steps: int = 0
     num_preemptions: int = 0
     prefill_tokens_computed: int = 0

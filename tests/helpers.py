@@ -54,12 +54,28 @@ def new_request(
     )
 
 
+class RecordingExecutor(DryRunExecutor):
+    """Dry-run executor that records every scheduled chunk: rid -> [(start, end, checkpoint)]."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.chunks: dict[str, list[tuple[int, int, bool]]] = {}
+
+    def execute(self, out):  # type: ignore[no-untyped-def]
+        for s in out.scheduled:
+            self.chunks.setdefault(s.request.request_id, []).append(
+                (s.start, s.end, s.alloc.checkpoint)
+            )
+        return super().execute(out)
+
+
 def run_sequential(
     cfg: HycacheConfig, prompts: Sequence[Sequence[int]], max_tokens: int = 4
 ) -> tuple[Scheduler, list[Request]]:
     """Each request runs to completion before the next arrives."""
     sched = Scheduler(cfg)
-    ex = DryRunExecutor(num_speculative_tokens=cfg.speculative.num_speculative_tokens)
+    ex = RecordingExecutor(num_speculative_tokens=cfg.speculative.num_speculative_tokens)
+    sched.recorder = ex  # type: ignore[attr-defined]
     reqs = []
     for i, p in enumerate(prompts):
         r = new_request(cfg, f"r{i}", p, max_tokens)

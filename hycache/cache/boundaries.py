@@ -92,40 +92,40 @@ class Boundaries:
             return floor_to(num_tokens, self.unit)
         return floor_to(max(num_tokens - 1, 0), self.unit)
 
-    def junction_stop(self, junction: int, start: int, num_prompt_tokens: int) -> int | None:
-        """The prefill stop a request makes for its observed junction, or None.
+    def junction_stops(self, junction: int, start: int, num_prompt_tokens: int) -> tuple[int, ...]:
+        """The prefill stop a request makes for its observed junction `j` (empty or one).
 
-        `junction` (effective): the junction itself, floored to the hash grid, when it lies
-        inside the prompt. Otherwise (other policies, or a junction past the prompt of a
+        `junction` (effective), junction inside the prompt: `j` floored to the hash grid, one
+        unit below the block boundary where a sibling's attention match ends, exactly where the
+        next sibling resumes. Otherwise (other policies, or a junction past the prompt of a
         resumed request): block-floored from where the request starts,
         `start + floor((j - start)/B)*B`.
         """
         if junction <= start:
-            return None
+            return ()
         if self.effective_policy is Policy.JUNCTION and junction <= num_prompt_tokens:
             stop = floor_to(junction, self.unit)
         else:
             stop = start + floor_to(junction - start, self.block_size)
-        return stop if stop > start else None
+        return (stop,) if stop > start else ()
 
     # -- what the scheduler stops at, what the SSM manager keeps ----------------------------
 
     def prefill_stops(
-        self, start: int, num_prompt_tokens: int, junction_stop: int | None
+        self, start: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
     ) -> list[int]:
         """Mandatory chunk ends after `start`, ascending (the split also ends at the grid)."""
         stops = {
             self.replay_boundary(num_prompt_tokens),
             self.tail_checkpoint(num_prompt_tokens),
         }
-        if junction_stop is not None:
-            stops.add(junction_stop)
+        stops.update(junction_stops)
         if start % self.block_size:
             stops.add(floor_to(start, self.block_size) + self.block_size)
         return sorted(s for s in stops if s > start)
 
     def should_checkpoint(
-        self, end: int, num_prompt_tokens: int, junction_stop: int | None
+        self, end: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
     ) -> bool:
         """Whether the SSM state at chunk end `end` is kept and keyed.
 
@@ -136,7 +136,7 @@ class Boundaries:
         t = num_prompt_tokens
         if end <= 0 or end > t or end % self.unit:
             return False
-        if end in (junction_stop, self.tail_checkpoint(t), self.replay_boundary(t)):
+        if end in junction_stops or end in (self.tail_checkpoint(t), self.replay_boundary(t)):
             return True
         if self.retention == "dense":
             return True

@@ -73,7 +73,7 @@ class CacheManager:
         return (
             bool(self.ssm)
             and self.config.enable_prefix_caching
-            and self.bounds.should_checkpoint(end, req.num_prompt_tokens, req.junction_stop)
+            and self.bounds.should_checkpoint(end, req.num_prompt_tokens, req.junction_stops)
         )
 
     # -- allocation ------------------------------------------------------------------------------

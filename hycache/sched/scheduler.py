@@ -138,7 +138,7 @@ class Scheduler:
             req = self.waiting[0]
             hit = self.cache.lookup(req)
             start = hit.resume_point
-            req.junction_stop = self.bounds.junction_stop(
+            req.junction_stops = self.bounds.junction_stops(
                 hit.junction, start, req.num_prompt_tokens
             )
             req.num_computed_tokens = start
@@ -146,7 +146,7 @@ class Scheduler:
             alloc = self.cache.allocate(req, start, end, 0, hit) if end > start else None
             if alloc is None:
                 req.num_computed_tokens = 0
-                req.junction_stop = None
+                req.junction_stops = ()
                 break
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
@@ -163,7 +163,7 @@ class Scheduler:
         return budget
 
     def _chunk_end(self, req: Request, start: int, budget: int) -> int:
-        stops = self.bounds.prefill_stops(start, req.num_prompt_tokens, req.junction_stop)
+        stops = self.bounds.prefill_stops(start, req.num_prompt_tokens, req.junction_stops)
         return chunk_end(start, req.num_tokens, budget, stops, self.bounds.block_size)
 
     def _preempt_newest(self) -> Request:
@@ -176,7 +176,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
-        req.junction_stop = None
+        req.junction_stops = ()
         req.num_preemptions += 1
         self.waiting.appendleft(req)
         return req

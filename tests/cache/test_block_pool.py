@@ -19,7 +19,7 @@ def test_null_block_is_never_handed_out() -> None:
 
 def test_keyed_frees_go_to_the_tail_unkeyed_to_the_head() -> None:
     pool = BlockPool(5)
-    a, b, c, d = pool.allocate(4)
+    a, b, _c, _d = pool.allocate(4)
     pool.add_key(a, key(1), 4)
     pool.free([a])  # keyed: tail
     pool.free([b])  # unkeyed: head

@@ -31,14 +31,15 @@ def test_sibling_junction_stop_is_one_unit_under_the_last_shared_block() -> None
     junction = attention_match - b.drop
     assert junction == 57_344
     assert b.is_block_grid_resume_point(junction)
-    assert b.junction_stop(junction, 0, T) == 57_344
-    assert b.should_checkpoint(57_344, T, 57_344)
+    assert b.junction_stops(junction, 0, T) == (57_344,)
+    assert b.should_checkpoint(57_344, T, (57_344,))
 
 
 def test_replay_block_floors_the_junction() -> None:
     b = bounds(Policy.REPLAY)
-    assert b.junction_stop(57_344, 0, T) == 52_992
-    assert b.should_checkpoint(52_992, T, 52_992)
+    assert b.junction_stops(57_344, 0, T) == (52_992,)
+    assert b.should_checkpoint(52_992, T, (52_992,))
+    assert not b.should_checkpoint(57_344, T, (52_992,))
     assert not b.is_block_grid_resume_point(52_992)
 
 
@@ -48,9 +49,9 @@ def test_the_limit() -> None:
 
 def test_junction_past_the_prompt_is_block_floored_and_never_kept() -> None:
     b = Boundaries(512, 32, 32, Policy.JUNCTION)
-    assert b.junction_stop(2_208, 0, 2_000) == 2_048
-    assert not b.should_checkpoint(2_048, 2_000, 2_048)
-    assert b.junction_stop(992, 0, 2_000) == 992
+    assert b.junction_stops(2_208, 0, 2_000) == (2_048,)
+    assert not b.should_checkpoint(2_048, 2_000, (2_048,))
+    assert b.junction_stops(992, 0, 2_000) == (992,)
 
 
 @pytest.mark.parametrize("drop,unit", [(0, U), (B, B)])
@@ -59,11 +60,11 @@ def test_junction_is_replay_without_a_unit_or_a_drafter(drop: int, unit: int) ->
     r = bounds(Policy.REPLAY, drop=drop, unit=unit)
     assert b.effective_policy is Policy.REPLAY
     for n in range(0, T, 61):
-        assert b.should_checkpoint(n, T, None) == r.should_checkpoint(n, T, None)
-        assert b.junction_stop(n, 0, T) == r.junction_stop(n, 0, T)
+        assert b.should_checkpoint(n, T) == r.should_checkpoint(n, T)
+        assert b.junction_stops(n, 0, T) == r.junction_stops(n, 0, T)
 
 
 def test_prefill_stops_include_next_block_boundary_after_a_mid_block_start() -> None:
     b = bounds()
-    assert b.prefill_stops(57_344, T, None) == [57_408, 63_936]
-    assert b.prefill_stops(0, T, 57_344) == [57_344, 57_408, 63_936]
+    assert b.prefill_stops(57_344, T) == [57_408, 63_936]
+    assert b.prefill_stops(0, T, (57_344,)) == [57_344, 57_408, 63_936]

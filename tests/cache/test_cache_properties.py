@@ -49,8 +49,12 @@ class CacheMachine(RuleBasedStateMachine):
         else:
             self.stored.pop(e.key, None)
 
-    @rule(family=st.sampled_from(range(len(FAMILIES))), length=st.integers(3, 16),
-          tail=st.lists(st.integers(20, 23), max_size=4), chunk=st.integers(1, 8))
+    @rule(
+        family=st.sampled_from(range(len(FAMILIES))),
+        length=st.integers(3, 16),
+        tail=st.lists(st.integers(20, 23), max_size=4),
+        chunk=st.integers(1, 8),
+    )
     def admit(self, family: int, length: int, tail: list[int], chunk: int) -> None:
         prompt = (FAMILIES[family] + tail)[:length] or [1]
         rid = f"r{self.n}"
@@ -110,6 +114,8 @@ class CacheMachine(RuleBasedStateMachine):
 
 TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

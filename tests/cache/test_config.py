@@ -39,15 +39,20 @@ def test_interval_retention_and_policy_parse() -> None:
 
 
 def test_budget_below_block_is_refused_for_ssm_models() -> None:
-    with pytest.raises(ValueError, match="^max_num_batched_tokens:"):
-        HycacheConfig(CacheConfig(block_size=64, num_blocks=1024), SpeculativeConfig(),
-                      SchedulerConfig(max_num_batched_tokens=32))
+    with pytest.raises(ValueError, match=r"^max_num_batched_tokens:"):
+        HycacheConfig(
+            CacheConfig(block_size=64, num_blocks=1024),
+            SpeculativeConfig(),
+            SchedulerConfig(max_num_batched_tokens=32),
+        )
 
 
 @pytest.mark.parametrize(
     "kwargs,field",
-    [({"num_speculative_tokens": -1}, "num_speculative_tokens"),
-     ({"acceptance_rate": 1.5}, "acceptance_rate")],
+    [
+        ({"num_speculative_tokens": -1}, "num_speculative_tokens"),
+        ({"acceptance_rate": 1.5}, "acceptance_rate"),
+    ],
 )
 def test_bad_speculative_config(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=rf"^{field}:"):

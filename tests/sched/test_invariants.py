@@ -1,0 +1,186 @@
+"""Scheduler ⇔ cache invariants, swept and property-based."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hycache.config import HycacheConfig
+from hycache.request import Request
+from hycache.sched.scheduler import Scheduler
+from tests.helpers import RecordingExecutor, make_config, new_request, run_sequential, tokens
+
+GEOMETRIES = [(b, u) for b in (16, 128, 512) for u in (4, 32) if u < b]
+
+
+def chunks(sched: Scheduler, rid: str) -> list[tuple[int, int, bool]]:
+    return sched.recorder.chunks[rid]  # type: ignore[attr-defined]
+
+
+def chunk_ends(sched: Scheduler, rid: str) -> list[tuple[int, int]]:
+    return [(start, end) for start, end, _ in chunks(sched, rid)]
+
+
+def test_every_junction_stop_is_checkpointed_and_the_next_sibling_resumes_there() -> None:
+    cases = 0
+    for b, u in GEOMETRIES:
+        for t in (2 * b - u, 3 * b + u + 1, 4 * b - 1):
+            for shared in sorted({b + u, 2 * b - u + 1, t // 2, t - 3 * u, 2 * b + 1}):
+                if not 0 < shared < t:
+                    continue
+                cfg = make_config(block_size=b, unit=u, max_model_len=4 * b, budget=4 * b)
+                rng = random.Random(b * 7 + t + shared)
+                prefix = tokens(rng, shared)
+                prompts = [prefix + tokens(rng, t - shared) for _ in range(3)]
+                sched, (_, s1, s2) = run_sequential(cfg, prompts)
+                for stop in s1.junction_stops:
+                    assert (stop < s1.num_prompt_tokens) and any(
+                        end == stop and ckpt for _, end, ckpt in chunks(sched, "r1")
+                    ), (b, u, t, shared, stop)
+                    assert s2.first_hit_tokens == stop
+                    cases += 1
+    assert cases > 20
+
+
+def random_prompts(seed: int, n: int, b: int) -> list[list[int]]:
+    """Sharing shapes: system prompt + suffix, identical resend, longer sibling, shorter one."""
+    rng = random.Random(seed)
+    roots = [tokens(rng, rng.randrange(b, 5 * b)) for _ in range(3)]
+    out: list[list[int]] = []
+    for _ in range(n):
+        shape = rng.randrange(4)
+        if shape == 0 or not out:
+            root = rng.choice(roots)
+            out.append(
+                root[: rng.randrange(1, len(root) + 1)] + tokens(rng, rng.randrange(1, 2 * b))
+            )
+        elif shape == 1:
+            out.append(list(rng.choice(out)))
+        elif shape == 2:
+            out.append(rng.choice(out) + tokens(rng, rng.randrange(1, 2 * b)))
+        else:
+            p = rng.choice(out)
+            out.append(p[: rng.randrange(1, len(p) + 1)] + tokens(rng, rng.randrange(1, b)))
+    return out
+
+
+def cfg_for(b: int, u: int, policy: str, eagle: bool = True) -> HycacheConfig:
+    return make_config(
+        block_size=b,
+        unit=u,
+        policy=policy,
+        eagle=eagle,
+        max_model_len=16 * b,
+        budget=3 * b,
+        num_blocks=4096,
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), geo=st.sampled_from([(16, 4), (32, 8), (64, 4)]))
+def test_junction_never_resumes_lower_than_replay(seed: int, geo: tuple[int, int]) -> None:
+    b, u = geo
+    prompts = random_prompts(seed, 12, b)
+    _, rep = run_sequential(cfg_for(b, u, "replay"), prompts)
+    _, jun = run_sequential(cfg_for(b, u, "junction"), prompts)
+    for r, j in zip(rep, jun, strict=True):
+        assert j.first_hit_tokens >= r.first_hit_tokens, (r.request_id, prompts)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), inert=st.sampled_from(["no-eagle", "unit-is-block"]))
+def test_junction_is_inert_without_a_unit_or_a_drafter(seed: int, inert: str) -> None:
+    b = 16
+    u = b if inert == "unit-is-block" else 4
+    eagle = inert != "no-eagle"
+    prompts = random_prompts(seed, 10, b)
+    s_rep, rep = run_sequential(cfg_for(b, u, "replay", eagle), prompts)
+    s_jun, jun = run_sequential(cfg_for(b, u, "junction", eagle), prompts)
+    for r, j in zip(rep, jun, strict=True):
+        assert j.first_hit_tokens == r.first_hit_tokens
+        assert chunk_ends(s_jun, j.request_id) == chunk_ends(s_rep, r.request_id)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_junction_costs_at_most_two_prefill_steps_and_nothing_without_a_junction(
+    seed: int,
+) -> None:
+    b, u = 16, 4
+    prompts = random_prompts(seed, 12, b)
+    s_rep, rep = run_sequential(cfg_for(b, u, "replay"), prompts)
+    s_jun, jun = run_sequential(cfg_for(b, u, "junction"), prompts)
+    for r, j in zip(rep, jun, strict=True):
+        if r.first_hit_tokens != j.first_hit_tokens:
+            continue  # a different resume point is a different request to chunk
+        if not j.outcome.junction and not r.outcome.junction:
+            assert chunk_ends(s_jun, j.request_id) == chunk_ends(s_rep, r.request_id)
+        assert j.num_prefill_steps <= r.num_prefill_steps + 2
+
+
+def check_step(sched: Scheduler, out) -> None:  # type: ignore[no-untyped-def]
+    """After every step: integrity; no checkpoint past the prompt; the running block unkeyed."""
+    sched.cache.check_integrity()
+    pool = sched.cache.pool
+    for s in out.scheduled:
+        if s.alloc.checkpoint:
+            assert s.end <= s.request.num_prompt_tokens
+            assert s.num_tokens > 1 or s.end <= s.request.num_prompt_tokens
+    for m in sched.cache.ssm:
+        for st_ in m._states.values():
+            if st_.running is not None:
+                assert not pool.keys[st_.running], "the running state block was published"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["tail", "replay", "junction"]),
+    num_blocks=st.integers(12, 60),
+    aborts=st.integers(0, 3),
+)
+def test_concurrent_random_workload_keeps_the_cache_sound(
+    seed: int, policy: str, num_blocks: int, aborts: int
+) -> None:
+    """Many requests at once, a small pool (preemptions), aborts mixed in: integrity after every
+    step, nothing published past the prompt or on a running block, nothing leaked at the end."""
+    b, u = 16, 4
+    cfg = make_config(
+        block_size=b,
+        unit=u,
+        policy=policy,
+        max_model_len=6 * b,
+        budget=4 * b,
+        num_blocks=num_blocks,
+        max_num_seqs=8,
+    )
+    sched = Scheduler(cfg)
+    ex = RecordingExecutor(num_speculative_tokens=3, acceptance_rate=0.6, seed=seed)
+    rng = random.Random(seed)
+    prompts = [p[: 5 * b - 1] for p in random_prompts(seed, 16, b)]
+    reqs: list[Request] = []
+    for i, p in enumerate(prompts):
+        r = new_request(cfg, f"q{i}", p, max_tokens=rng.randrange(1, 12))
+        reqs.append(r)
+        sched.add_request(r)
+    abort_at = {rng.randrange(1, 40): rng.choice(reqs).request_id for _ in range(aborts)}
+    steps = 0
+    while sched.has_unfinished():
+        if steps in abort_at:
+            sched.abort(abort_at[steps])
+        out = sched.schedule()
+        sched.update(out, ex.execute(out))
+        check_step(sched, out)
+        steps += 1
+        assert steps < 5000
+    assert all(r.status.finished for r in reqs)
+    assert sched.cache.num_live_requests == 0
+    assert sched.cache.pool.num_free == cfg.cache.num_blocks - 1
+    for r in reqs:
+        if r.status.value == "finished_length":
+            assert r.num_output_tokens == r.sampling.max_tokens
+            assert r.output_token_ids == [
+                ex.token(r.request_id, r.num_prompt_tokens + i) for i in range(r.num_output_tokens)
+            ]

@@ -72,7 +72,11 @@ class Request:
     num_prefill_steps: int = 0
     num_preemptions: int = 0
     prefill_tokens_computed: int = 0
-    first_hit_tokens: int | None = None
+    first_outcome: CacheOutcome | None = None  # the lookup at first admission
+
+    @property
+    def first_hit_tokens(self) -> int | None:
+        return self.first_outcome.resume_point if self.first_outcome else None
 
     @classmethod
     def new(
@@ -87,7 +91,11 @@ class Request:
         arrival: int = 0,
         eos_token_id: int | None = None,
     ) -> Request:
-        tokens = [int(t) for t in prompt_token_ids]
+        tokens = (
+            prompt_token_ids.tolist()
+            if hasattr(prompt_token_ids, "tolist")
+            else [int(t) for t in prompt_token_ids]
+        )
         hashes = PrefixHashes(unit, hash_seed, extra_keys)
         hashes.extend(tokens)
         return cls(request_id, tokens, sampling, hashes, arrival, eos_token_id)

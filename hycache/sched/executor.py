@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import numpy as np
 import xxhash
 
 from hycache.sched.scheduler import SchedulerOutput, StepResult
@@ -51,14 +50,11 @@ class DryRunExecutor:
         return t
 
     def _accepted(self, request_id: str, position: int, num_drafts: int) -> int:
-        if not num_drafts:
-            return 0
-        rng = np.random.default_rng(
-            [self.seed, xxhash.xxh32_intdigest(request_id.encode()), position]
-        )
-        draws = rng.random(num_drafts)
         j = 0
-        while j < num_drafts and draws[j] < self.acceptance_rate:
+        while j < num_drafts:
+            h = xxhash.xxh64_intdigest(f"a:{request_id}:{position}:{j}".encode(), self.seed)
+            if h / 2.0**64 >= self.acceptance_rate:
+                break
             j += 1
         return j
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from hycache.cache.manager import CacheManager, StepAllocation
 from hycache.config import HycacheConfig
-from hycache.request import Request, RequestStatus
+from hycache.request import CacheOutcome, Request, RequestStatus
 from hycache.sched.chunking import chunk_end
 
 
@@ -150,12 +150,9 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
-            req.outcome.resume_point = start
-            req.outcome.junction = hit.junction
-            req.outcome.attention_match = hit.attention_match
-            req.outcome.lost_reuse = hit.lost_reuse
-            if req.first_hit_tokens is None:
-                req.first_hit_tokens = start
+            req.outcome = CacheOutcome(start, hit.junction, hit.attention_match, hit.lost_reuse)
+            if req.first_outcome is None:
+                req.first_outcome = req.outcome
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, start, end - start, [], alloc))
             self._scheduled_ids.add(req.request_id)

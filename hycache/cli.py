@@ -1,0 +1,319 @@
+"""The `hycache` command line: explain | simulate | trace-gen | bench | generate | serve.
+
+This file parses arguments and prints; the work lives in the modules it calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hycache.config import (
+    POLICY_NAMES,
+    CacheConfig,
+    GroupKind,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    parse_policy,
+)
+from hycache.report import console, err_console, jsonl, write_atomic
+
+
+class UserError(Exception):
+    """A bad command line or input file: printed as one line, exit status 2."""
+
+
+def add_cache_flags(p: argparse.ArgumentParser, *, block_size: int = 4416, unit: int = 64) -> None:
+    g = p.add_argument_group("cache")
+    g.add_argument("--block-size", type=int, default=block_size, help="tokens per block B")
+    g.add_argument(
+        "--prefix-match-unit", type=int, default=unit, help="prefix-match unit u (divides B)"
+    )
+    g.add_argument(
+        "--eagle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="speculative decoding with an EAGLE drafter (the EAGLE drop)",
+    )
+    g.add_argument("--num-speculative-tokens", type=int, default=3, help="drafts per step k")
+    g.add_argument("--acceptance-rate", type=float, default=0.7, help="per-draft acceptance")
+    g.add_argument("--retention", default="semantic", help="semantic | dense | interval tokens")
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--num-blocks", type=int, default=None, help="cache blocks (default: sized)")
+    g.add_argument("--hash-seed", type=int, default=0)
+
+
+def build_config(
+    args: argparse.Namespace, *, policy: str, max_model_len: int, num_blocks: int
+) -> HycacheConfig:
+    k = args.num_speculative_tokens if args.eagle else 0
+    return HycacheConfig(
+        CacheConfig(
+            block_size=args.block_size,
+            prefix_match_unit=args.prefix_match_unit,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            policy=policy,
+            retention=args.retention,
+            hash_seed=args.hash_seed,
+            groups=(GroupKind.ATTENTION, GroupKind.SSM),
+        ),
+        SpeculativeConfig(num_speculative_tokens=k, acceptance_rate=args.acceptance_rate),
+        SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs),
+    )
+
+
+def parse_policies(args: argparse.Namespace) -> list[str]:
+    if args.compare:
+        names = [n.strip() for n in args.compare.split(",") if n.strip()]
+    else:
+        names = [args.policy]
+    for n in names:
+        parse_policy(n)
+    if len(set(names)) != len(names):
+        raise UserError(f"--compare: a policy is listed twice in {args.compare!r}")
+    return names
+
+
+# -- explain ---------------------------------------------------------------------------------------
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from hycache.explain import ExplainInputs, explain
+    from hycache.report import explain_table
+
+    inputs = ExplainInputs(
+        block_size=args.block_size,
+        prefix_match_unit=args.prefix_match_unit,
+        eagle=args.eagle,
+        prompt_tokens=args.prompt_tokens,
+        shared_prefix=args.shared_prefix,
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    policies = (args.policy,) if args.policy else POLICY_NAMES
+    # validate the geometry through the config before running anything
+    build_config(args, policy=policies[0], max_model_len=args.prompt_tokens + 8, num_blocks=10**6)
+    result = explain(inputs, tuple(policies))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(explain_table(result))
+    return 0
+
+
+# -- simulate --------------------------------------------------------------------------------------
+
+
+def build_workload(args: argparse.Namespace) -> Any:
+    from hycache.sim.compare import Workload
+    from hycache.sim.trace import read_mooncake_trace
+    from hycache.sim.workloads import multi_turn_workload, system_prompt_workload
+
+    kind = args.workload or ("trace" if args.trace else "system-prompt")
+    if kind == "trace":
+        if not args.trace:
+            raise UserError("--workload trace needs --trace FILE.jsonl")
+        reqs = read_mooncake_trace(
+            args.trace, args.trace_block_tokens, seed=args.seed, limit=args.limit
+        )
+        return Workload("trace", reqs, concurrency=args.concurrency, sequential=args.sequential)
+    if kind == "system-prompt":
+        reqs = system_prompt_workload(
+            args.num_requests,
+            args.shared_prefix_tokens,
+            args.suffix_tokens,
+            args.output_tokens,
+            seed=args.seed,
+        )
+        return Workload(
+            "system-prompt", reqs, concurrency=args.concurrency, sequential=args.sequential
+        )
+    sessions = multi_turn_workload(
+        args.sessions, args.turns, args.user_tokens, args.output_tokens, seed=args.seed
+    )
+    return Workload(
+        "multi-turn", sessions=sessions, concurrency=args.concurrency, sequential=args.sequential
+    )
+
+
+def build_cost(args: argparse.Namespace) -> Any:
+    if args.cost_model == "none":
+        return None
+    from hycache.sim.costmodel import CostModel
+    from hycache.sim.presets import load_gpu, load_model_spec
+
+    model = load_model_spec(args.model_config or args.model)
+    gpu = load_gpu(args.gpu_config or args.gpu)
+    k = args.num_speculative_tokens if args.eagle else 0
+    return CostModel(
+        model,
+        gpu,
+        speculative=k > 0,
+        num_speculative_tokens=k,
+        block_size=args.block_size,
+    )
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hycache.report import plot_policies, policy_table
+    from hycache.sim.compare import compare_policies, policies_json
+
+    policies = parse_policies(args)
+    workload = build_workload(args)
+    if not workload.size:
+        raise UserError("the workload has no requests")
+    cost = build_cost(args)
+    max_len = workload.max_tokens_per_request() + args.num_speculative_tokens + 1
+    if args.num_blocks is not None:
+        num_blocks = args.num_blocks
+    elif cost is not None:
+        num_blocks = cost.num_blocks(args.block_size)
+    else:
+        per_req = -(-max_len // args.block_size) + 4
+        num_blocks = max(args.max_num_seqs, 1) * per_req * 2 + 16
+    config = build_config(args, policy=policies[0], max_model_len=max_len, num_blocks=num_blocks)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=args.quiet or workload.size < 50,
+    ) as progress:
+        tasks = {
+            p: progress.add_task(f"{workload.name} · {p}", total=workload.size) for p in policies
+        }
+        results = compare_policies(
+            workload,
+            config,
+            policies,
+            cost=cost,
+            seed=args.seed,
+            on_finish=lambda p, _rec: progress.advance(tasks[p]),
+        )
+    summary = policies_json(results)
+    inputs = {
+        "workload": workload.name,
+        "num_requests": workload.size,
+        "block_size": args.block_size,
+        "prefix_match_unit": args.prefix_match_unit,
+        "eagle": args.eagle,
+        "num_speculative_tokens": args.num_speculative_tokens if args.eagle else 0,
+        "acceptance_rate": args.acceptance_rate,
+        "num_blocks": num_blocks,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "cost_model": args.cost_model,
+        "model": args.model_config or args.model if cost else None,
+        "gpu": args.gpu_config or args.gpu if cost else None,
+        "seed": args.seed,
+    }
+    if args.json:
+        if str(args.json).endswith(".jsonl"):
+            rows: list[dict[str, Any]] = []
+            for name, res in results.items():
+                rows.extend({**r.line(), "policy": name} for r in res.records)
+                rows.append({"policy": name, "summary": summary[name]})
+            write_atomic(args.json, jsonl(rows))
+        else:
+            doc = {
+                "inputs": inputs,
+                "policies": summary,
+                "requests": {n: [r.line() for r in res.records] for n, res in results.items()},
+            }
+            write_atomic(args.json, json.dumps(doc, indent=2) + "\n")
+    if args.plot:
+        plot_policies(args.plot, f"{workload.name} ({args.cost_model})", summary)
+    if not args.quiet:
+        console.print(policy_table(f"{workload.name}: {workload.size:,} requests", summary))
+    return 0
+
+
+def cmd_trace_gen(args: argparse.Namespace) -> int:
+    from hycache.sim.trace import trace_gen
+
+    stats = trace_gen(args.out, args.num_requests, args.seed, args.block_tokens)
+    print(json.dumps(stats, indent=2))
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------------
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hycache",
+        description="Prefix caching for hybrid attention + SSM models under speculative decoding.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("explain", help="where siblings and resends resume, per policy")
+    add_cache_flags(p)
+    p.add_argument("--prompt-tokens", type=int, required=True, help="producer prompt length T")
+    p.add_argument("--shared-prefix", type=int, required=True, help="shared prefix length P")
+    p.add_argument("--policy", choices=POLICY_NAMES, default=None, help="one policy (default all)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("simulate", help="run a workload through the scheduler and cache")
+    add_cache_flags(p)
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", choices=("system-prompt", "multi-turn", "trace"), default=None)
+    g.add_argument("--trace", help="Mooncake-format JSONL trace")
+    g.add_argument("--trace-block-tokens", type=int, default=512, help="tokens per hash id")
+    g.add_argument("--limit", type=int, default=None, help="only the first N trace requests")
+    g.add_argument("--shared-prefix-tokens", type=int, default=57_600)
+    g.add_argument("--suffix-tokens", type=int, default=6_416)
+    g.add_argument("--output-tokens", type=int, default=256)
+    g.add_argument("--num-requests", type=int, default=256)
+    g.add_argument("--sessions", type=int, default=64)
+    g.add_argument("--turns", type=int, default=4)
+    g.add_argument("--user-tokens", type=int, default=1_024)
+    g.add_argument("--concurrency", type=int, default=None, help="requests in flight")
+    g.add_argument("--sequential", action="store_true", help="one request at a time")
+    g = p.add_argument_group("policies and costs")
+    g.add_argument("--policy", default="junction", help=f"one of {', '.join(POLICY_NAMES)}")
+    g.add_argument("--compare", default=None, help="policies side by side, e.g. replay,junction")
+    g.add_argument("--cost-model", choices=("roofline", "none"), default="roofline")
+    g.add_argument("--model", default="bamba-9b", help="model preset")
+    g.add_argument("--model-config", default=None, help="model preset file (JSON)")
+    g.add_argument("--gpu", default="h200", help="GPU preset")
+    g.add_argument("--gpu-config", default=None, help="GPU preset file (JSON)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--json", default=None, help="write results (.jsonl: per-request lines)")
+    g.add_argument("--plot", default=None, help="write a PNG plot")
+    g.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("trace-gen", help="generate a Mooncake-like conversation trace")
+    p.add_argument("--out", required=True)
+    p.add_argument("--num-requests", type=int, default=12_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-tokens", type=int, default=512)
+    p.set_defaults(func=cmd_trace_gen)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (UserError, ValueError, FileNotFoundError, IsADirectoryError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""`hycache explain`: where a producer, its siblings and an identical resend resume, per policy.
+
+Everything is measured by running the real scheduler and cache on synthetic tokens: the
+producer's SSM checkpoints are read off the block pool's events, and each resume point is the
+hit the coordinator returned.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from hycache.cache.block_pool import BlockEvent
+from hycache.config import (
+    POLICY_NAMES,
+    CacheConfig,
+    GroupKind,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
+from hycache.request import Request, SamplingParams
+from hycache.sched.executor import DryRunExecutor, run_to_completion
+from hycache.sched.scheduler import Scheduler
+
+NUM_SIBLINGS = 3
+
+
+@dataclass(frozen=True)
+class ExplainInputs:
+    block_size: int
+    prefix_match_unit: int | None
+    eagle: bool
+    prompt_tokens: int
+    shared_prefix: int
+    num_speculative_tokens: int = 3
+    max_num_batched_tokens: int = 8192
+
+    def validate(self) -> None:
+        if self.prompt_tokens < 2:
+            raise ValueError(f"prompt_tokens: need at least 2 tokens, got {self.prompt_tokens}")
+        if not 0 < self.shared_prefix <= self.prompt_tokens:
+            raise ValueError(
+                f"shared_prefix: must lie in [1, prompt_tokens={self.prompt_tokens}], "
+                f"got {self.shared_prefix}"
+            )
+
+
+def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
+    """Run producer, three siblings and an identical resend one after another."""
+    t, p, b = inputs.prompt_tokens, inputs.shared_prefix, inputs.block_size
+    max_len = t + 8
+    blocks_per_req = -(-max_len // b) + 1
+    cfg = HycacheConfig(
+        CacheConfig(
+            block_size=b,
+            prefix_match_unit=inputs.prefix_match_unit,
+            num_blocks=8 * blocks_per_req + 16,
+            max_model_len=max_len,
+            policy=policy,
+            groups=(GroupKind.ATTENTION, GroupKind.SSM),
+        ),
+        SpeculativeConfig(
+            num_speculative_tokens=inputs.num_speculative_tokens if inputs.eagle else 0
+        ),
+        SchedulerConfig(max_num_batched_tokens=max(inputs.max_num_batched_tokens, b)),
+    )
+    sched = Scheduler(cfg)
+    ssm_group = cfg.cache.groups.index(GroupKind.SSM)
+    checkpoints: dict[str, list[int]] = {}
+    current = [""]
+
+    def on_event(e: BlockEvent) -> None:
+        if e.kind == "stored" and e.key.group == ssm_group:
+            checkpoints.setdefault(current[0], []).append(e.position)
+
+    sched.cache.pool.subscribe(on_event)
+    ex = DryRunExecutor(num_speculative_tokens=cfg.speculative.num_speculative_tokens)
+    rng = random.Random(0)
+    prefix = [rng.randrange(32000) for _ in range(p)]
+
+    def run(rid: str, prompt: list[int]) -> Request:
+        req = Request.new(
+            rid, prompt, SamplingParams(max_tokens=1, ignore_eos=True), unit=cfg.cache.unit
+        )
+        current[0] = rid
+        sched.add_request(req)
+        run_to_completion(sched, ex)
+        return req
+
+    producer_prompt = prefix + [rng.randrange(32000) for _ in range(t - p)]
+    producer = run("producer", producer_prompt)
+    siblings = [
+        run(f"sibling{i + 1}", prefix + [rng.randrange(32000) for _ in range(t - p)])
+        for i in range(NUM_SIBLINGS)
+    ]
+    resend = run("resend", producer_prompt)
+    bounds = sched.bounds
+    return {
+        "replay_boundary": bounds.replay_boundary(t),
+        "tail_checkpoint": bounds.tail_checkpoint(t),
+        "producer_checkpoints": sorted(checkpoints.get("producer", [])),
+        "resend": resend.first_hit_tokens,
+        "siblings": [s.first_hit_tokens for s in siblings],
+        "sibling_junctions": [s.first_outcome.junction if s.first_outcome else 0 for s in siblings],
+        "sibling_prefill_steps": [s.num_prefill_steps for s in siblings],
+        "producer_prefill_steps": producer.num_prefill_steps,
+        "limit": bounds.limit(p),
+    }
+
+
+def explain(inputs: ExplainInputs, policies: tuple[str, ...] = POLICY_NAMES) -> dict[str, Any]:
+    inputs.validate()
+    return {
+        "inputs": {
+            "block_size": inputs.block_size,
+            "prefix_match_unit": inputs.prefix_match_unit or inputs.block_size,
+            "eagle": inputs.eagle,
+            "prompt_tokens": inputs.prompt_tokens,
+            "shared_prefix": inputs.shared_prefix,
+        },
+        "policies": {name: explain_policy(inputs, name) for name in policies},
+    }

@@ -1,0 +1,252 @@
+"""The simulator: the real scheduler and cache, a dry-run executor, and a virtual clock.
+
+Each step advances the clock by the cost model's step time (or a fixed `dry_step_s` with no
+cost model). Requests arrive open loop (trace timestamps), closed loop at a concurrency, one at
+a time (`sequential`), or as interleaved multi-turn sessions whose next prompt is the previous
+prompt + its output + a new user message.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hycache.config import HycacheConfig
+from hycache.request import Request, SamplingParams
+from hycache.sched.executor import DryRunExecutor
+from hycache.sched.scheduler import Scheduler, SchedulerOutput
+from hycache.sim.costmodel import CostModel, SeqWork, StepWork
+from hycache.sim.workloads import RequestSpec, SessionSpec
+
+
+@dataclass
+class RequestRecord:
+    id: int | str
+    prompt_tokens: int
+    hit_tokens: int
+    prefill_tokens_computed: int
+    prefill_steps: int
+    junction: int
+    lost_reuse_tokens: int
+    output_tokens: int
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    preemptions: int
+
+    def line(self) -> dict[str, Any]:
+        """The per-request JSON line of `hycache simulate`."""
+        return {
+            "id": self.id,
+            "prompt_tokens": self.prompt_tokens,
+            "hit_tokens": self.hit_tokens,
+            "prefill_tokens_computed": self.prefill_tokens_computed,
+            "prefill_steps": self.prefill_steps,
+            "junction": self.junction,
+        }
+
+
+@dataclass
+class SimResult:
+    records: list[RequestRecord]
+    makespan_s: float
+    steps: int
+    peak_blocks_used: int
+    summary: dict[str, float] = field(default_factory=dict)
+
+    def by_id(self) -> dict[int | str, RequestRecord]:
+        return {r.id: r for r in self.records}
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def summarize(result: SimResult) -> dict[str, float]:
+    recs = result.records
+    out_tokens = sum(r.output_tokens for r in recs)
+    prompt = sum(r.prompt_tokens for r in recs)
+    hit = sum(r.hit_tokens for r in recs)
+    span = result.makespan_s or 1e-12
+    ttft = [r.first_token_s - r.arrival_s for r in recs]
+    itl = [
+        (r.finish_s - r.first_token_s) / (r.output_tokens - 1) for r in recs if r.output_tokens > 1
+    ]
+    return {
+        "requests": len(recs),
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / span,
+        "request_throughput": len(recs) / span,
+        "ttft_p50_s": _percentile(ttft, 50),
+        "ttft_p95_s": _percentile(ttft, 95),
+        "itl_p50_s": _percentile(itl, 50),
+        "itl_p95_s": _percentile(itl, 95),
+        "prompt_tokens": prompt,
+        "prefill_tokens_computed": sum(r.prefill_tokens_computed for r in recs),
+        "hit_tokens": hit,
+        "token_hit_rate": hit / prompt if prompt else 0.0,
+        "lost_reuse_tokens": sum(r.lost_reuse_tokens for r in recs),
+        "preemptions": sum(r.preemptions for r in recs),
+        "peak_blocks_used": result.peak_blocks_used,
+        "makespan_s": result.makespan_s,
+        "steps": result.steps,
+    }
+
+
+def step_work(out: SchedulerOutput) -> StepWork:
+    """What the cost model needs to know about one scheduled step."""
+    seqs = tuple(
+        SeqWork(
+            num_new_tokens=s.num_tokens + len(s.draft_token_ids),
+            context_len=s.start,
+            num_draft_tokens=len(s.draft_token_ids),
+            is_prefill=s.num_tokens > 1,
+        )
+        for s in out.scheduled
+    )
+    return StepWork(seqs, num_block_copies=len(out.block_copies))
+
+
+@dataclass
+class _Item:
+    """Something waiting to be admitted: a request spec, or a session's next turn."""
+
+    key: int | str
+    prompt: np.ndarray | list[int]
+    max_tokens: int
+    arrival_s: float | None
+    session: SessionSpec | None = None
+    turn: int = 0
+    outputs: tuple[list[int], ...] = ()
+
+
+class Simulator:
+    def __init__(
+        self,
+        config: HycacheConfig,
+        *,
+        cost: CostModel | None = None,
+        dry_step_s: float = 0.01,
+        seed: int = 0,
+        vocab_size: int = 32000,
+    ) -> None:
+        self.config = config
+        self.cost = cost
+        self.dry_step_s = dry_step_s
+        self.seed = seed
+        self.vocab_size = vocab_size
+
+    def run(
+        self,
+        requests: Iterable[RequestSpec] = (),
+        *,
+        sessions: Sequence[SessionSpec] = (),
+        concurrency: int | None = None,
+        sequential: bool = False,
+        on_finish: Callable[[RequestRecord], None] | None = None,
+    ) -> SimResult:
+        """Run a workload to completion. Requests with an `arrival_s` arrive open loop;
+        otherwise (and for sessions) `concurrency` requests are kept in flight."""
+        cfg = self.config
+        sched = Scheduler(cfg)
+        spec = cfg.speculative
+        ex = DryRunExecutor(
+            vocab_size=self.vocab_size,
+            num_speculative_tokens=spec.num_speculative_tokens,
+            acceptance_rate=spec.acceptance_rate,
+            seed=self.seed,
+        )
+        pending: deque[_Item] = deque(
+            _Item(r.request_id, r.prompt_token_ids, r.max_tokens, r.arrival_s) for r in requests
+        )
+        pending.extend(
+            _Item(f"s{s.session_id}t0", s.user_messages[0], s.output_tokens[0], None, s)
+            for s in sessions
+        )
+        limit = 1 if sequential else (concurrency or 10**9)
+        clock = 0.0
+        in_flight: dict[str, tuple[_Item, float]] = {}
+        records: list[RequestRecord] = []
+        first_token: dict[str, float] = {}
+        steps = peak = 0
+        admitted: list[_Item] = []
+        while pending or in_flight:
+            while pending and len(in_flight) < limit:
+                item = pending[0]
+                if not sequential and item.arrival_s is not None and item.arrival_s > clock:
+                    break
+                pending.popleft()
+                admitted.append(item)
+                req = self._request(item)
+                in_flight[req.request_id] = (item, clock)
+                sched.add_request(req)
+            if not sched.has_unfinished():
+                clock = max(clock, pending[0].arrival_s or clock)
+                continue
+            out = sched.schedule()
+            sampling = [s.request.request_id for s in out.scheduled if s.samples]
+            done = sched.update(out, ex.execute(out))
+            clock += self.cost.step_time(step_work(out)) if self.cost else self.dry_step_s
+            steps += 1
+            peak = max(peak, sched.cache.pool.num_blocks - 1 - sched.cache.pool.num_free)
+            for rid in sampling:
+                first_token.setdefault(rid, clock)
+            for req in done:
+                item, arrived = in_flight.pop(req.request_id)
+                rec = self._record(item, req, arrived, first_token.pop(req.request_id), clock)
+                records.append(rec)
+                if on_finish:
+                    on_finish(rec)
+                nxt = self._next_turn(item, req)
+                if nxt is not None:
+                    pending.append(nxt)
+        order = {item.key: i for i, item in enumerate(admitted)}
+        records.sort(key=lambda r: order[r.id])
+        result = SimResult(records, clock, steps, peak)
+        result.summary = summarize(result)
+        return result
+
+    def _request(self, item: _Item) -> Request:
+        prompt = item.prompt.tolist() if isinstance(item.prompt, np.ndarray) else item.prompt
+        c = self.config.cache
+        return Request.new(
+            str(item.key),
+            prompt,
+            SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
+            unit=c.unit,
+            hash_seed=c.hash_seed,
+        )
+
+    @staticmethod
+    def _record(
+        item: _Item, req: Request, arrived: float, first: float, now: float
+    ) -> RequestRecord:
+        first_outcome = req.first_outcome
+        return RequestRecord(
+            id=item.key,
+            prompt_tokens=req.num_prompt_tokens,
+            hit_tokens=first_outcome.resume_point,
+            prefill_tokens_computed=req.prefill_tokens_computed,
+            prefill_steps=req.num_prefill_steps,
+            junction=first_outcome.junction,
+            lost_reuse_tokens=first_outcome.lost_reuse,
+            output_tokens=req.num_output_tokens,
+            arrival_s=arrived if item.arrival_s is None else item.arrival_s,
+            first_token_s=first,
+            finish_s=now,
+            preemptions=req.num_preemptions,
+        )
+
+    @staticmethod
+    def _next_turn(item: _Item, req: Request) -> _Item | None:
+        s = item.session
+        if s is None or item.turn + 1 >= s.num_turns:
+            return None
+        outputs = (*item.outputs, list(req.output_token_ids))
+        t = item.turn + 1
+        prompt = s.prompt_for_turn(t, [np.asarray(o) for o in outputs])
+        return _Item(f"s{s.session_id}t{t}", prompt, s.output_tokens[t], None, s, t, outputs)

@@ -1,0 +1,174 @@
+"""Mooncake traces: reader round trip, every error with its line, generator statistics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hycache.sim.trace import (
+    TraceFormatError,
+    generate_mooncake_like,
+    hash_block_tokens,
+    iter_mooncake_trace,
+    read_mooncake_records,
+    read_mooncake_trace,
+    token_hit_ceiling,
+    trace_gen,
+    trace_stats,
+    write_trace,
+)
+
+B = 8  # small blocks keep hand-made traces short
+
+
+def rec(ts: Any, inp: Any, out: Any, ids: list[Any]) -> dict[str, Any]:
+    return {"timestamp": ts, "input_length": inp, "output_length": out, "hash_ids": ids}
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    records = [rec(0, 20, 5, [1, 2, 3]), rec(1500, 12, 3, [1, 2]), rec(2000, 9, 1, [7, 8])]
+    path = tmp_path / "t.jsonl"
+    write_trace(records, path)
+    reqs = read_mooncake_trace(path, block_tokens=B, vocab=100)
+    assert [r.request_id for r in reqs] == [0, 1, 2]
+    assert [r.arrival_s for r in reqs] == [0.0, 1.5, 2.0]
+    assert [r.prompt_len for r in reqs] == [20, 12, 9]
+    assert [r.max_tokens for r in reqs] == [5, 3, 1]
+    a, b, c = (r.prompt_token_ids for r in reqs)
+    assert np.array_equal(a[:12], b)  # shared hash ids -> shared tokens
+    assert not np.array_equal(a[:8], c[:8])
+    assert all(x.min() >= 0 and x.max() < 100 for x in (a, b, c))
+    again = read_mooncake_trace(path, block_tokens=B, vocab=100)
+    assert all(
+        np.array_equal(x.prompt_token_ids, y.prompt_token_ids)
+        for x, y in zip(reqs, again, strict=True)
+    )
+    lazy = list(iter_mooncake_trace(path, block_tokens=B, vocab=100))
+    assert np.array_equal(lazy[0].prompt_token_ids, a)
+
+
+def test_hash_tokens_depend_only_on_seed_id_and_position() -> None:
+    one = hash_block_tokens([5, 9], 16, 1000, seed=3)
+    alone = hash_block_tokens([9], 16, 1000, seed=3)
+    assert np.array_equal(one[16:], alone)
+    assert not np.array_equal(one[:16], alone)
+    assert not np.array_equal(hash_block_tokens([9], 16, 1000, seed=4), alone)
+    # Pinned: changing these changes every trace's tokens.
+    assert hash_block_tokens([0, 1], 4, 32000, seed=0).tolist() == PINNED
+
+
+PINNED = [12433, 21551, 27197, 26280, 432, 6637, 1117, 11023]
+
+
+def test_hash_tokens_are_the_same_in_another_process() -> None:
+    code = (
+        "from hycache.sim.trace import hash_block_tokens;"
+        "print(hash_block_tokens([123, 4567], 8, 32000, seed=0).tolist())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == hash_block_tokens([123, 4567], 8, 32000).tolist()
+
+
+def test_blank_lines_and_backward_timestamps(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = [
+        json.dumps(rec(500, 8, 1, [1])),
+        "",
+        "   ",
+        json.dumps(rec(100, 8, 1, [2])),
+        json.dumps(rec(500, 8, 1, [3])),
+    ]
+    path.write_text("\n".join(lines) + "\n\n")
+    recs = read_mooncake_records(path, B)
+    assert [r.request_id for r in recs] == [1, 0, 2]  # sorted by time, stably; ids skip blanks
+    assert [r.line for r in recs] == [4, 1, 5]
+    assert [r.request_id for r in read_mooncake_trace(path, B, limit=2)] == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        (
+            json.dumps({"timestamp": 0, "input_length": 8, "hash_ids": [1]}),
+            "missing field 'output_length'",
+        ),
+        (json.dumps(rec(0, "8", 1, [1])), "'input_length' must be an integer"),
+        (json.dumps(rec(0, 8.5, 1, [1])), "'input_length' must be an integer"),
+        (json.dumps(rec(0, -8, 1, [1])), "'input_length' must not be negative"),
+        (json.dumps(rec(0, 8, -1, [1])), "'output_length' must not be negative"),
+        (json.dumps(rec(0, 0, 1, [])), "'input_length' must be >= 1"),
+        (json.dumps(rec(0, 8, 0, [1])), "'output_length' must be >= 1"),
+        (json.dumps(rec(-1, 8, 1, [1])), "'timestamp' must not be negative"),
+        (json.dumps(rec("soon", 8, 1, [1])), "'timestamp' must be a number"),
+        (json.dumps({**rec(0, 8, 1, [1]), "hash_ids": 3}), "'hash_ids' must be a list"),
+        (json.dumps(rec(0, 8, 1, [1, "x"])), "'hash_ids'[1] must be a non-negative integer"),
+        (json.dumps(rec(0, 17, 1, [1, 2])), "needs 3 hash_ids at 8 tokens per block, got 2"),
+    ],
+)
+def test_errors_name_the_line(tmp_path: Path, line: str, reason: str) -> None:
+    path = tmp_path / "t.jsonl"
+    good = json.dumps(rec(0, 8, 1, [1]))
+    path.write_text(f"{good}\n\n{good}\n{line}\n{good}\n")
+    with pytest.raises(TraceFormatError) as e:
+        read_mooncake_trace(path, block_tokens=B)
+    assert e.value.line == 4
+    assert f"{path}, line 4: " in str(e.value)
+    assert reason in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_extra_hash_ids_are_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace([rec(0, 9, 1, [4, 5, 6, 7])], path)
+    (r,) = read_mooncake_records(path, B)
+    assert r.hash_ids == (4, 5)
+
+
+def test_token_hit_ceiling_by_hand() -> None:
+    records = [
+        rec(0, 8, 1, [1, 2]),  # nothing seen: 0
+        rec(1, 10, 1, [1, 2, 3]),  # leads with 1, 2 seen: 8 (of 10)
+        rec(2, 6, 1, [1, 9]),  # 1 seen, 9 not: 4 (of 6)
+        rec(3, 3, 1, [1]),  # 1 seen, capped at the input length: 3
+        rec(4, 8, 1, [5, 1]),  # 5 unseen first: 0
+    ]
+    assert token_hit_ceiling(records, block_tokens=4) == pytest.approx((8 + 4 + 3) / 35)
+
+
+def test_generated_trace_is_deterministic_and_valid(tmp_path: Path) -> None:
+    a = generate_mooncake_like(300, seed=5)
+    assert a == generate_mooncake_like(300, seed=5)
+    assert a != generate_mooncake_like(300, seed=6)
+    for r in a:
+        assert len(r["hash_ids"]) == -(-r["input_length"] // 512)
+    path = tmp_path / "g.jsonl"
+    stats = trace_gen(path, num_requests=300, seed=5)
+    assert stats["num_requests"] == 300 and stats["path"] == str(path)
+    assert len(read_mooncake_records(path)) == 300
+    assert trace_stats(a)["token_hit_ceiling"] == pytest.approx(stats["token_hit_ceiling"])
+
+
+def test_default_trace_matches_mooncake_statistics() -> None:
+    records = generate_mooncake_like()
+    s = trace_stats(records)
+    assert s["num_requests"] == 12000
+    assert 0.37 <= s["token_hit_ceiling"] <= 0.43
+    assert s["input_median"] == pytest.approx(6900, rel=0.10)
+    assert s["output_median"] == pytest.approx(350, rel=0.10)
+    assert s["arrival_rate_per_s"] == pytest.approx(3.4, rel=0.10)
+    assert s["input_max"] <= 131072
+    assert s["input_mean"] > s["input_median"]  # heavy right tail
+
+
+@pytest.mark.parametrize("target", [0.2, 0.6])
+def test_hit_ceiling_is_a_knob(target: float) -> None:
+    records = generate_mooncake_like(2000, seed=1, target_hit_ceiling=target)
+    assert token_hit_ceiling(records) == pytest.approx(target, abs=0.03)

@@ -1,0 +1,166 @@
+"""The command line, end to end (in-process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hycache.cli import main
+
+WORKED = [
+    "--block-size",
+    "4416",
+    "--prefix-match-unit",
+    "64",
+    "--eagle",
+    "--prompt-tokens",
+    "64016",
+    "--shared-prefix",
+    "57600",
+]
+
+
+def test_explain_reproduces_the_worked_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", *WORKED, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["policies"]
+    for name in ("replay", "junction"):
+        assert out[name]["replay_boundary"] == 57_408
+        assert out[name]["tail_checkpoint"] == 63_936
+        assert out[name]["resend"] == 63_936
+        assert out[name]["limit"] == 57_536
+        assert out[name]["producer_checkpoints"] == [57_408, 63_936]
+    assert out["replay"]["siblings"] == [0, 52_992, 52_992]
+    assert out["junction"]["siblings"] == [0, 57_344, 57_344]
+    assert out["tail"]["resend"] == 57_408  # before the fix: the resend misses the tail
+
+
+def test_explain_table_and_bad_geometry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", *WORKED, "--policy", "junction"]) == 0
+    assert "57,344" in capsys.readouterr().out
+    bad = [
+        "explain",
+        "--block-size",
+        "100",
+        "--prefix-match-unit",
+        "64",
+        "--prompt-tokens",
+        "500",
+        "--shared-prefix",
+        "300",
+    ]
+    assert main(bad) == 2
+    assert "prefix_match_unit" in capsys.readouterr().err
+
+
+def write_trace(path: Path, rows: list[dict | str]) -> None:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+def trace_rows(n: int) -> list[dict | str]:
+    return [
+        {
+            "timestamp": 100 * i,
+            "input_length": 700 + 37 * i,
+            "output_length": 5,
+            "hash_ids": [1, 2, 10 + i, 50 + i],
+        }
+        for i in range(n)
+    ]
+
+
+def test_simulate_dry_run_writes_one_line_per_request_and_a_summary(tmp_path: Path) -> None:
+    trace, out = tmp_path / "t.jsonl", tmp_path / "out.jsonl"
+    write_trace(trace, trace_rows(6))
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--trace-block-tokens",
+            "256",
+            "--block-size",
+            "64",
+            "--prefix-match-unit",
+            "16",
+            "--cost-model",
+            "none",
+            "--policy",
+            "junction",
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["id"] for x in lines[:-1]] == list(range(6))
+    keys = {
+        "id",
+        "prompt_tokens",
+        "hit_tokens",
+        "prefill_tokens_computed",
+        "prefill_steps",
+        "junction",
+        "policy",
+    }
+    assert all(set(x) == keys for x in lines[:-1])
+    assert lines[0]["prompt_tokens"] == 700
+    summary = lines[-1]["summary"]
+    assert summary["hit_tokens"] == sum(x["hit_tokens"] for x in lines[:-1]) > 0
+    assert summary["token_hit_rate"] == pytest.approx(
+        summary["hit_tokens"] / sum(x["prompt_tokens"] for x in lines[:-1])
+    )
+
+
+def test_simulate_bad_line_names_it_and_leaves_no_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, out = tmp_path / "t.jsonl", tmp_path / "out.jsonl"
+    rows = trace_rows(4)
+    rows[2] = {"timestamp": 5, "input_length": -3, "output_length": 5, "hash_ids": [1]}
+    write_trace(trace, rows)
+    rc = main(["simulate", "--trace", str(trace), "--cost-model", "none", "--json", str(out)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "line 3:" in err and "input_length" in err
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.jsonl*"))
+
+
+def test_simulate_compare_json_object(tmp_path: Path) -> None:
+    trace, out = tmp_path / "t.jsonl", tmp_path / "out.json"
+    write_trace(trace, trace_rows(5))
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--block-size",
+            "64",
+            "--prefix-match-unit",
+            "16",
+            "--trace-block-tokens",
+            "256",
+            "--compare",
+            "replay,junction",
+            "--json",
+            str(out),
+            "--quiet",
+            "--model",
+            "tiny",
+            "--gpu",
+            "h100",
+        ]
+    )
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policies"]) == {"replay", "junction"}
+    assert doc["policies"]["junction"]["output_tokens_per_s"] > 0
+    assert doc["inputs"]["cost_model"] == "roofline"
+
+
+def test_simulate_unknown_policy_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--compare", "replay,bogus", "--cost-model", "none"]) == 2
+    assert "bogus" in capsys.readouterr().err

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
 from hycache.cache.hashing import PrefixHashes
 
 
@@ -91,13 +93,12 @@ class Request:
         arrival: int = 0,
         eos_token_id: int | None = None,
     ) -> Request:
-        tokens = (
-            prompt_token_ids.tolist()
-            if hasattr(prompt_token_ids, "tolist")
-            else [int(t) for t in prompt_token_ids]
-        )
+        arr = np.asarray(prompt_token_ids, dtype=np.int64)
+        if arr.ndim != 1:
+            raise ValueError(f"prompt_token_ids: expected a flat list of ints, got {arr.shape}")
         hashes = PrefixHashes(unit, hash_seed, extra_keys)
-        hashes.extend(tokens)
+        hashes.extend(arr)
+        tokens = arr.tolist()
         return cls(request_id, tokens, sampling, hashes, arrival, eos_token_id)
 
     @property

@@ -45,16 +45,15 @@ class PrefixHashes:
         return len(self._hashes) * self.unit
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
-        if isinstance(tokens, np.ndarray):
-            self._pending.extend(tokens.tolist())
-        else:
-            self._pending.extend(int(t) for t in tokens)
+        arr = np.asarray(tokens, dtype=np.int64)
+        if self._pending:
+            arr = np.concatenate([np.asarray(self._pending, dtype=np.int64), arr])
         u = self.unit
-        n_units = len(self._pending) // u
+        n_units = len(arr) // u
+        self._pending = arr[n_units * u :].tolist()
         if not n_units:
             return
-        data = np.asarray(self._pending[: n_units * u], dtype=np.int64).tobytes()
-        del self._pending[: n_units * u]
+        data = arr[: n_units * u].tobytes()
         parent = self._hashes[-1] if self._hashes else b""
         width = u * 8
         digest = xxhash.xxh3_128_digest

@@ -170,8 +170,8 @@ class CostModel:
 
     @property
     def attention_bytes_per_token(self) -> int:
-        """K and V of one token across every cached attention layer (the drafter's included
-        when speculative decoding is on: its KV lives in the same blocks)."""
+        """K and V of one token across every cached attention layer. With speculative decoding
+        on, the drafter's layer counts too: its KV is kept for every cached position."""
         m = self.model
         layers = m.layers.attention + (m.drafter.num_layers if self.speculative else 0)
         return layers * m.kv_bytes_per_token_per_layer

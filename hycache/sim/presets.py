@@ -410,7 +410,7 @@ class _Reader:
 
 
 def _optional_fraction(r: _Reader, key: str) -> float | None:
-    v = r.get_float(key, required=False)
+    v: float | None = r.get_float(key, required=False)
     if v is not None and v > 1.0:
         raise r.fail(key, f"must be in (0, 1], got {v}")
     return v
@@ -520,7 +520,9 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
     params: ParamCounts | None = None
     pc = r.sub("params", required=False)
     if pc is not None:
-        params = ParamCounts(total=pc.get_int("total", minimum=1), active=pc.get_int("active", minimum=1))
+        params = ParamCounts(
+            total=pc.get_int("total", minimum=1), active=pc.get_int("active", minimum=1)
+        )
         if params.active > params.total:
             raise pc.fail("active", "must not exceed params.total")
         pc.finish()

@@ -211,11 +211,10 @@ class Simulator:
         return result
 
     def _request(self, item: _Item) -> Request:
-        prompt = item.prompt.tolist() if isinstance(item.prompt, np.ndarray) else item.prompt
         c = self.config.cache
         return Request.new(
             str(item.key),
-            prompt,
+            item.prompt,
             SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
             unit=c.unit,
             hash_seed=c.hash_seed,

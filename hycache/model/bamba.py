@@ -177,8 +177,10 @@ class Mamba2Mixer(nn.Module):
         keep = plan.src_valid
         conv0 = conv_cache.index_select(0, plan.src)  # (R, conv_dim, d_conv - 1)
         conv0 = torch.where(keep[:, None, None], conv0, torch.zeros_like(conv0)).to(dtype)
+        # conv0: (R, conv_dim, d_conv - 1) in the model dtype
         ssm0 = ssm_cache.index_select(0, plan.src)  # (R, n_heads, head_dim, d_state)
         ssm0 = torch.where(keep[:, None, None, None], ssm0, torch.zeros_like(ssm0))
+        # ssm0: (R, n_heads, head_dim, d_state) in the state dtype
 
         xbc_act = torch.empty_like(xbc)  # (N, conv_dim) conv output after silu
         y = torch.empty(n, h, p, dtype=cdt, device=hidden.device)  # (N, n_heads, head_dim)
@@ -189,6 +191,8 @@ class Mamba2Mixer(nn.Module):
             act = self._conv_act(window)[:, 0]  # (R_dec, conv_dim)
             xbc_act[rows] = act
             x, B, C = act.split([self.d_inner, g * ds, g * ds], dim=-1)
+            # x: (R_dec, d_inner), B, C: (R_dec, n_groups * d_state)
+            # y_dec: (R_dec, n_heads, head_dim), new_ssm: (R_dec, n_heads, head_dim, d_state)
             y_dec, new_ssm = ssd_step(
                 ssm0[ri],
                 x.view(-1, h, p),  # (R_dec, n_heads, head_dim)
@@ -208,6 +212,7 @@ class Mamba2Mixer(nn.Module):
             act = self._conv_act(seq[None])[0]  # (q, conv_dim)
             xbc_act[s:e] = act
             x, B, C = act.split([self.d_inner, g * ds, g * ds], dim=-1)
+            # x: (q, d_inner), B, C: (q, n_groups * d_state)
             x = x.reshape(1, -1, h, p).to(cdt)  # (1, q, n_heads, head_dim)
             B = B.reshape(1, -1, g, ds)  # (1, q, n_groups, d_state)
             C = C.reshape(1, -1, g, ds)  # (1, q, n_groups, d_state)
@@ -220,6 +225,7 @@ class Mamba2Mixer(nn.Module):
             for off in [*sorted(by_offset), e - s]:
                 if off == prev:
                     continue
+                # y_seg: (1, seg_len, n_heads, head_dim), state: (1, n_heads, head_dim, d_state)
                 y_seg, state = ssd_chunked(
                     x[:, prev:off], dtr[:, prev:off], A, B[:, prev:off], C[:, prev:off],
                     self.chunk_size, state,
@@ -385,7 +391,7 @@ class BambaForCausalLM(nn.Module):
         attn_plan = cos = sin = None
         if cfg.num_attention_layers:
             assert kv is not None
-            attn_plan = AttentionPlan.build(batch, kv.block_size, device)
+            attn_plan = AttentionPlan.build(batch, kv, device)
             cos, sin = rope_cos_sin(
                 attn_plan.positions, cfg.rotary_dim, cfg.rope_theta, self.dtype
             )  # (N, rotary_dim) each

@@ -114,7 +114,8 @@ class BambaConfig:
             "mamba_chunk_size",
         ):
             value = getattr(self, name)
-            need(isinstance(value, int) and value > 0, name, f"must be a positive int, got {value!r}")
+            ok = isinstance(value, int) and value > 0
+            need(ok, name, f"must be a positive int, got {value!r}")
         need(
             self.num_attention_heads % self.num_key_value_heads == 0,
             "num_key_value_heads",

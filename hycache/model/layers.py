@@ -92,7 +92,9 @@ class AttentionPlan:
         starts: request r's tokens are rows starts[r] .. starts[r + 1] - 1.
         read_slots: per request, (context_len + query_len,) flat slots of positions 0.. in order.
         positions: (N,) absolute positions (for the causal masks).
-        padded: batched layout used when every query is short (decode / verify), else None.
+        padded: one batched layout for the requests with short queries (decode / verify), or
+            None when there are none.
+        long_reqs: the other requests (prefill chunks), attended one at a time in query tiles.
     """
 
     write_slots: torch.Tensor
@@ -100,9 +102,11 @@ class AttentionPlan:
     read_slots: list[torch.Tensor]
     positions: torch.Tensor
     padded: PaddedAttention | None
+    long_reqs: list[int]
 
     @classmethod
-    def build(cls, batch: StepBatch, block_size: int, device: torch.device) -> AttentionPlan:
+    def build(cls, batch: StepBatch, kv: PagedKVCache, device: torch.device) -> AttentionPlan:
+        block_size = kv.block_size
         starts = batch.query_starts()
         positions = batch.positions.to(device)
         write_parts: list[torch.Tensor] = []
@@ -115,21 +119,29 @@ class AttentionPlan:
                     f"StepBatch.block_tables[{r}] has {len(table)} blocks of {block_size}, "
                     f"too few for {total} tokens"
                 )
-            bt = torch.tensor(table, dtype=torch.int64, device=device)  # (blocks,)
+            used = table[: -(-total // block_size)]
+            if any(not 0 <= blk < kv.num_blocks for blk in used):
+                raise ValueError(
+                    f"StepBatch.block_tables[{r}] holds block ids outside [0, {kv.num_blocks})"
+                )
+            bt = torch.tensor(used, dtype=torch.int64, device=device)  # (blocks,)
             pos = torch.arange(total, dtype=torch.int64, device=device)  # (T,)
             slots = bt[pos // block_size] * block_size + pos % block_size  # (T,)
             read_slots.append(slots)
             write_parts.append(slots[batch.context_lens[r] :])
         write_slots = torch.cat(write_parts)  # (N,)
+        short = [r for r, q in enumerate(batch.query_lens) if q <= PADDED_ATTENTION_MAX_QUERY]
+        long_reqs = [r for r, q in enumerate(batch.query_lens) if q > PADDED_ATTENTION_MAX_QUERY]
         padded = None
-        if max(batch.query_lens) <= PADDED_ATTENTION_MAX_QUERY:
-            padded = PaddedAttention.build(batch, read_slots, positions, starts, device)
-        return cls(write_slots, starts, read_slots, positions, padded)
+        if short:
+            padded = PaddedAttention.build(batch, short, read_slots, positions, starts, device)
+        return cls(write_slots, starts, read_slots, positions, padded, long_reqs)
 
 
 @dataclass
 class PaddedAttention:
-    """All requests padded to (R, q_max) queries and (R, T_max) keys, for one SDPA call.
+    """Requests padded to (R, q_max) queries and (R, T_max) keys, for one SDPA call (R counts
+    only the requests in this layout).
 
     Attributes:
         rows: (R, q_max) token row of each padded query (padding points at row 0).
@@ -147,26 +159,28 @@ class PaddedAttention:
     def build(
         cls,
         batch: StepBatch,
+        reqs: list[int],
         read_slots: list[torch.Tensor],
         positions: torch.Tensor,
         starts: list[int],
         device: torch.device,
     ) -> PaddedAttention:
-        nreq = batch.num_requests
-        q_max = max(batch.query_lens)
-        t_max = max(s.shape[0] for s in read_slots)
+        nreq = len(reqs)
+        q_max = max(batch.query_lens[r] for r in reqs)
+        t_max = max(read_slots[r].shape[0] for r in reqs)
         rows = torch.zeros(nreq, q_max, dtype=torch.int64, device=device)  # (R, q_max)
         valid = torch.zeros(nreq, q_max, dtype=torch.bool, device=device)  # (R, q_max)
         slots = torch.zeros(nreq, t_max, dtype=torch.int64, device=device)  # (R, T_max)
-        lens = torch.tensor([s.shape[0] for s in read_slots], device=device)  # (R,)
-        for r in range(nreq):
+        lens = torch.tensor([read_slots[r].shape[0] for r in reqs], device=device)  # (R,)
+        for i, r in enumerate(reqs):
             q = batch.query_lens[r]
-            rows[r, :q] = torch.arange(starts[r], starts[r] + q, device=device)
-            valid[r, :q] = True
-            slots[r, : read_slots[r].shape[0]] = read_slots[r]
+            rows[i, :q] = torch.arange(starts[r], starts[r] + q, device=device)
+            valid[i, :q] = True
+            slots[i, : read_slots[r].shape[0]] = read_slots[r]
         qpos = torch.where(valid, positions[rows], lens[:, None] - 1)  # (R, q_max)
         keys = torch.arange(t_max, device=device)  # (T_max,)
-        mask = (keys[None, None, :] <= qpos[:, :, None]) & (keys[None, None, :] < lens[:, None, None])
+        causal = keys[None, None, :] <= qpos[:, :, None]  # (R, q_max, T_max)
+        mask = causal & (keys[None, None, :] < lens[:, None, None])  # (R, q_max, T_max)
         return cls(rows, valid, slots, mask[:, None])  # mask: (R, 1, q_max, T_max)
 
 
@@ -205,21 +219,25 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # (N, heads, head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q = apply_rope(q, cos, sin)  # (N, heads, head_dim)
+        k = apply_rope(k, cos, sin)  # (N, kv_heads, head_dim)
         kv.write(kv_layer, plan.write_slots, k, v)
 
+        out = torch.empty_like(q)  # (N, heads, head_dim)
         if plan.padded is not None:
-            out = self._padded(q, plan.padded, kv, kv_layer)
-        else:
-            out = torch.empty_like(q)  # (N, heads, head_dim)
-            for r, slots in enumerate(plan.read_slots):
-                s, e = plan.starts[r], plan.starts[r + 1]
-                out[s:e] = self._one_request(q[s:e], plan.positions[s:e], slots, kv, kv_layer)
+            self._padded(q, out, plan.padded, kv, kv_layer)
+        for r in plan.long_reqs:
+            s, e = plan.starts[r], plan.starts[r + 1]
+            out[s:e] = self._one_request(
+                q[s:e], plan.positions[s:e], plan.read_slots[r], kv, kv_layer
+            )
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
-    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-              ) -> torch.Tensor:
+    def _sdpa(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """q: (B, heads, L, head_dim), k, v: (B, kv_heads, S, head_dim), mask: bool broadcastable
+        to (B, heads, L, S) -> (B, heads, L, head_dim)."""
         return F.scaled_dot_product_attention(
             q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=self.scale, enable_gqa=True
         )
@@ -248,12 +266,17 @@ class Attention(nn.Module):
         return out
 
     def _padded(
-        self, q: torch.Tensor, pad: PaddedAttention, kv: PagedKVCache, kv_layer: int
-    ) -> torch.Tensor:
+        self,
+        q: torch.Tensor,
+        out: torch.Tensor,
+        pad: PaddedAttention,
+        kv: PagedKVCache,
+        kv_layer: int,
+    ) -> None:
+        """Attend the padded requests' queries; results go to their rows of out (N, heads,
+        head_dim)."""
         k, v = kv.gather(kv_layer, pad.slots)  # (R, T_max, kv_heads, head_dim) each
         qp = q[pad.rows].transpose(1, 2)  # (R, heads, q_max, head_dim)
-        o = self._sdpa(qp, k.transpose(1, 2), v.transpose(1, 2), pad.mask)
+        o = self._sdpa(qp, k.transpose(1, 2), v.transpose(1, 2), pad.mask)  # (R, h, q_max, hd)
         o = o.transpose(1, 2)  # (R, q_max, heads, head_dim)
-        out = torch.empty_like(q)  # (N, heads, head_dim)
         out[pad.rows[pad.valid]] = o[pad.valid]
-        return out

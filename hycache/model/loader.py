@@ -170,6 +170,8 @@ def load_model(
     config = load_config(path)
     tensors = read_safetensors(_checkpoint_files(path))
     _index_check(path, tensors)
+    for key in [k for k in tensors if k.endswith("rotary_emb.inv_freq")]:
+        del tensors[key]  # a derived buffer some exporters store; recomputed from the config
 
     model = BambaForCausalLM.empty(config, dtype, device)
     expected = {k: v.shape for k, v in model.state_dict().items()}

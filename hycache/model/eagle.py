@@ -1,0 +1,194 @@
+"""EAGLE draft head for a Bamba target model.
+
+Owns `EagleHead`: a one-layer drafter that predicts the token after t+1 from the target's
+hidden state at t and the embedding of token t+1:
+
+    x = fc(concat(embed(token_{t+1}), hidden_t))            Linear 2H -> H
+    h = x + attn(input_layernorm(x))                        GQA + RoPE, own PagedKVCache
+    h = h + mlp(post_attention_layernorm(h))                SwiGLU
+    logits = target.lm_head(target.final_layernorm(h))
+
+The embedding, final norm and LM head are the target's (shared, not stored here). `h` is
+returned so a chain of draft steps can feed it back in place of the target hidden state.
+The attention has the same shape (heads, KV heads, head_dim, RoPE) as the target's attention;
+its KV lives in its own one-layer `PagedKVCache` with its own block tables, driven by the same
+`StepBatch` type (the state fields are unused).
+
+Checkpoint tensor names: `fc.weight`, `fc.bias` (optional), `layers.0.input_layernorm.weight`,
+`layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.post_attention_layernorm.weight`,
+`layers.0.mlp.{gate,up,down}_proj.weight`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from hycache.model.bamba import BambaForCausalLM
+from hycache.model.config import BambaConfig
+from hycache.model.layers import MLP, Attention, AttentionPlan, RMSNorm, rope_cos_sin
+from hycache.model.loader import check_state_dict, read_safetensors
+from hycache.model.paged import PagedKVCache, StepBatch
+
+__all__ = ["EagleHead"]
+
+
+class EagleDecoderLayer(nn.Module):
+    """RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP -> residual."""
+
+    def __init__(self, config: BambaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(
+            config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+            config.head_dim, config.attention_bias,
+        )
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+
+
+class EagleHead(nn.Module):
+    """One-layer EAGLE drafter sharing the target's embedding, final norm and LM head."""
+
+    def __init__(self, target_config: BambaConfig, *, fc_bias: bool = True) -> None:
+        super().__init__()
+        self.config = target_config
+        h = target_config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
+        self.layers = nn.ModuleList([EagleDecoderLayer(target_config)])
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def empty(
+        cls,
+        target_config: BambaConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        *,
+        fc_bias: bool = True,
+    ) -> EagleHead:
+        with torch.device("meta"):
+            head = cls(target_config, fc_bias=fc_bias)
+        return head.to_empty(device=device).to(dtype=dtype).eval()
+
+    @classmethod
+    def random(
+        cls,
+        target_config: BambaConfig,
+        seed: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        *,
+        fc_bias: bool = True,
+    ) -> EagleHead:
+        """Random weights; the same seed gives bit-identical weights."""
+        head = cls.empty(target_config, torch.float32, "cpu", fc_bias=fc_bias)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in head.named_parameters():
+                if "norm" in name:
+                    param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+                else:
+                    param.copy_(0.02 * torch.randn(param.shape, generator=gen))
+        return head.to(device=device, dtype=dtype).eval()
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        target_config: BambaConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> EagleHead:
+        """Load from a safetensors file (or a directory holding `*.safetensors`).
+
+        Raises ValueError naming missing, unexpected or misshaped tensors, FileNotFoundError
+        when there is nothing to load.
+        """
+        p = Path(path)
+        if p.is_dir():
+            files = sorted(p.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors files in {p}")
+        elif p.is_file():
+            files = [p]
+        else:
+            raise FileNotFoundError(f"{p} does not exist")
+        tensors = read_safetensors(files)
+        head = cls.empty(target_config, dtype, device, fc_bias="fc.bias" in tensors)
+        expected = {k: v.shape for k, v in head.state_dict().items()}
+        check_state_dict(expected, {k: t.shape for k, t in tensors.items()},
+                         what=f"EAGLE head {p}")
+        with torch.no_grad():
+            state = head.state_dict()
+            for key, t in tensors.items():
+                state[key].copy_(t.to(device=state[key].device, dtype=state[key].dtype))
+        return head
+
+    def save(self, path: str | Path) -> None:
+        """Write all weights to one safetensors file that `load` reads back."""
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(path), metadata={"format": "pt"})
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty one-layer KV cache for the draft attention, in this head's dtype/device."""
+        return PagedKVCache.for_model(
+            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=1
+        )
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(
+        self,
+        batch: StepBatch,
+        hidden: torch.Tensor,
+        kv: PagedKVCache,
+        target: BambaForCausalLM,
+        *,
+        compute_logits: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft step.
+
+        Args:
+            batch: the tokens t+1 (`input_ids`) at their positions, with the draft KV's block
+                tables; state fields are ignored.
+            hidden: (N, hidden_size) the target's final hidden state at t (or, when chaining,
+                the hidden this head returned for the previous draft token).
+            kv: this head's one-layer KV cache; the new tokens' K/V are written into it.
+            target: the target model, for its embedding, final norm and LM head.
+            compute_logits: set False to skip the LM head.
+
+        Returns:
+            (draft hidden (N, hidden_size), logits (N, vocab) or None).
+        """
+        batch.validate(need_states=False)
+        if hidden.shape != (batch.num_tokens, self.config.hidden_size):
+            raise ValueError(
+                f"hidden must be ({batch.num_tokens}, {self.config.hidden_size}), "
+                f"got {tuple(hidden.shape)}"
+            )
+        device, dtype = self.device, self.dtype
+        emb = target.embed_tokens(batch.input_ids.to(device)).to(dtype)  # (N, hidden_size)
+        x = self.fc(torch.cat([emb, hidden.to(device=device, dtype=dtype)], dim=-1))  # (N, H)
+        plan = AttentionPlan.build(batch, kv, device)
+        cos, sin = rope_cos_sin(
+            plan.positions, self.config.rotary_dim, self.config.rope_theta, dtype
+        )  # (N, rotary_dim) each
+        layer = self.layers[0]
+        x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, plan, kv, 0)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))  # (N, hidden_size)
+        logits = None
+        if compute_logits:
+            logits = target.compute_logits(target.final_layernorm(x.to(target.dtype)))
+        return x, logits

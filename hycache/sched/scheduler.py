@@ -115,13 +115,14 @@ class Scheduler:
                 end = start + 1
             if end <= start:
                 continue
-            alloc = self.cache.allocate(req, start, end, len(drafts))
+            ahead = self._lookahead(req, end, drafts)
+            alloc = self.cache.allocate(req, start, end, ahead)
             while alloc is None:
                 victim = self._preempt_newest()
                 preempted.append(victim.request_id)
                 if victim is req:
                     break
-                alloc = self.cache.allocate(req, start, end, len(drafts))
+                alloc = self.cache.allocate(req, start, end, ahead)
             if alloc is None:
                 continue
             scheduled.append(ScheduledRequest(req, start, end - start, drafts, alloc))
@@ -143,7 +144,8 @@ class Scheduler:
             )
             req.num_computed_tokens = start
             end = self._chunk_end(req, start, budget)
-            alloc = self.cache.allocate(req, start, end, 0, hit) if end > start else None
+            ahead = self._lookahead(req, end, [])
+            alloc = self.cache.allocate(req, start, end, ahead, hit) if end > start else None
             if alloc is None:
                 req.num_computed_tokens = 0
                 req.junction_stops = ()
@@ -158,6 +160,12 @@ class Scheduler:
             self._scheduled_ids.add(req.request_id)
             budget -= end - start
         return budget
+
+    def _lookahead(self, req: Request, end: int, drafts: list[int]) -> int:
+        """Slots past `end`: the drafts verified in this step, and, when the step samples, the
+        k rows the drafter writes while proposing the next drafts."""
+        k = self.config.speculative.num_speculative_tokens
+        return len(drafts) + (k if end == req.num_tokens else 0)
 
     def _chunk_end(self, req: Request, start: int, budget: int) -> int:
         stops = self.bounds.prefill_stops(start, req.num_prompt_tokens, req.junction_stops)

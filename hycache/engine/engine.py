@@ -1,0 +1,302 @@
+"""The engine: a hybrid model served through hycache's scheduler and cache.
+
+    llm = LLM("tiny", num_speculative_tokens=3, block_size=64, prefix_match_unit=16)
+    outs = llm.generate([[1, 2, 3], "text (needs a tokenizer)"], SamplingParams(max_tokens=8))
+    for event in llm.stream(prompts, params): ...
+
+One step is schedule -> run -> update. Requests the model cannot take are refused at
+`add_request` with a ValueError, before anything is queued.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hycache.config import (
+    CacheConfig,
+    GroupKind,
+    HycacheConfig,
+    Policy,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
+from hycache.engine.runner import ModelRunner
+from hycache.model.config import BambaConfig
+from hycache.model.eagle import EagleHead
+from hycache.model.loader import load_model
+from hycache.request import Request, RequestStatus, SamplingParams
+from hycache.sched.scheduler import Scheduler
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def block_bytes(mc: BambaConfig, block_size: int, dtype: torch.dtype, drafter: bool) -> int:
+    """Bytes behind one block id: its K/V rows in every attention cache (the drafter's too)
+    and one conv + SSM state slot (the pool's ids index every cache)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    state_item = 8 if dtype == torch.float64 else 4
+    kv_layers = mc.num_attention_layers + (1 if drafter else 0)
+    kv = kv_layers * 2 * block_size * mc.num_key_value_heads * mc.head_dim * item
+    conv = mc.mamba_conv_dim * (mc.mamba_d_conv - 1) * item
+    ssm = mc.mamba_n_heads * mc.mamba_d_head * mc.mamba_d_state * state_item
+    return kv + mc.num_mamba_layers * (conv + ssm)
+
+
+def eos_token_id(model: str) -> int | None:
+    """The checkpoint's `eos_token_id` (config.json), or None (presets have none)."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    hit_tokens: int
+    finish_reason: str | None
+    num_preemptions: int = 0
+
+
+@dataclass
+class StreamEvent:
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    output: RequestOutput | None = None  # set when finished
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    output_tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        dtype: str | torch.dtype = "float32",
+        device: str | None = None,
+        block_size: int = 64,
+        prefix_match_unit: int | None = 16,
+        num_blocks: int | None = None,
+        max_model_len: int | None = None,
+        policy: str | Policy = "junction",
+        retention: str | int = "semantic",
+        enable_prefix_caching: bool = True,
+        num_speculative_tokens: int = 0,
+        draft_model: str | None = None,
+        draft_seed: int = 0,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 64,
+        hash_seed: int = 0,
+        seed: int = 0,
+        cache_memory_gb: float = 1.0,
+    ) -> None:
+        torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
+        mc = self.model_config
+        max_len = max_model_len or min(mc.max_position_embeddings, 8192)
+        drafter = None
+        if num_speculative_tokens:
+            drafter = (
+                EagleHead.load(draft_model, mc, torch_dtype, dev)
+                if draft_model
+                else EagleHead.random(mc, draft_seed, torch_dtype, dev)
+            )
+        groups: list[GroupKind] = []
+        if mc.num_attention_layers:
+            groups.append(GroupKind.ATTENTION)
+        if mc.num_mamba_layers:
+            groups.append(GroupKind.SSM)
+        if drafter is not None:
+            groups.append(GroupKind.ATTENTION)
+        if num_blocks is None:
+            per_block = block_bytes(mc, block_size, torch_dtype, drafter is not None)
+            num_blocks = int(cache_memory_gb * 2**30) // per_block
+        self.config = HycacheConfig(
+            CacheConfig(
+                block_size=block_size,
+                prefix_match_unit=prefix_match_unit,
+                num_blocks=num_blocks,
+                max_model_len=max_len,
+                policy=policy,
+                retention=retention,
+                enable_prefix_caching=enable_prefix_caching,
+                hash_seed=hash_seed,
+                groups=tuple(groups),
+            ),
+            SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
+            SchedulerConfig(max_num_batched_tokens, max_num_seqs),
+        )
+        self.scheduler = Scheduler(self.config)
+        self.runner = ModelRunner(self.model, self.config, drafter=drafter, seed=seed)
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self.eos_token_id = eos_token_id(model)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    "prompt: this model has no tokenizer.json; pass token ids instead of text"
+                )
+            return list(self.tokenizer.encode(prompt).ids)
+        return [int(t) for t in prompt]
+
+    def decode(self, token_ids: Sequence[int]) -> str | None:
+        return self.tokenizer.decode(list(token_ids)) if self.tokenizer is not None else None
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        max_len = self.config.cache.max_model_len
+        if not ids:
+            raise ValueError("prompt: empty prompt")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if len(ids) + params.max_tokens > max_len:
+            raise ValueError(
+                f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceed "
+                f"max_model_len {max_len}"
+            )
+
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Validate and queue one request; raises ValueError, changing nothing, if refused."""
+        params = params or SamplingParams()
+        ids = self.encode(prompt)
+        self._validate(ids, params)
+        rid = request_id or f"req-{next(self._ids)}"
+        c = self.config.cache
+        req = Request.new(
+            rid, ids, params, unit=c.unit, hash_seed=c.hash_seed, eos_token_id=self.eos_token_id
+        )
+        self.scheduler.add_request(req)
+        return rid
+
+    def add_requests(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[str]:
+        """Validate every prompt first, then queue them all (all or nothing)."""
+        plist = self._params_list(prompts, params)
+        encoded = [self.encode(p) for p in prompts]
+        for ids, sp in zip(encoded, plist, strict=True):
+            self._validate(ids, sp)
+        return [self.add_request(ids, sp) for ids, sp in zip(encoded, plist, strict=True)]
+
+    def abort(self, request_id: str) -> bool:
+        self.runner.release(request_id)
+        return self.scheduler.abort(request_id)
+
+    # -- stepping --------------------------------------------------------------------------------
+
+    def step(self) -> list[StreamEvent]:
+        """One engine step; returns the new tokens of every request that produced some."""
+        before = {r.request_id: r.num_output_tokens for r in self.scheduler.running}
+        out = self.scheduler.schedule()
+        results = self.runner.execute(out)
+        finished = self.scheduler.update(out, results)
+        self.stats.steps += 1
+        events: list[StreamEvent] = []
+        done = {r.request_id for r in finished}
+        for s in out.scheduled:
+            req = s.request
+            n0 = before.get(req.request_id, 0)
+            new = req.output_token_ids[n0:]
+            if new or req.request_id in done:
+                events.append(StreamEvent(req.request_id, list(new), req.request_id in done))
+        for req in finished:
+            self.runner.release(req.request_id)
+            output = self._output(req)
+            self.stats.prompt_tokens += req.num_prompt_tokens
+            self.stats.hit_tokens += output.hit_tokens
+            self.stats.output_tokens += req.num_output_tokens
+            for e in events:
+                if e.request_id == req.request_id:
+                    e.output = output
+        return events
+
+    def _output(self, req: Request) -> RequestOutput:
+        reason = {
+            RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH: "length",
+            RequestStatus.FINISHED_ABORTED: "abort",
+        }.get(req.status)
+        return RequestOutput(
+            req.request_id,
+            list(req.prompt_token_ids),
+            list(req.output_token_ids),
+            self.decode(req.output_token_ids),
+            req.first_hit_tokens or 0,
+            reason,
+            req.num_preemptions,
+        )
+
+    def stream(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[StreamEvent]:
+        """Queue every prompt (all validated first), then yield new tokens as they come."""
+        pending = set(self.add_requests(prompts, params))
+        while pending:
+            for event in self.step():
+                if event.request_id in pending:
+                    if event.finished:
+                        pending.discard(event.request_id)
+                    yield event
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in prompt order."""
+        ids = self.add_requests(prompts, params)
+        outputs: dict[str, RequestOutput] = {}
+        while len(outputs) < len(ids):
+            for event in self.step():
+                if event.output is not None:
+                    outputs[event.request_id] = event.output
+        return [outputs[r] for r in ids]
+
+    @staticmethod
+    def _params_list(
+        prompts: Sequence[Any], params: SamplingParams | Sequence[SamplingParams] | None
+    ) -> list[SamplingParams]:
+        if params is None or isinstance(params, SamplingParams):
+            return [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"params: {len(params)} sampling params for {len(prompts)} prompts")
+        return list(params)

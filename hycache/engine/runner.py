@@ -1,0 +1,239 @@
+"""The model runner: turns a `SchedulerOutput` into tensors, runs the target and the drafter,
+samples, verifies drafts, and answers one `StepResult` per request (the executor interface).
+
+Per step:
+  1. block copies (copy-on-write) in every paged KV cache;
+  2. one target forward over all scheduled tokens (known tokens, then drafts); each request
+     reads its SSM state from `src` and writes it to `dst` (or, when verifying drafts, writes
+     the state after every verified position into scratch slots, and the accepted one is copied
+     to `dst` afterwards);
+  3. sampling / verification on the rows that predict new tokens;
+  4. with a drafter: one drafter pass over every newly verified position (row p pairs the
+     target's hidden state at p with token p + 1), then k - 1 chained single-token passes.
+"""
+
+from __future__ import annotations
+
+import torch
+import xxhash
+
+from hycache.config import GroupKind, HycacheConfig
+from hycache.engine.sampling import pick, verify
+from hycache.model.bamba import BambaForCausalLM
+from hycache.model.eagle import EagleHead
+from hycache.model.paged import StepBatch
+from hycache.request import SamplingParams
+from hycache.sched.scheduler import ScheduledRequest, SchedulerOutput, StepResult
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: BambaForCausalLM,
+        config: HycacheConfig,
+        *,
+        drafter: EagleHead | None = None,
+        seed: int = 0,
+    ) -> None:
+        cache = config.cache
+        mc = model.config
+        self.model = model
+        self.drafter = drafter
+        self.seed = seed
+        self.k = config.speculative.num_speculative_tokens if drafter is not None else 0
+        attn_groups = [i for i, g in enumerate(cache.groups) if g is GroupKind.ATTENTION]
+        self.target_table = 0 if mc.num_attention_layers else None
+        self.draft_table = len(attn_groups) - 1 if drafter is not None else None
+        n = cache.num_blocks
+        self.kv = model.make_kv_cache(n, cache.block_size) if mc.num_attention_layers else None
+        self.scratch_base = n
+        scratch = config.scheduler.max_num_seqs * (self.k + 1) if self.k else 0
+        self.states = model.make_state_cache(n + scratch) if mc.num_mamba_layers else None
+        self.draft_kv = drafter.make_kv_cache(n, cache.block_size) if drafter else None
+        self._draft_probs: dict[str, torch.Tensor | None] = {}
+        self._gens: dict[str, torch.Generator] = {}
+        self._params: dict[str, SamplingParams] = {}
+
+    # -- per-request state ---------------------------------------------------------------------
+
+    def _gen(self, rid: str, params: SamplingParams) -> torch.Generator:
+        gen = self._gens.get(rid)
+        if gen is None:
+            seed = params.seed
+            if seed is None:
+                seed = xxhash.xxh64_intdigest(rid.encode(), self.seed) % 2**62
+            gen = self._gens[rid] = torch.Generator().manual_seed(seed)
+        return gen
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's generator and draft distributions."""
+        self._gens.pop(request_id, None)
+        self._draft_probs.pop(request_id, None)
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def execute(self, out: SchedulerOutput) -> dict[str, StepResult]:
+        for src, dst in out.block_copies:
+            for kv in (self.kv, self.draft_kv):
+                if kv is not None:
+                    kv.copy_block(src, dst)
+        sched = out.scheduled
+        if not sched:
+            return {}
+        hidden = self.model.forward(self._target_batch(sched), self.kv, self.states)
+        starts = _starts([s.num_tokens + len(s.draft_token_ids) for s in sched])
+        rows: list[int] = []
+        for i, s in enumerate(sched):
+            if s.samples:
+                first = starts[i] + s.num_tokens - 1
+                rows.extend(range(first, first + len(s.draft_token_ids) + 1))
+        logits = self.model.compute_logits(hidden[rows]) if rows else None
+        results: dict[str, StepResult] = {}
+        new_tokens: list[list[int]] = []
+        at = 0
+        for r, s in enumerate(sched):
+            rid = s.request.request_id
+            if not s.samples:
+                new_tokens.append([])
+                results[rid] = StepResult([])
+                continue
+            n = len(s.draft_token_ids) + 1
+            assert logits is not None
+            params = s.request.sampling
+            gen = self._gen(rid, params)
+            probs = self._draft_probs.pop(rid, None) if s.draft_token_ids else None
+            toks = verify(logits[at : at + n], s.draft_token_ids, probs, params, gen)
+            at += n
+            accepted = len(toks) - 1
+            if s.draft_token_ids and self.states is not None:
+                dst = s.alloc.states[0].dst
+                self.states.copy_slot(self.scratch_base + r * (self.k + 1) + accepted, dst)
+            new_tokens.append(toks)
+            results[rid] = StepResult(toks, accepted)
+        if self.drafter is not None:
+            self._draft(sched, hidden, starts, new_tokens, results)
+        return results
+
+    def _target_batch(self, sched: list[ScheduledRequest]) -> StepBatch:
+        ids: list[int] = []
+        positions: list[int] = []
+        qlens, ctx, tables, srcs, writes = [], [], [], [], []
+        for r, s in enumerate(sched):
+            toks = s.token_ids
+            ids.extend(toks)
+            positions.extend(range(s.start, s.start + len(toks)))
+            qlens.append(len(toks))
+            ctx.append(s.start)
+            tables.append(
+                s.alloc.block_tables[self.target_table] if self.target_table is not None else []
+            )
+            if self.states is not None:
+                st = s.alloc.states[0]
+                srcs.append(-1 if st.src is None else st.src)
+                if s.draft_token_ids:
+                    base = self.scratch_base + r * (self.k + 1)
+                    nd = len(s.draft_token_ids)
+                    writes.append([(s.num_tokens + i, base + i) for i in range(nd + 1)])
+                else:
+                    writes.append([(s.num_tokens, st.dst)])
+        return _batch(ids, positions, qlens, ctx, tables, srcs, writes, self.model.device)
+
+    def _draft(
+        self,
+        sched: list[ScheduledRequest],
+        hidden: torch.Tensor,
+        starts: list[int],
+        new_tokens: list[list[int]],
+        results: dict[str, StepResult],
+    ) -> None:
+        """Drafter rows for every verified position, then k drafts per sampling request."""
+        assert self.drafter is not None and self.draft_kv is not None
+        assert self.draft_table is not None
+        ids: list[int] = []
+        positions: list[int] = []
+        qlens, ctx, tables, sel = [], [], [], []
+        for i, s in enumerate(sched):
+            if s.samples:  # row p pairs hidden p with token p + 1: the new tokens end it
+                verified = s.num_tokens + len(new_tokens[i]) - 1
+                nxt = s.request.tokens(s.start + 1, s.end) + new_tokens[i]
+            else:
+                verified = s.num_tokens
+                nxt = s.request.tokens(s.start + 1, s.end + 1)
+            ids.extend(nxt[:verified])
+            positions.extend(range(s.start, s.start + verified))
+            qlens.append(verified)
+            ctx.append(s.start)
+            tables.append(s.alloc.block_tables[self.draft_table])
+            sel.extend(range(starts[i], starts[i] + verified))
+        batch = _batch(ids, positions, qlens, ctx, tables, [], [], self.model.device)
+        x, _ = self.drafter(batch, hidden[sel], self.draft_kv, self.model, compute_logits=False)
+        live = [i for i, s in enumerate(sched) if s.samples]
+        if not live:
+            return
+        ends = _starts(qlens)
+        last_rows = [ends[i + 1] - 1 for i in live]
+        prev_hidden = x[last_rows]  # (R_live, hidden)
+        prev_pos = [positions[j] for j in last_rows]
+        drafts: list[list[int]] = [[] for _ in live]
+        probs: list[list[torch.Tensor]] = [[] for _ in live]
+        for step in range(self.k):
+            logits = self.model.compute_logits(self.model.final_layernorm(prev_hidden))
+            for n, i in enumerate(live):
+                s = sched[i]
+                tok, p = pick(
+                    logits[n],
+                    s.request.sampling,
+                    self._gen(s.request.request_id, s.request.sampling),
+                )
+                drafts[n].append(tok)
+                if p is not None:
+                    probs[n].append(p)
+            if step == self.k - 1:
+                break
+            prev_pos = [p + 1 for p in prev_pos]
+            batch = _batch(
+                [d[-1] for d in drafts],
+                prev_pos,
+                [1] * len(live),
+                prev_pos,
+                [sched[i].alloc.block_tables[self.draft_table] for i in live],
+                [],
+                [],
+                self.model.device,
+            )
+            prev_hidden, _ = self.drafter(
+                batch, prev_hidden, self.draft_kv, self.model, compute_logits=False
+            )
+        for n, i in enumerate(live):
+            rid = sched[i].request.request_id
+            old = results[rid]
+            results[rid] = StepResult(old.sampled_token_ids, old.num_accepted_drafts, drafts[n])
+            self._draft_probs[rid] = torch.stack(probs[n]) if probs[n] else None
+
+
+def _starts(lengths: list[int]) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def _batch(
+    ids: list[int],
+    positions: list[int],
+    qlens: list[int],
+    ctx: list[int],
+    tables: list[list[int]],
+    srcs: list[int],
+    writes: list[list[tuple[int, int]]],
+    device: torch.device,
+) -> StepBatch:
+    return StepBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        query_lens=qlens,
+        context_lens=ctx,
+        block_tables=tables,
+        state_src=srcs,
+        state_writes=writes,
+    )

@@ -1,0 +1,77 @@
+"""Token sampling and speculative verification.
+
+Greedy (temperature 0) picks the argmax and accepts a draft exactly when it equals the target's
+argmax, so speculative greedy decoding reproduces plain greedy decoding token for token.
+With temperature > 0, drafts are verified by standard speculative rejection sampling: accept
+draft d with probability min(1, p(d) / q(d)); on the first rejection, sample from the residual
+max(p - q, 0), renormalised; if all are accepted, sample a bonus token from p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hycache.request import SamplingParams
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(..., V) logits -> (..., V) sampling distribution (temperature, then top-p)."""
+    probs = torch.softmax(logits.double() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < params.top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+def pick(
+    logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+) -> tuple[int, torch.Tensor | None]:
+    """One token from (V,) logits, and its distribution when sampling (None when greedy)."""
+    if params.temperature == 0:
+        return int(logits.argmax().item()), None
+    probs = probabilities(logits, params)
+    return sample(probs, gen), probs
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: Sequence[int],
+    draft_probs: torch.Tensor | None,
+    params: SamplingParams,
+    gen: torch.Generator,
+) -> list[int]:
+    """Verify drafts against the target's (len(drafts) + 1, V) logits.
+
+    Row i predicts the token after the i-th verified position. Returns the accepted drafts
+    followed by one new token (the correction, or the bonus when every draft is accepted)."""
+    out: list[int] = []
+    if params.temperature == 0:
+        target = logits.argmax(-1).tolist()
+        for i, d in enumerate(drafts):
+            if target[i] != d:
+                return [*out, target[i]]
+            out.append(d)
+        return [*out, target[len(drafts)]]
+    p = probabilities(logits, params)
+    for i, d in enumerate(drafts):
+        q = draft_probs[i] if draft_probs is not None else None
+        qd = float(q[d]) if q is not None else 1.0
+        u = float(torch.rand((), generator=gen, dtype=torch.float64))
+        if qd > 0 and u < min(1.0, float(p[i, d]) / qd):
+            out.append(d)
+            continue
+        residual = (p[i] - q).clamp_min(0) if q is not None else p[i].clone()
+        if q is None:
+            residual[d] = 0
+        total = residual.sum()
+        return [*out, sample(residual / total if total > 0 else p[i], gen)]
+    return [*out, sample(p[len(drafts)], gen)]

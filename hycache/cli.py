@@ -246,6 +246,62 @@ def cmd_trace_gen(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- generate --------------------------------------------------------------------------------------
+
+
+def parse_token_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise UserError(
+            f"--prompt-token-ids: expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from hycache.engine.engine import LLM
+    from hycache.request import SamplingParams
+
+    if (args.prompt is None) == (args.prompt_token_ids is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompt-token-ids 1,2,3")
+    prompt = args.prompt if args.prompt is not None else parse_token_ids(args.prompt_token_ids)
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        prefix_match_unit=args.prefix_match_unit,
+        num_blocks=args.num_blocks,
+        max_model_len=args.max_model_len,
+        policy=args.policy,
+        enable_prefix_caching=not args.no_prefix_caching,
+        num_speculative_tokens=args.num_speculative_tokens,
+        draft_model=args.draft_model,
+        seed=args.seed,
+    )
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    (out,) = llm.generate([prompt], params)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "token_ids": out.token_ids,
+                    "text": out.text,
+                    "hit_tokens": out.hit_tokens,
+                    "finish_reason": out.finish_reason,
+                }
+            )
+        )
+    else:
+        console.print(out.text if out.text is not None else " ".join(map(str, out.token_ids)))
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------------
 
 
@@ -293,6 +349,29 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--plot", default=None, help="write a PNG plot")
     g.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("generate", help="generate tokens with a hybrid model")
+    p.add_argument("--model", default="tiny", help="checkpoint directory or preset (tiny)")
+    p.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json)")
+    p.add_argument("--prompt-token-ids", default=None, help="prompt as token ids: 1,2,3")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--num-speculative-tokens", type=int, default=0)
+    p.add_argument("--draft-model", default=None, help="EAGLE head safetensors (else random)")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--prefix-match-unit", type=int, default=16)
+    p.add_argument("--policy", choices=POLICY_NAMES, default="junction")
+    p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument(
+        "--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("trace-gen", help="generate a Mooncake-like conversation trace")
     p.add_argument("--out", required=True)

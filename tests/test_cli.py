@@ -164,3 +164,43 @@ def test_simulate_compare_json_object(tmp_path: Path) -> None:
 def test_simulate_unknown_policy_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--compare", "replay,bogus", "--cost-model", "none"]) == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def test_generate_json_matches_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    from hycache.engine.engine import LLM
+    from hycache.request import SamplingParams
+
+    args = [
+        "generate",
+        "--prompt-token-ids",
+        "1,2,3,4,5",
+        "--max-tokens",
+        "6",
+        "--json",
+        "--max-model-len",
+        "256",
+        "--num-blocks",
+        "64",
+    ]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    llm = LLM("tiny", max_model_len=256, num_blocks=64)
+    (ref,) = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=6, seed=0))
+    assert out["token_ids"] == ref.token_ids and len(out["token_ids"]) == 6
+    assert out["hit_tokens"] == 0 and out["text"] is None
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--prompt", "hi"], "tokenizer"),
+        (["--prompt-token-ids", "1,2,999"], "vocabulary"),
+        (["--prompt-token-ids", "1,x"], "comma-separated"),
+        ([], "exactly one"),
+    ],
+)
+def test_generate_refuses_bad_prompts(
+    extra: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["generate", "--max-model-len", "256", "--num-blocks", "64", *extra]) == 2
+    assert needle in capsys.readouterr().err

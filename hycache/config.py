@@ -159,8 +159,12 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """`wait_for_inflight_prefix`: a waiting request whose prefix a running request is
+    computing (or will checkpoint) waits for it instead of recomputing it (DESIGN §3.7)."""
+
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 64
+    wait_for_inflight_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens <= 0:

@@ -19,6 +19,7 @@ from hycache.cache.manager import CacheManager, StepAllocation
 from hycache.config import HycacheConfig
 from hycache.request import CacheOutcome, Request, RequestStatus
 from hycache.sched.chunking import chunk_end
+from hycache.sched.inflight import chunk_keys, promised_checkpoints, should_wait
 
 
 @dataclass
@@ -71,7 +72,8 @@ class Scheduler:
         self.bounds = self.cache.bounds
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.finished: list[Request] = []
+        self.finished: deque[Request] = deque(maxlen=1024)  # the most recent, for inspection
+        self.num_preemptions = 0
         self.step_count = 0
         self._arrivals = 0
         self._scheduled_ids: set[str] = set()
@@ -134,10 +136,27 @@ class Scheduler:
         return SchedulerOutput(self.step_count, scheduled, self.cache.take_copies(), preempted)
 
     def _admit(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        """Admit waiting requests (FCFS) while budget, sequences and blocks allow. A request
+        whose prefix a running request is about to publish waits (see `inflight`)."""
         max_seqs = self.config.scheduler.max_num_seqs
+        wait = (
+            self.config.scheduler.wait_for_inflight_prefix
+            and self.cache.config.enable_prefix_caching
+        )
+        b = self.bounds.block_size
+        in_step: set[bytes] = set()
+        promised: set[bytes] = set()
+        if wait and self.waiting:
+            for s in scheduled:
+                in_step |= chunk_keys(s.request, s.start, s.end, b)
+            promised = promised_checkpoints(self.running, self.bounds)
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
-            req = self.waiting[0]
+            req = self.waiting.popleft()
             hit = self.cache.lookup(req)
+            if wait and should_wait(req, hit, in_step, promised, self.bounds):
+                deferred.append(req)
+                continue
             start = hit.resume_point
             req.junction_stops = self.bounds.junction_stops(
                 hit.junction, start, req.num_prompt_tokens
@@ -149,8 +168,8 @@ class Scheduler:
             if alloc is None:
                 req.num_computed_tokens = 0
                 req.junction_stops = ()
+                self.waiting.appendleft(req)
                 break
-            self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             req.outcome = CacheOutcome(start, hit.junction, hit.attention_match, hit.lost_reuse)
             if req.first_outcome is None:
@@ -159,6 +178,10 @@ class Scheduler:
             scheduled.append(ScheduledRequest(req, start, end - start, [], alloc))
             self._scheduled_ids.add(req.request_id)
             budget -= end - start
+            if wait:
+                in_step |= chunk_keys(req, start, end, b)
+                promised |= promised_checkpoints([req], self.bounds)
+        self.waiting.extendleft(reversed(deferred))
         return budget
 
     def _lookahead(self, req: Request, end: int, drafts: list[int]) -> int:
@@ -183,6 +206,7 @@ class Scheduler:
         req.spec_token_ids = []
         req.junction_stops = ()
         req.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(req)
         return req
 

@@ -114,8 +114,7 @@ def test_cached_equals_uncached(policy: str, k: int) -> None:
     assert got_on == got_off
     assert set(got_on) == {"a", "b", "resend", "longer", "c", "turn2", "d", "e"}
     assert on.stats.hit_tokens > 0 and off.stats.hit_tokens == 0
-    preempted = sum(r.num_preemptions for r in on.scheduler.finished)
-    assert preempted > 0, "the pool should be small enough to preempt"
+    assert on.scheduler.num_preemptions > 0, "the pool should be small enough to preempt"
     if k == 0:  # one logits row per output token: compare them all
         for rid in got_on:
             a, b = torch.stack(rec_on.rows[rid]), torch.stack(rec_off.rows[rid])

@@ -302,6 +302,52 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- bench -----------------------------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from hycache.bench import EngineBench, SimBench, bench
+    from hycache.report import plot_bench, policy_table
+
+    engine = None if args.skip_engine else EngineBench()
+    sim = None if args.skip_simulated else SimBench()
+    if args.quick:
+        engine = engine and replace(engine, num_requests=12, output_tokens=16)
+        sim = sim and replace(sim, num_requests=128, trace_requests=500, sessions=16)
+    if engine is not None and args.engine_requests:
+        engine = replace(engine, num_requests=args.engine_requests)
+    if sim is not None and args.trace_requests:
+        sim = replace(sim, trace_requests=args.trace_requests)
+    with err_console.status("benchmarking") as status:
+        doc = bench(engine, sim, lambda msg: status.update(f"benchmarking: {msg}"))
+    if "engine" in doc:
+        e = doc["engine"]["inputs"]
+        title = (
+            f"CPU engine, tiny + EAGLE (k={e['num_speculative_tokens']}): "
+            f"{e['num_requests']} requests, {e['shared_prefix_tokens']:,} shared + "
+            f"{e['suffix_tokens']} tokens, B={e['block_size']}, u={e['prefix_match_unit']}, "
+            f"concurrency {e['concurrency']}"
+        )
+        console.print(policy_table(title, doc["engine"]["policies"]))
+    for name, part in doc.get("simulated", {}).items():
+        i = part["inputs"]
+        title = (
+            f"simulated {name} ({i['model']} on {i['gpu']}, B={i['block_size']}, "
+            f"u={i['prefix_match_unit']}, k={i['num_speculative_tokens']}): "
+            f"{i['num_requests']:,} requests"
+        )
+        console.print(policy_table(title, part["policies"]))
+    if args.json:
+        write_atomic(args.json, json.dumps(doc, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        plot_bench(args.plot, doc)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------------
 
 
@@ -372,6 +418,22 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="the seed's comparison: CPU engine and simulated")
+    p.add_argument("--json", default="out/bench.json", help="write results here")
+    p.add_argument("--plot", default="out/bench.png", help="write a PNG plot here")
+    p.add_argument("--quick", action="store_true", help="smaller workloads (a smoke test)")
+    p.add_argument("--skip-engine", action="store_true")
+    p.add_argument("--skip-simulated", action="store_true")
+    p.add_argument("--engine-requests", type=int, default=None)
+    p.add_argument("--trace-requests", type=int, default=None)
+    p.set_defaults(func=cmd_bench)
+
+    from hycache.serve import add_serve_args, run_serve
+
+    p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-style completions)")
+    add_serve_args(p)
+    p.set_defaults(func=run_serve)
 
     p = sub.add_parser("trace-gen", help="generate a Mooncake-like conversation trace")
     p.add_argument("--out", required=True)

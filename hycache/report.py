@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console(stderr=False)
+if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
+    console = Console(stderr=False, width=120)
 err_console = Console(stderr=True)
 
 
@@ -140,6 +142,43 @@ def plot_policies(path: str | Path, title: str, policies: Mapping[str, Mapping[s
     ax2.set_title("time to first token")
     ax2.legend()
     fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_bench(path: str | Path, doc: Mapping[str, Any]) -> None:
+    """One panel per comparison: output tokens/s and TTFT p50 relative to `replay`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: list[tuple[str, Mapping[str, Any]]] = []
+    if "engine" in doc:
+        panels.append(("CPU engine (tiny)", doc["engine"]["policies"]))
+    for name, part in doc.get("simulated", {}).items():
+        panels.append((f"simulated: {name}", part["policies"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4), squeeze=False)
+    for ax, (title, pol) in zip(axes[0], panels, strict=True):
+        names = list(pol)
+        base = pol.get("replay", pol[names[0]])
+        x = range(len(names))
+        tput = [pol[n]["output_tokens_per_s"] / base["output_tokens_per_s"] for n in names]
+        ttft = [
+            pol[n]["ttft_p50_s"] / base["ttft_p50_s"] if base["ttft_p50_s"] else 1.0 for n in names
+        ]
+        ax.bar([i - 0.2 for i in x], tput, 0.4, label="output tok/s")
+        ax.bar([i + 0.2 for i in x], ttft, 0.4, label="TTFT p50")
+        for i, v in enumerate(tput):
+            ax.text(i - 0.2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks(list(x), names)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("relative to replay")
+    axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

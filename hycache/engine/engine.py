@@ -72,6 +72,9 @@ class RequestOutput:
     hit_tokens: int
     finish_reason: str | None
     num_preemptions: int = 0
+    prefill_tokens: int = 0  # prompt (and replayed) tokens this request computed
+    junction: int = 0  # the junction its first lookup observed (0: none)
+    prefill_steps: int = 0
 
 
 @dataclass
@@ -261,6 +264,9 @@ class LLM:
             req.first_hit_tokens or 0,
             reason,
             req.num_preemptions,
+            req.prefill_tokens_computed,
+            req.first_outcome.junction if req.first_outcome else 0,
+            req.num_prefill_steps,
         )
 
     def stream(

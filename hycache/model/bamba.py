@@ -79,6 +79,20 @@ class GatedRMSNorm(nn.Module):
         return self.weight.to(cdt) * normed
 
 
+SHORT_QUERY = 8
+"""Requests with at most this many new tokens (decode, verify) run as batched recurrences."""
+
+
+@dataclass
+class ShortGroup:
+    """Requests with the same short query length `q`, stepped together token by token."""
+
+    q: int
+    reqs: list[int]
+    idx: torch.Tensor  # (R_g,) request indices
+    rows: torch.Tensor  # (R_g, q) token rows
+
+
 @dataclass
 class MambaPlan:
     """Per-step bookkeeping shared by all Mamba layers.
@@ -87,21 +101,15 @@ class MambaPlan:
         starts: request r's tokens are rows starts[r] .. starts[r + 1] - 1.
         src: (R,) state slot each request starts from (-1 mapped to 0 and masked by src_valid).
         src_valid: (R,) bool, False where the request starts from zeros.
-        decode_reqs: requests with one new token, run as one batched recurrence step.
-        decode_rows: (R_dec,) their token rows.
-        decode_req_idx: (R_dec,) their request indices.
-        decode_writes: (index into decode_reqs, slot) for every state write of those requests.
-        prefill_reqs: requests with more than one new token, scanned one at a time.
+        short: groups of requests with <= SHORT_QUERY new tokens, by query length.
+        prefill_reqs: requests with more new tokens, scanned one at a time.
         writes: per request, state writes sorted by offset.
     """
 
     starts: list[int]
     src: torch.Tensor
     src_valid: torch.Tensor
-    decode_reqs: list[int]
-    decode_rows: torch.Tensor
-    decode_req_idx: torch.Tensor
-    decode_writes: list[tuple[int, int]]
+    short: list[ShortGroup]
     prefill_reqs: list[int]
     writes: list[list[tuple[int, int]]]
 
@@ -111,15 +119,26 @@ class MambaPlan:
         src_list = batch.state_src
         src = torch.tensor([max(s, 0) for s in src_list], dtype=torch.int64, device=device)
         src_valid = torch.tensor([s >= 0 for s in src_list], dtype=torch.bool, device=device)
-        decode_reqs = [r for r, q in enumerate(batch.query_lens) if q == 1]
-        prefill_reqs = [r for r, q in enumerate(batch.query_lens) if q > 1]
-        decode_rows = torch.tensor([starts[r] for r in decode_reqs], dtype=torch.int64,
-                                   device=device)
-        decode_req_idx = torch.tensor(decode_reqs, dtype=torch.int64, device=device)
+        by_q: dict[int, list[int]] = {}
+        for r, q in enumerate(batch.query_lens):
+            if q <= SHORT_QUERY:
+                by_q.setdefault(q, []).append(r)
+        short = [
+            ShortGroup(
+                q,
+                reqs,
+                torch.tensor(reqs, dtype=torch.int64, device=device),
+                torch.tensor(
+                    [[starts[r] + t for t in range(q)] for r in reqs],
+                    dtype=torch.int64,
+                    device=device,
+                ),
+            )
+            for q, reqs in sorted(by_q.items())
+        ]
+        prefill_reqs = [r for r, q in enumerate(batch.query_lens) if q > SHORT_QUERY]
         writes = [sorted(w) for w in batch.state_writes]
-        decode_writes = [(k, slot) for k, r in enumerate(decode_reqs) for _off, slot in writes[r]]
-        return cls(starts, src, src_valid, decode_reqs, decode_rows, decode_req_idx,
-                   decode_writes, prefill_reqs, writes)
+        return cls(starts, src, src_valid, short, prefill_reqs, writes)
 
 
 class Mamba2Mixer(nn.Module):
@@ -140,8 +159,12 @@ class Mamba2Mixer(nn.Module):
             config.hidden_size, config.mamba_in_proj_size, bias=config.mamba_proj_bias
         )
         self.conv1d = nn.Conv1d(
-            self.conv_dim, self.conv_dim, kernel_size=self.d_conv, groups=self.conv_dim,
-            bias=config.mamba_conv_bias, padding=self.d_conv - 1,
+            self.conv_dim,
+            self.conv_dim,
+            kernel_size=self.d_conv,
+            groups=self.conv_dim,
+            bias=config.mamba_conv_bias,
+            padding=self.d_conv - 1,
         )
         self.dt_bias = nn.Parameter(torch.ones(self.n_heads))
         self.A_log = nn.Parameter(torch.zeros(self.n_heads))
@@ -185,26 +208,30 @@ class Mamba2Mixer(nn.Module):
         xbc_act = torch.empty_like(xbc)  # (N, conv_dim) conv output after silu
         y = torch.empty(n, h, p, dtype=cdt, device=hidden.device)  # (N, n_heads, head_dim)
 
-        if plan.decode_reqs:
-            rows, ri = plan.decode_rows, plan.decode_req_idx
-            window = torch.cat([conv0[ri], xbc[rows][:, :, None]], dim=-1)  # (R_dec, C, d_conv)
-            act = self._conv_act(window)[:, 0]  # (R_dec, conv_dim)
-            xbc_act[rows] = act
+        for grp in plan.short:
+            rows, ri = grp.rows, grp.idx  # (R_g, q), (R_g,)
+            seq = torch.cat([conv0[ri], xbc[rows].transpose(1, 2)], dim=-1)
+            # seq: (R_g, conv_dim, d_conv - 1 + q)
+            act = self._conv_act(seq)  # (R_g, q, conv_dim)
+            xbc_act[rows.reshape(-1)] = act.reshape(-1, self.conv_dim)
             x, B, C = act.split([self.d_inner, g * ds, g * ds], dim=-1)
-            # x: (R_dec, d_inner), B, C: (R_dec, n_groups * d_state)
-            # y_dec: (R_dec, n_heads, head_dim), new_ssm: (R_dec, n_heads, head_dim, d_state)
-            y_dec, new_ssm = ssd_step(
-                ssm0[ri],
-                x.view(-1, h, p),  # (R_dec, n_heads, head_dim)
-                dt[rows],  # (R_dec, n_heads)
-                A,
-                B.view(-1, g, ds),  # (R_dec, n_groups, d_state)
-                C.view(-1, g, ds),  # (R_dec, n_groups, d_state)
-            )
-            y[rows] = y_dec
-            for k, slot in plan.decode_writes:
-                conv_cache[slot].copy_(window[k, :, 1:])
-                ssm_cache[slot].copy_(new_ssm[k])
+            # x: (R_g, q, d_inner), B, C: (R_g, q, n_groups * d_state)
+            state = ssm0[ri]  # (R_g, n_heads, head_dim, d_state)
+            for t in range(grp.q):
+                y_t, state = ssd_step(
+                    state,
+                    x[:, t].reshape(-1, h, p),  # (R_g, n_heads, head_dim)
+                    dt[rows[:, t]],  # (R_g, n_heads)
+                    A,
+                    B[:, t].reshape(-1, g, ds),  # (R_g, n_groups, d_state)
+                    C[:, t].reshape(-1, g, ds),  # (R_g, n_groups, d_state)
+                )
+                y[rows[:, t]] = y_t
+                for k, r in enumerate(grp.reqs):
+                    for off, slot in plan.writes[r]:
+                        if off == t + 1:
+                            conv_cache[slot].copy_(seq[k, :, off : off + self.d_conv - 1])
+                            ssm_cache[slot].copy_(state[k])
 
         for r in plan.prefill_reqs:
             s, e = plan.starts[r], plan.starts[r + 1]
@@ -227,8 +254,13 @@ class Mamba2Mixer(nn.Module):
                     continue
                 # y_seg: (1, seg_len, n_heads, head_dim), state: (1, n_heads, head_dim, d_state)
                 y_seg, state = ssd_chunked(
-                    x[:, prev:off], dtr[:, prev:off], A, B[:, prev:off], C[:, prev:off],
-                    self.chunk_size, state,
+                    x[:, prev:off],
+                    dtr[:, prev:off],
+                    A,
+                    B[:, prev:off],
+                    C[:, prev:off],
+                    self.chunk_size,
+                    state,
                 )
                 y[s + prev : s + off] = y_seg[0]
                 for slot in by_offset.get(off, ()):
@@ -253,8 +285,11 @@ class BambaDecoderLayer(nn.Module):
         self.feed_forward = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
         if self.is_attention:
             self.self_attn = Attention(
-                config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                config.head_dim, config.attention_bias,
+                config.hidden_size,
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                config.head_dim,
+                config.attention_bias,
             )
         else:
             self.mamba = Mamba2Mixer(config)
@@ -283,9 +318,7 @@ class BambaForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # Position of each layer among the attention layers / among the Mamba layers.
-        self.kv_layer_of: dict[int, int] = {
-            i: k for k, i in enumerate(config.attn_layer_indices)
-        }
+        self.kv_layer_of: dict[int, int] = {i: k for k, i in enumerate(config.attn_layer_indices)}
         self.state_layer_of: dict[int, int] = {
             i: k for k, i in enumerate(config.mamba_layer_indices)
         }

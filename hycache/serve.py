@@ -1,0 +1,653 @@
+"""`hycache serve`: an OpenAI-like HTTP server over one `LLM`.
+
+This file owns the HTTP layer and everything between it and the engine:
+
+- `EngineWorker`: the one thread that touches the `LLM`. Handlers never call the engine; they
+  put commands on a thread-safe inbox and get results back on per-request asyncio queues
+  (filled with `loop.call_soon_threadsafe`). The worker sleeps on the inbox while nothing is
+  unfinished and steps the engine while anything is.
+- `create_app`: the FastAPI app (`GET /health`, `POST /v1/completions` with optional SSE
+  streaming, `GET /v1/stats`); its lifespan starts the worker and, on shutdown, stops it and
+  aborts whatever is still unfinished.
+- `HycacheServer`: uvicorn's server, which at shutdown first ends in-flight requests (503) so
+  that open streams close instead of holding the shutdown up.
+- `add_serve_args` / `run_serve`: the `serve` command's flags and entry point.
+
+Bad input answers HTTP 400 `{"error": {"message": ...}}` and disturbs no other request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import queue
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hycache.config import POLICY_NAMES
+from hycache.engine.engine import DTYPES, LLM, RequestOutput, StreamEvent
+from hycache.request import SamplingParams
+
+log = logging.getLogger("hycache.serve")
+
+MIN_TEMPERATURE = 1e-6  # below this (but > 0) softmax(logits / t) overflows to NaN
+MAX_SEED = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
+
+
+# ---------------------------------------------------------------------------------- worker
+@dataclass(frozen=True)
+class _Accepted:
+    """The engine queued the request."""
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """The request was refused (400), the engine failed (500) or is shutting down (503)."""
+
+    status: int
+    message: str
+
+
+_Item = _Accepted | _Failed | StreamEvent
+
+
+class _Channel:
+    """The worker's way back to one handler: an asyncio queue on the handler's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+
+    def put(self, item: _Item) -> None:
+        """Thread-safe; a no-op once the handler's loop is closed (nobody is listening)."""
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    channel: _Channel
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Call:
+    """Run `fn(llm)` on the worker thread (between steps) and resolve `future` with it."""
+
+    fn: Callable[[LLM], Any]
+    future: Future[Any]
+
+
+_STOP = object()
+_DRAIN = object()
+SHUTTING_DOWN = "the server is shutting down"
+
+
+class ServerClosed(RuntimeError):
+    """The worker is stopped (or not started): no new work is taken."""
+
+
+class EngineWorker:
+    """The single thread that owns an `LLM`; everything else talks to it through `submit`,
+    `abort` and `call`, which are safe from any thread."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # orders `_open` against commands entering the inbox
+        self._open = False
+        self._thread: threading.Thread | None = None
+        self._channels: dict[str, _Channel] = {}  # worker thread only
+        self._broken: str | None = None  # worker thread only: why the engine is unusable
+        self._draining = False  # worker thread only: refusing new requests
+
+    # -- any thread ----------------------------------------------------------------------------
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("EngineWorker: already started")
+            self._open = True
+            self._thread = threading.Thread(target=self._run, name="hycache-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = 60.0) -> bool:
+        """Stop taking work, abort what is unfinished, end the thread; True once it has ended.
+
+        Handlers still waiting get a 503 failure instead of hanging."""
+        with self._lock:
+            if self._open:
+                self._open = False
+                self._inbox.put(_STOP)
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("engine thread did not stop within %ss", timeout)
+            return False
+        return True
+
+    def drain(self) -> None:
+        """Begin shutting down without waiting: abort every unfinished request (its handler
+        gets a 503) and refuse new ones; `stop` still ends the thread."""
+        with contextlib.suppress(ServerClosed):
+            self._put(_DRAIN)
+
+    def _put(self, cmd: Any) -> None:
+        with self._lock:
+            if not self._open:
+                raise ServerClosed("the server is not running or is shutting down")
+            self._inbox.put(cmd)
+
+    def submit(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> asyncio.Queue[_Item]:
+        """Queue a request; call from a running event loop. The returned queue gets
+        `_Accepted` or `_Failed` first, then `StreamEvent`s until one is `finished`."""
+        channel = _Channel(asyncio.get_running_loop())
+        self._put(_Add(request_id, prompt, params, channel))
+        return channel.queue
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (a no-op if it already finished or the worker is stopped)."""
+        with contextlib.suppress(ServerClosed):
+            self._put(_Abort(request_id))
+
+    def call(self, fn: Callable[[LLM], Any]) -> Future[Any]:
+        """Run `fn(llm)` on the worker thread between steps."""
+        future: Future[Any] = Future()
+        self._put(_Call(fn, future))
+        return future
+
+    # -- worker thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                busy = self._broken is None and self.llm.scheduler.has_unfinished()
+                try:
+                    cmd = self._inbox.get(block=not busy)  # sleeps while idle
+                except queue.Empty:
+                    cmd = None
+                while cmd is not None:  # take every pending command before the next step
+                    if cmd is _STOP:
+                        return
+                    if cmd is _DRAIN:
+                        self._draining = True
+                        self._fail_all(503, SHUTTING_DOWN)
+                    else:
+                        self._handle(cmd)
+                    try:
+                        cmd = self._inbox.get_nowait()
+                    except queue.Empty:
+                        cmd = None
+                if self._broken is None and self.llm.scheduler.has_unfinished():
+                    self._step()
+        except BaseException:  # pragma: no cover - a bug in the loop itself
+            log.exception("engine worker crashed")
+            raise
+        finally:
+            self._shutdown()
+
+    def _handle(self, cmd: Any) -> None:
+        if isinstance(cmd, _Add):
+            if self._broken is not None:
+                cmd.channel.put(_Failed(500, self._broken))
+                return
+            if self._draining:
+                cmd.channel.put(_Failed(503, SHUTTING_DOWN))
+                return
+            try:
+                self.llm.add_request(cmd.prompt, cmd.params, request_id=cmd.request_id)
+            except ValueError as e:  # refused; the engine queued nothing
+                cmd.channel.put(_Failed(400, str(e)))
+            except Exception as e:
+                log.exception("add_request failed")
+                cmd.channel.put(_Failed(500, f"engine error: {e}"))
+            else:
+                self._channels[cmd.request_id] = cmd.channel
+                cmd.channel.put(_Accepted())
+        elif isinstance(cmd, _Abort):
+            if self._channels.pop(cmd.request_id, None) is not None:
+                self._abort(cmd.request_id)
+        elif isinstance(cmd, _Call):
+            if not cmd.future.set_running_or_notify_cancel():
+                return
+            try:
+                cmd.future.set_result(cmd.fn(self.llm))
+            except Exception as e:
+                cmd.future.set_exception(e)
+
+    def _abort(self, request_id: str) -> None:
+        try:
+            self.llm.abort(request_id)
+        except Exception:
+            log.exception("abort(%s) failed", request_id)
+        self.llm.scheduler.finished.clear()  # see _step
+
+    def _step(self) -> None:
+        try:
+            events = self.llm.step()
+        except Exception as e:
+            # The engine's state is unknown: fail every live request rather than hang them.
+            log.exception("engine step failed")
+            self._fail_all(500, f"engine error: {e}")
+            if self.llm.scheduler.has_unfinished():  # could not even abort: stop stepping
+                self._broken = f"engine unusable after an error: {e}"
+            return
+        finally:
+            # The scheduler keeps every finished request; a long-running server must not.
+            self.llm.scheduler.finished.clear()
+        for event in events:
+            channel = self._channels.get(event.request_id)
+            if channel is None:  # aborted by its handler in the meantime
+                continue
+            channel.put(event)
+            if event.finished:
+                del self._channels[event.request_id]
+
+    def _fail_all(self, status: int, message: str) -> None:
+        sched = self.llm.scheduler
+        ids = [*self._channels, *(r.request_id for r in [*sched.running, *sched.waiting])]
+        for rid in dict.fromkeys(ids):
+            self._abort(rid)
+        for channel in self._channels.values():
+            channel.put(_Failed(status, message))
+        self._channels.clear()
+
+    def _shutdown(self) -> None:
+        self._fail_all(503, SHUTTING_DOWN)
+        with self._lock:
+            self._open = False
+        while True:  # nothing is put after _STOP, but answer anything left regardless
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, _Add):
+                cmd.channel.put(_Failed(503, SHUTTING_DOWN))
+            elif isinstance(cmd, _Call) and cmd.future.set_running_or_notify_cancel():
+                cmd.future.set_exception(ServerClosed(SHUTTING_DOWN))
+
+
+# ---------------------------------------------------------------------------------- HTTP API
+class CompletionBody(BaseModel):
+    """The body of `POST /v1/completions`; unknown fields (`model`, ...) are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    prompt: str | list[int]
+    max_tokens: int = 16
+    temperature: float = Field(0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, allow_inf_nan=False)
+    seed: int | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    stream: bool = False
+
+    def sampling_params(self) -> SamplingParams:
+        """Raises ValueError on values the engine would choke on mid-step."""
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature: must be 0 (greedy) or >= {MIN_TEMPERATURE}")
+        if self.seed is not None and not 0 <= self.seed < MAX_SEED:
+            raise ValueError("seed: must lie in [0, 2**64)")
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop_token_ids=tuple(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+        )
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _validation_message(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else str(err["msg"]))
+    return "; ".join(parts)
+
+
+def _sse(payload: Any) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+class _TextDelta:
+    """Incremental detokenisation: decode everything so far, emit what is new, and hold back
+    a trailing replacement character (a multi-byte character cut in half)."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, new_ids: list[int], final: bool) -> str | None:
+        if self.llm.tokenizer is None:
+            return None
+        self.ids.extend(new_ids)
+        text = self.llm.decode(self.ids) or ""
+        if not final and text.endswith("\ufffd"):
+            return ""
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else text
+        self.sent = text
+        return delta
+
+
+def _stats(llm: LLM) -> dict[str, Any]:
+    """A snapshot of the scheduler, cache and engine counters (run on the worker thread)."""
+    sched = llm.scheduler
+    cs = sched.cache.stats()
+    es = llm.stats
+    return {
+        "running": len(sched.running),
+        "waiting": len(sched.waiting),
+        "cache": {
+            "num_blocks": cs.num_blocks,
+            "free_blocks": cs.free_blocks,
+            "used_blocks": cs.used_blocks,
+            "cached_blocks": cs.cached_blocks,
+            "admissions": cs.admissions,
+            "query_tokens": cs.query_tokens,
+            "hit_tokens": cs.hit_tokens,
+            "lost_reuse_tokens": cs.lost_reuse_tokens,
+            "token_hit_rate": cs.token_hit_rate,
+        },
+        "engine": {
+            "steps": es.steps,
+            "prompt_tokens": es.prompt_tokens,
+            "hit_tokens": es.hit_tokens,
+            "output_tokens": es.output_tokens,
+        },
+    }
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _collect(items: asyncio.Queue[_Item]) -> RequestOutput | _Failed:
+    while True:
+        item = await items.get()
+        if isinstance(item, _Failed):
+            return item
+        if isinstance(item, StreamEvent) and item.finished and item.output is not None:
+            return item.output
+
+
+def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
+    """The HTTP app over `llm`. Its lifespan runs the engine worker (`app.state.worker`):
+    the worker starts with the app and, at shutdown, is stopped with unfinished requests
+    aborted. Only the worker touches `llm` while the app runs. (Under Starlette's TestClient,
+    use it as a context manager so that the lifespan runs; otherwise requests get 503.)"""
+    worker = EngineWorker(llm)
+    counter = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="hycache", lifespan=lifespan)
+    app.state.worker = worker
+    app.state.llm = llm
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/stats", response_model=None)
+    async def stats() -> dict[str, Any] | JSONResponse:
+        try:
+            snapshot = await asyncio.wrap_future(worker.call(_stats))
+        except ServerClosed as e:
+            return error_response(503, str(e))
+        return {"model": model_name, **snapshot}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        try:
+            body = CompletionBody.model_validate_json(await request.body())
+            params = body.sampling_params()
+        except ValidationError as e:
+            return error_response(400, _validation_message(e))
+        except ValueError as e:
+            return error_response(400, str(e))
+
+        request_id = f"cmpl-{uuid.uuid4().hex[:16]}-{next(counter)}"
+        created = int(time.time())
+        try:
+            items = worker.submit(request_id, body.prompt, params)
+        except ServerClosed as e:
+            return error_response(503, str(e))
+        try:
+            first = await items.get()
+        except BaseException:  # cancelled before the engine answered
+            worker.abort(request_id)
+            raise
+        if isinstance(first, _Failed):
+            return error_response(first.status, first.message)
+
+        if body.stream:
+            return StreamingResponse(
+                _stream(request_id, created, items),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+
+        collect = asyncio.ensure_future(_collect(items))
+        disconnect = asyncio.ensure_future(_wait_for_disconnect(request))
+        try:
+            await asyncio.wait({collect, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnect.cancel()
+            if not collect.done():  # client gone (or we were cancelled): free the engine
+                collect.cancel()
+                worker.abort(request_id)
+        if not collect.done() or collect.cancelled():
+            return Response(status_code=499)  # nobody is left to read it
+        result = collect.result()
+        if isinstance(result, _Failed):
+            return error_response(result.status, result.message)
+        return JSONResponse(
+            {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": result.text,
+                        "token_ids": result.token_ids,
+                        "finish_reason": result.finish_reason,
+                    }
+                ],
+                "usage": _usage(result),
+            }
+        )
+
+    async def _stream(
+        request_id: str, created: int, items: asyncio.Queue[_Item]
+    ) -> AsyncIterator[str]:
+        """SSE chunks; if the client goes away (the generator is cancelled or closed before
+        the last token), the request is aborted in the engine."""
+        done = False
+        text = _TextDelta(llm)
+        try:
+            while True:
+                item = await items.get()
+                if isinstance(item, _Failed):
+                    yield _sse({"error": {"message": item.message, "code": item.status}})
+                    done = True
+                    break
+                if not isinstance(item, StreamEvent):
+                    continue
+                out = item.output if item.finished else None
+                chunk: dict[str, Any] = {
+                    "id": request_id,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model_name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": text.push(item.new_token_ids, item.finished),
+                            "token_ids": item.new_token_ids,
+                            "finish_reason": out.finish_reason if out is not None else None,
+                        }
+                    ],
+                }
+                if out is not None:
+                    chunk["usage"] = _usage(out)
+                yield _sse(chunk)
+                if item.finished:
+                    done = True
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            if not done:
+                worker.abort(request_id)
+
+    return app
+
+
+class HycacheServer(uvicorn.Server):
+    """uvicorn's server that, when shutdown begins, drains the engine worker: in-flight
+    requests end at once with a 503 (a stream with an error event and `[DONE]`) instead of
+    running to max_tokens while uvicorn waits for their connections to close."""
+
+    def __init__(self, config: uvicorn.Config, worker: EngineWorker | None = None) -> None:
+        super().__init__(config)
+        self.worker = worker
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.worker is not None:
+            self.worker.drain()
+        await super().shutdown(sockets)
+
+
+def _usage(out: RequestOutput) -> dict[str, int]:
+    return {
+        "prompt_tokens": len(out.prompt_token_ids),
+        "completion_tokens": len(out.token_ids),
+        "total_tokens": len(out.prompt_token_ids) + len(out.token_ids),
+        "cached_tokens": out.hit_tokens,
+    }
+
+
+# ---------------------------------------------------------------------------------- command
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `hycache serve`."""
+    p.add_argument("--model", default="tiny", help="a preset name or a checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000)
+    g = p.add_argument_group("engine")
+    g.add_argument("--block-size", type=int, default=64, help="tokens per block B")
+    g.add_argument(
+        "--prefix-match-unit", type=int, default=16, help="prefix-match unit u (divides B)"
+    )
+    g.add_argument("--num-blocks", type=int, default=None, help="cache blocks (default: sized)")
+    g.add_argument("--max-model-len", type=int, default=4096)
+    g.add_argument("--policy", default="junction", choices=POLICY_NAMES)
+    g.add_argument("--num-speculative-tokens", type=int, default=0, help="EAGLE drafts per step")
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+
+
+def build_llm(args: argparse.Namespace) -> LLM:
+    return LLM(
+        args.model,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        prefix_match_unit=args.prefix_match_unit,
+        num_blocks=args.num_blocks,
+        max_model_len=args.max_model_len,
+        policy=args.policy,
+        enable_prefix_caching=not args.no_prefix_caching,
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Build the engine and serve it until interrupted; 2 if the engine cannot be built."""
+    try:
+        llm = build_llm(args)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"hycache serve: {e}", file=sys.stderr)
+        return 2
+    app = create_app(llm, model_name=args.model)
+    # At shutdown the worker is drained first; a handler still busy after the grace period is
+    # cancelled (aborting its request), then the lifespan stops the worker thread.
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5
+    )
+    server = HycacheServer(config, app.state.worker)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser(prog="hycache serve")
+    add_serve_args(parser)
+    sys.exit(run_serve(parser.parse_args()))
+
+
+__all__ = [
+    "CompletionBody",
+    "EngineWorker",
+    "HycacheServer",
+    "ServerClosed",
+    "add_serve_args",
+    "build_llm",
+    "create_app",
+    "error_response",
+    "run_serve",
+]

@@ -1,0 +1,421 @@
+"""`hycache serve`: the HTTP API over a real uvicorn server bound to 127.0.0.1.
+
+Every server a test starts is stopped by the fixture or context manager that started it, and
+the engine worker thread is checked to have ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from hycache.engine.engine import LLM
+from hycache.request import SamplingParams
+from hycache.serve import EngineWorker, HycacheServer, add_serve_args, create_app
+
+LLM_KW: dict[str, Any] = {
+    "block_size": 64,
+    "prefix_match_unit": 16,
+    "num_blocks": 400,
+    "max_model_len": 1024,
+}
+VOCAB = 512  # the tiny preset
+
+
+def make_llm() -> LLM:
+    return LLM("tiny", **LLM_KW)
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    """A deterministic prompt of n in-vocabulary ids, distinct per seed."""
+    return [(seed * 7919 + i * 31 + 1) % VOCAB for i in range(n)]
+
+
+@contextlib.contextmanager
+def serving(app: Any, **config: Any) -> Iterator[tuple[str, uvicorn.Server, threading.Thread]]:
+    """Run `app` (from `create_app`) under uvicorn in a thread on a free 127.0.0.1 port;
+    always stop it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", **config)
+    server = HycacheServer(config, app.state.worker)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if server.started and httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            assert thread.is_alive(), "server thread died during startup"
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        yield url, server, thread
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+        assert not thread.is_alive(), "server thread did not stop"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, LLM]]:
+    llm = make_llm()
+    app = create_app(llm, model_name="tiny")
+    with serving(app) as (url, _, _):
+        yield url, llm
+    worker: EngineWorker = app.state.worker
+    assert worker.thread is not None and not worker.thread.is_alive()
+    assert not llm.scheduler.has_unfinished()
+
+
+@pytest.fixture(scope="module")
+def reference() -> LLM:
+    """A fresh LLM identical to the served one, for greedy reference outputs."""
+    return make_llm()
+
+
+@pytest.fixture
+def client(server: tuple[str, LLM]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server[0], timeout=30) as c:
+        yield c
+
+
+def expected(reference: LLM, ids: list[int], max_tokens: int) -> list[int]:
+    return reference.generate([ids], SamplingParams(max_tokens=max_tokens))[0].token_ids
+
+
+def sse_events(lines: Iterator[str]) -> list[Any]:
+    """Parse `data: ...` lines; `[DONE]` comes back as the string itself."""
+    events: list[Any] = []
+    for line in lines:
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        data = line[len("data: ") :]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def first_line(lines: Iterator[str]) -> str:
+    """The first non-empty line, leaving `lines` open (a generator expression over it would
+    close the response, and so the connection, when it is dropped)."""
+    for line in lines:
+        if line:
+            return line
+    raise AssertionError("stream ended before its first event")
+
+
+def stats(client: httpx.Client) -> dict[str, Any]:
+    r = client.get("/v1/stats")
+    assert r.status_code == 200
+    return r.json()
+
+
+def wait_idle(client: httpx.Client, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        s = stats(client)
+        if s["running"] == 0 and s["waiting"] == 0:
+            return s
+        assert time.monotonic() < deadline, f"engine still busy: {s}"
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------------- tests
+def test_health(client: httpx.Client) -> None:
+    r = client.get("/health")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok"}
+
+
+def test_completion_matches_generate(client: httpx.Client, reference: LLM) -> None:
+    ids = prompt(1, 100)
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 12})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["model"] == "tiny"
+    assert body["id"].startswith("cmpl-")
+    (choice,) = body["choices"]
+    assert choice["index"] == 0
+    assert choice["token_ids"] == expected(reference, ids, 12)
+    assert choice["text"] is None  # the tiny preset has no tokenizer
+    assert choice["finish_reason"] == "length"
+    assert body["usage"]["prompt_tokens"] == 100
+    assert body["usage"]["completion_tokens"] == 12
+    assert body["usage"]["cached_tokens"] == 0
+
+
+def test_streaming_yields_same_tokens_then_done(client: httpx.Client, reference: LLM) -> None:
+    ids = prompt(2, 70)
+    payload = {"prompt": ids, "max_tokens": 10, "stream": True}
+    with client.stream("POST", "/v1/completions", json=payload) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert len(chunks) >= 2  # tokens arrive incrementally, not in one piece
+    tokens = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert tokens == expected(reference, ids, 10)
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 10
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_concurrent_requests_all_complete(
+    server: tuple[str, LLM], client: httpx.Client, reference: LLM
+) -> None:
+    prompts = [prompt(10 + i, 40 + 13 * i) for i in range(4)]
+    steps_before = stats(client)["engine"]["steps"]
+
+    def one(ids: list[int]) -> list[int]:
+        with httpx.Client(base_url=server[0], timeout=30) as c:
+            r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 16})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(one, prompts))
+    for ids, tokens in zip(prompts, got, strict=True):
+        assert tokens == expected(reference, ids, 16)
+    # Run one by one, 4 requests of 16 tokens need >= 64 steps; batching shares steps.
+    assert stats(client)["engine"]["steps"] - steps_before < 4 * 17
+
+
+def test_repeated_prompt_reports_cached_tokens(client: httpx.Client) -> None:
+    ids = prompt(3, 200)
+    first = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 4}).json()
+    second = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 4}).json()
+    assert first["usage"]["cached_tokens"] == 0
+    assert 0 < second["usage"]["cached_tokens"] < 200
+    assert second["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+
+
+BAD_BODIES: list[tuple[str, Any]] = [
+    ("text prompt, no tokenizer", {"prompt": "hello"}),
+    ("empty prompt", {"prompt": []}),
+    ("id above vocab", {"prompt": [1, 2, VOCAB]}),
+    ("negative id", {"prompt": [-1, 2]}),
+    ("prompt too long", {"prompt": [1] * 1020, "max_tokens": 8}),
+    ("max_tokens 0", {"prompt": [1, 2], "max_tokens": 0}),
+    ("max_tokens string", {"prompt": [1, 2], "max_tokens": "3"}),
+    ("max_tokens float", {"prompt": [1, 2], "max_tokens": 1.5}),
+    ("prompt wrong type", {"prompt": 5}),
+    ("prompt ids not ints", {"prompt": ["a", "b"]}),
+    ("no prompt", {"max_tokens": 3}),
+    ("temperature negative", {"prompt": [1], "temperature": -1}),
+    ("temperature tiny", {"prompt": [1], "temperature": 1e-320}),
+    ("top_p zero", {"prompt": [1], "top_p": 0}),
+    ("seed too large", {"prompt": [1], "seed": 2**70}),
+    ("stream not bool", {"prompt": [1], "stream": "yes"}),
+    ("body not an object", [1, 2, 3]),
+]
+
+
+@pytest.mark.parametrize(("what", "body"), BAD_BODIES, ids=[w for w, _ in BAD_BODIES])
+def test_bad_input_is_400(client: httpx.Client, what: str, body: Any) -> None:
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400, (what, r.text)
+    message = r.json()["error"]["message"]
+    assert isinstance(message, str) and message
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"", b'{"prompt": [1], "temperature": NaN}'])
+def test_invalid_json_is_400(client: httpx.Client, raw: bytes) -> None:
+    r = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"]
+
+
+def test_bad_input_does_not_disturb_running_request(
+    client: httpx.Client, reference: LLM, server: tuple[str, LLM]
+) -> None:
+    ids = prompt(4, 50)
+    payload = {"prompt": ids, "max_tokens": 24, "stream": True}
+    with (
+        httpx.Client(base_url=server[0], timeout=30) as other,
+        other.stream("POST", "/v1/completions", json=payload) as r,
+    ):
+        lines = r.iter_lines()
+        first = first_line(lines)  # the request is now in flight
+        for _, body in BAD_BODIES[:6]:
+            assert client.post("/v1/completions", json=body).status_code == 400
+        events = sse_events(iter([first, *lines]))
+    assert events[-1] == "[DONE]"
+    tokens = [t for c in events[:-1] for t in c["choices"][0]["token_ids"]]
+    assert tokens == expected(reference, ids, 24)
+    # and the next request is served normally
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 3})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["token_ids"] == tokens[:3]
+
+
+def test_unknown_route_uses_error_shape(client: httpx.Client) -> None:
+    r = client.get("/v1/nope")
+    assert r.status_code == 404
+    assert r.json()["error"]["message"]
+
+
+def test_stats_report_sensible_numbers(client: httpx.Client) -> None:
+    ids = prompt(5, 150)
+    for _ in range(2):
+        assert client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}).is_success
+    s = wait_idle(client)
+    assert s["model"] == "tiny"
+    assert s["running"] == 0 and s["waiting"] == 0
+    cache = s["cache"]
+    assert cache["num_blocks"] == 400
+    assert cache["used_blocks"] == 0  # nothing running holds a block
+    assert cache["free_blocks"] + cache["used_blocks"] == cache["num_blocks"] - 1  # null block
+    assert cache["cached_blocks"] > 0
+    assert cache["admissions"] >= 2
+    assert 0 < cache["hit_tokens"] <= cache["query_tokens"]
+    assert cache["token_hit_rate"] == pytest.approx(cache["hit_tokens"] / cache["query_tokens"])
+    eng = s["engine"]
+    assert eng["steps"] > 0
+    assert eng["prompt_tokens"] >= 300
+    assert eng["output_tokens"] >= 4
+    assert 0 < eng["hit_tokens"] <= eng["prompt_tokens"]
+
+
+def test_stream_disconnect_aborts_request(server: tuple[str, LLM], client: httpx.Client) -> None:
+    before = wait_idle(client)
+    payload = {"prompt": prompt(6, 16), "max_tokens": 1000, "stream": True}
+    with (
+        httpx.Client(base_url=server[0], timeout=30) as c,
+        c.stream("POST", "/v1/completions", json=payload) as r,
+    ):
+        lines = r.iter_lines()  # held open: dropping it would hang up early
+        assert first_line(lines).startswith("data: {")
+        s = stats(client)
+        assert s["running"] == 1, s
+    # the client hung up after one chunk: the engine drops the request long before 1000 tokens
+    after = wait_idle(client, timeout=5)
+    assert after["engine"]["output_tokens"] == before["engine"]["output_tokens"]  # never finished
+    assert after["cache"]["used_blocks"] == 0
+
+
+def test_non_streaming_disconnect_aborts_request(
+    server: tuple[str, LLM], client: httpx.Client
+) -> None:
+    before = wait_idle(client)
+    payload = {"prompt": prompt(11, 16), "max_tokens": 1000}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and hangs up
+        httpx.post(f"{server[0]}/v1/completions", json=payload, timeout=0.5)
+    after = wait_idle(client, timeout=5)
+    assert after["engine"]["output_tokens"] == before["engine"]["output_tokens"]
+    assert after["cache"]["used_blocks"] == 0
+
+
+def test_text_prompt_with_tokenizer() -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    llm, ref = make_llm(), make_llm()
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece()  # joins words with spaces
+    llm.tokenizer = ref.tokenizer = tok
+    app = create_app(llm)
+    text = " ".join(f"w{i}" for i in prompt(7, 30))
+    with serving(app) as (url, _, _), httpx.Client(base_url=url, timeout=30) as c:
+        r = c.post("/v1/completions", json={"prompt": text, "max_tokens": 6})
+        assert r.status_code == 200, r.text
+        want = ref.generate([text], SamplingParams(max_tokens=6))[0]
+        assert r.json()["choices"][0]["token_ids"] == want.token_ids
+        assert r.json()["choices"][0]["text"] == want.text
+        payload = {"prompt": text, "max_tokens": 6, "stream": True}
+        with c.stream("POST", "/v1/completions", json=payload) as s:
+            events = sse_events(s.iter_lines())
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == want.text
+        assert c.post("/v1/completions", json={"prompt": ""}).status_code == 400
+
+
+def test_shutdown_ends_in_flight_stream_and_thread() -> None:
+    llm = make_llm()
+    app = create_app(llm)
+    worker: EngineWorker = app.state.worker
+    payload = {"prompt": prompt(8, 16), "max_tokens": 1000, "stream": True}
+    with serving(app) as (url, server, thread):
+        assert worker.thread is not None and worker.thread.is_alive()
+        with (
+            httpx.Client(base_url=url, timeout=30) as c,
+            c.stream("POST", "/v1/completions", json=payload) as r,
+        ):
+            lines = r.iter_lines()  # held open: the stream is in flight at shutdown
+            assert first_line(lines).startswith("data: {")
+            t0 = time.monotonic()
+            server.should_exit = True  # shut down with the stream still running
+            rest = sse_events(lines)  # the server ends the stream itself
+        assert rest[-1] == "[DONE]"
+        assert rest[-2]["error"]["code"] == 503
+        assert "shutting down" in rest[-2]["error"]["message"]
+        thread.join(timeout=15)
+        assert not thread.is_alive()
+        assert time.monotonic() - t0 < 10  # did not wait for 1000 tokens
+    assert not worker.thread.is_alive()
+    assert not llm.scheduler.has_unfinished()
+    assert llm.stats.output_tokens == 0  # aborted, not run to its end
+    assert llm.scheduler.cache.stats().used_blocks == 0
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=1)
+
+
+def test_worker_stop_fails_waiting_handlers_and_refuses_new_work() -> None:
+    llm = make_llm()
+    worker = EngineWorker(llm)
+    worker.start()
+
+    async def scenario() -> tuple[Any, Any]:
+        items = worker.submit("long", prompt(9, 16), SamplingParams(max_tokens=1000))
+        accepted = await asyncio.wait_for(items.get(), 10)
+        await asyncio.wait_for(items.get(), 10)  # one token: it is running
+        assert await asyncio.to_thread(worker.stop, 10)
+        last = None
+        while not items.empty():
+            last = items.get_nowait()
+        return accepted, last
+
+    accepted, last = asyncio.run(scenario())
+    assert type(accepted).__name__ == "_Accepted"
+    assert getattr(last, "status", None) == 503
+    assert worker.thread is not None and not worker.thread.is_alive()
+    assert not llm.scheduler.has_unfinished()
+    with pytest.raises(RuntimeError):
+        worker.call(lambda llm: None)
+
+
+def test_serve_args_defaults() -> None:
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    a = p.parse_args([])
+    assert (a.model, a.host, a.port) == ("tiny", "127.0.0.1", 8000)
+    assert (a.block_size, a.prefix_match_unit, a.num_blocks, a.max_model_len) == (
+        64,
+        16,
+        None,
+        4096,
+    )
+    assert (a.policy, a.num_speculative_tokens, a.no_prefix_caching, a.dtype) == (
+        "junction",
+        0,
+        False,
+        "float32",
+    )
+    assert (a.max_num_seqs, a.max_num_batched_tokens) == (64, 8192)

@@ -91,6 +91,8 @@ class ShortGroup:
     reqs: list[int]
     idx: torch.Tensor  # (R_g,) request indices
     rows: torch.Tensor  # (R_g, q) token rows
+    # per token t: (positions in the group, slots) of the state writes after t + 1 tokens
+    writes_at: list[tuple[torch.Tensor | None, torch.Tensor | None]]
 
 
 @dataclass
@@ -109,6 +111,7 @@ class MambaPlan:
     starts: list[int]
     src: torch.Tensor
     src_valid: torch.Tensor
+    all_valid: bool
     short: list[ShortGroup]
     prefill_reqs: list[int]
     writes: list[list[tuple[int, int]]]
@@ -123,6 +126,26 @@ class MambaPlan:
         for r, q in enumerate(batch.query_lens):
             if q <= SHORT_QUERY:
                 by_q.setdefault(q, []).append(r)
+        writes = [sorted(w) for w in batch.state_writes]
+
+        def writes_at(reqs: list[int], q: int) -> list[tuple[torch.Tensor | None, ...]]:
+            out: list[tuple[torch.Tensor | None, ...]] = []
+            for t in range(q):
+                pairs = [
+                    (k, slot) for k, r in enumerate(reqs) for off, slot in writes[r] if off == t + 1
+                ]
+                if not pairs:
+                    out.append((None, None))
+                    continue
+                sel, slots = zip(*pairs, strict=True)
+                out.append(
+                    (
+                        torch.tensor(sel, dtype=torch.int64, device=device),
+                        torch.tensor(slots, dtype=torch.int64, device=device),
+                    )
+                )
+            return out
+
         short = [
             ShortGroup(
                 q,
@@ -133,12 +156,13 @@ class MambaPlan:
                     dtype=torch.int64,
                     device=device,
                 ),
+                writes_at(reqs, q),  # type: ignore[arg-type]
             )
             for q, reqs in sorted(by_q.items())
         ]
         prefill_reqs = [r for r, q in enumerate(batch.query_lens) if q > SHORT_QUERY]
-        writes = [sorted(w) for w in batch.state_writes]
-        return cls(starts, src, src_valid, short, prefill_reqs, writes)
+        all_valid = all(s >= 0 for s in src_list)
+        return cls(starts, src, src_valid, all_valid, short, prefill_reqs, writes)
 
 
 class Mamba2Mixer(nn.Module):
@@ -178,6 +202,16 @@ class Mamba2Mixer(nn.Module):
         out = F.conv1d(seq, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)
         return F.silu(out).transpose(1, 2)  # (batch, L, conv_dim)
 
+    def _conv_act_short(self, seq: torch.Tensor) -> torch.Tensor:
+        """Like `_conv_act` for a few tokens: a windowed multiply-add beats conv1d's setup.
+        seq: (batch, conv_dim, d_conv - 1 + L) -> (batch, L, conv_dim)."""
+        windows = seq.unfold(2, self.d_conv, 1)  # (batch, conv_dim, L, d_conv)
+        w = self.conv1d.weight[:, 0]  # (conv_dim, d_conv)
+        out = (windows * w[None, :, None, :].to(seq.dtype)).sum(-1)  # (batch, conv_dim, L)
+        if self.conv1d.bias is not None:
+            out = out + self.conv1d.bias.to(seq.dtype)[None, :, None]
+        return F.silu(out).transpose(1, 2)  # (batch, L, conv_dim)
+
     def forward(
         self, hidden: torch.Tensor, plan: MambaPlan, states: StateCache, layer: int
     ) -> torch.Tensor:
@@ -199,10 +233,11 @@ class Mamba2Mixer(nn.Module):
         # Read every request's starting state before anything is written (copies).
         keep = plan.src_valid
         conv0 = conv_cache.index_select(0, plan.src)  # (R, conv_dim, d_conv - 1)
-        conv0 = torch.where(keep[:, None, None], conv0, torch.zeros_like(conv0)).to(dtype)
-        # conv0: (R, conv_dim, d_conv - 1) in the model dtype
         ssm0 = ssm_cache.index_select(0, plan.src)  # (R, n_heads, head_dim, d_state)
-        ssm0 = torch.where(keep[:, None, None, None], ssm0, torch.zeros_like(ssm0))
+        if not plan.all_valid:
+            conv0 = torch.where(keep[:, None, None], conv0, torch.zeros_like(conv0))
+            ssm0 = torch.where(keep[:, None, None, None], ssm0, torch.zeros_like(ssm0))
+        conv0 = conv0.to(dtype)  # (R, conv_dim, d_conv - 1) in the model dtype
         # ssm0: (R, n_heads, head_dim, d_state) in the state dtype
 
         xbc_act = torch.empty_like(xbc)  # (N, conv_dim) conv output after silu
@@ -212,7 +247,7 @@ class Mamba2Mixer(nn.Module):
             rows, ri = grp.rows, grp.idx  # (R_g, q), (R_g,)
             seq = torch.cat([conv0[ri], xbc[rows].transpose(1, 2)], dim=-1)
             # seq: (R_g, conv_dim, d_conv - 1 + q)
-            act = self._conv_act(seq)  # (R_g, q, conv_dim)
+            act = self._conv_act_short(seq)  # (R_g, q, conv_dim)
             xbc_act[rows.reshape(-1)] = act.reshape(-1, self.conv_dim)
             x, B, C = act.split([self.d_inner, g * ds, g * ds], dim=-1)
             # x: (R_g, q, d_inner), B, C: (R_g, q, n_groups * d_state)
@@ -227,11 +262,11 @@ class Mamba2Mixer(nn.Module):
                     C[:, t].reshape(-1, g, ds),  # (R_g, n_groups, d_state)
                 )
                 y[rows[:, t]] = y_t
-                for k, r in enumerate(grp.reqs):
-                    for off, slot in plan.writes[r]:
-                        if off == t + 1:
-                            conv_cache[slot].copy_(seq[k, :, off : off + self.d_conv - 1])
-                            ssm_cache[slot].copy_(state[k])
+                sel, slots = grp.writes_at[t]
+                if sel is not None and slots is not None:
+                    off = t + 1
+                    conv_cache.index_copy_(0, slots, seq[sel, :, off : off + self.d_conv - 1])
+                    ssm_cache.index_copy_(0, slots, state[sel])
 
         for r in plan.prefill_reqs:
             s, e = plan.starts[r], plan.starts[r + 1]

@@ -26,6 +26,12 @@ test-all: setup
 demo: setup
 	$(BIN)/hycache explain --block-size 4416 --prefix-match-unit 64 --eagle \
 		--prompt-tokens 64016 --shared-prefix 57600
+	$(BIN)/hycache bench --json out/bench.json --plot out/bench.png
+
+bench: setup
+	$(BIN)/python benchmarks/bench_cache.py
+	$(BIN)/python benchmarks/bench_simulate.py
+	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -71,20 +71,31 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
     sp = SamplingParams(max_tokens=b.output_tokens, ignore_eos=True)
     arrived: dict[str, float] = {}
     first: dict[str, float] = {}
+    last: dict[str, float] = {}
     outs: list[RequestOutput] = []
+    pool = llm.scheduler.cache.pool
+    peak = 0
     t0 = time.perf_counter()
     while prompts or len(outs) < b.num_requests:
         while prompts and len(arrived) - len(outs) < b.concurrency:
             rid = llm.add_request(prompts.popleft(), sp)
             arrived[rid] = time.perf_counter()
-        for e in llm.step():
-            now = time.perf_counter()
+        events = llm.step()
+        now = time.perf_counter()
+        peak = max(peak, pool.num_blocks - 1 - pool.num_free)
+        for e in events:
             if e.new_token_ids:
                 first.setdefault(e.request_id, now)
+                last[e.request_id] = now
             if e.output is not None:
                 outs.append(e.output)
     wall = time.perf_counter() - t0
     ttft = [first[o.request_id] - arrived[o.request_id] for o in outs]
+    itl = [
+        (last[o.request_id] - first[o.request_id]) / (len(o.token_ids) - 1)
+        for o in outs
+        if len(o.token_ids) > 1
+    ]
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
     hit = sum(o.hit_tokens for o in outs)
     out_tokens = sum(len(o.token_ids) for o in outs)
@@ -93,11 +104,15 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
         "request_throughput": len(outs) / wall,
         "ttft_p50_s": _pct(ttft, 50),
         "ttft_p95_s": _pct(ttft, 95),
+        "itl_p50_s": _pct(itl, 50),
+        "itl_p95_s": _pct(itl, 95),
         "prefill_tokens_computed": sum(o.prefill_tokens for o in outs),
         "hit_tokens": hit,
         "token_hit_rate": hit / prompt_tokens,
-        "lost_reuse_tokens": None,
+        "lost_reuse_tokens": sum(o.lost_reuse for o in outs),
         "extra_prefill_steps_max": None,
+        "peak_blocks_used": peak,
+        "preemptions": llm.scheduler.num_preemptions,
         "wall_s": wall,
         "resume_points": sorted({o.hit_tokens for o in outs}),
         "_steps": {o.request_id: (o.hit_tokens, o.junction, o.prefill_steps) for o in outs},

@@ -75,6 +75,7 @@ class RequestOutput:
     prefill_tokens: int = 0  # prompt (and replayed) tokens this request computed
     junction: int = 0  # the junction its first lookup observed (0: none)
     prefill_steps: int = 0
+    lost_reuse: int = 0  # tokens attention matched that the joint hit did not reach
 
 
 @dataclass
@@ -267,6 +268,7 @@ class LLM:
             req.prefill_tokens_computed,
             req.first_outcome.junction if req.first_outcome else 0,
             req.num_prefill_steps,
+            req.first_outcome.lost_reuse if req.first_outcome else 0,
         )
 
     def stream(

@@ -140,16 +140,20 @@ def ssd_step(
         y: (batch, n_heads, head_dim) = h_t · C_t (without D), and the new state h_t.
     """
     dtype = state.dtype
-    _bsz, h = dt.shape
-    g = B.shape[1]
+    bsz, h = dt.shape
+    g, n = B.shape[1], B.shape[2]
+    p = x.shape[-1]
     r = h // g
     dt = dt.to(dtype)  # (batch, n_heads)
-    Bh = B.to(dtype).repeat_interleave(r, dim=1)  # (batch, n_heads, d_state)
-    Ch = C.to(dtype).repeat_interleave(r, dim=1)  # (batch, n_heads, d_state)
+    # heads of one group share B and C: view (batch, g, r, ...) instead of repeating them
     dA = torch.exp(dt * A.to(dtype))  # (batch, n_heads)
-    dBx = (dt[..., None] * x.to(dtype))[..., None] * Bh[:, :, None, :]  # (batch, h, hd, d_state)
-    new_state = dA[..., None, None] * state + dBx  # (batch, n_heads, head_dim, d_state)
-    y = torch.einsum("bhpn,bhn->bhp", new_state, Ch)  # (batch, n_heads, head_dim)
+    dtx = (dt[..., None] * x.to(dtype)).view(bsz * g, r * p, 1)  # (batch*g, r*head_dim, 1)
+    Bg = B.to(dtype).reshape(bsz * g, 1, n)  # (batch*g, 1, d_state)
+    decayed = (state * dA[..., None, None]).view(bsz * g, r * p, n)  # (batch*g, r*hd, d_state)
+    # h_t = exp(dt*A) h_{t-1} + (dt x) outer B, in one fused batched outer product
+    new_state = torch.baddbmm(decayed, dtx, Bg).view(bsz, h, p, n)  # (batch, h, hd, d_state)
+    Cg = C.to(dtype).reshape(bsz * g, n, 1)  # (batch*g, d_state, 1)
+    y = torch.bmm(new_state.view(bsz * g, r * p, n), Cg).view(bsz, h, p)  # (batch, h, hd)
     return y, new_state
 
 

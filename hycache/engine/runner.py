@@ -72,6 +72,7 @@ class ModelRunner:
 
     # -- one step --------------------------------------------------------------------------------
 
+    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, StepResult]:
         for src, dst in out.block_copies:
             for kv in (self.kv, self.draft_kv):

@@ -84,6 +84,15 @@ SHORT_QUERY = 8
 
 
 @dataclass
+class StateWrites:
+    """State writes of a short group after one token: group positions -> slots."""
+
+    sel: torch.Tensor  # (W,) positions in the group
+    slots: torch.Tensor  # (W,) state slots
+    in_order: bool  # sel is exactly 0 .. R_g - 1: write the whole group without a gather
+
+
+@dataclass
 class ShortGroup:
     """Requests with the same short query length `q`, stepped together token by token."""
 
@@ -91,8 +100,8 @@ class ShortGroup:
     reqs: list[int]
     idx: torch.Tensor  # (R_g,) request indices
     rows: torch.Tensor  # (R_g, q) token rows
-    # per token t: (positions in the group, slots) of the state writes after t + 1 tokens
-    writes_at: list[tuple[torch.Tensor | None, torch.Tensor | None]]
+    writes_at: list[StateWrites | None]  # per token t: the state writes after t + 1 tokens
+    whole: bool = False  # the group is every request of the step, rows in order
 
 
 @dataclass
@@ -128,20 +137,21 @@ class MambaPlan:
                 by_q.setdefault(q, []).append(r)
         writes = [sorted(w) for w in batch.state_writes]
 
-        def writes_at(reqs: list[int], q: int) -> list[tuple[torch.Tensor | None, ...]]:
-            out: list[tuple[torch.Tensor | None, ...]] = []
+        def writes_at(reqs: list[int], q: int) -> list[StateWrites | None]:
+            out: list[StateWrites | None] = []
             for t in range(q):
                 pairs = [
                     (k, slot) for k, r in enumerate(reqs) for off, slot in writes[r] if off == t + 1
                 ]
                 if not pairs:
-                    out.append((None, None))
+                    out.append(None)
                     continue
                 sel, slots = zip(*pairs, strict=True)
                 out.append(
-                    (
+                    StateWrites(
                         torch.tensor(sel, dtype=torch.int64, device=device),
                         torch.tensor(slots, dtype=torch.int64, device=device),
+                        list(sel) == list(range(len(reqs))),
                     )
                 )
             return out
@@ -156,10 +166,12 @@ class MambaPlan:
                     dtype=torch.int64,
                     device=device,
                 ),
-                writes_at(reqs, q),  # type: ignore[arg-type]
+                writes_at(reqs, q),
             )
             for q, reqs in sorted(by_q.items())
         ]
+        if len(short) == 1 and len(short[0].reqs) == batch.num_requests:
+            short[0].whole = True
         prefill_reqs = [r for r, q in enumerate(batch.query_lens) if q > SHORT_QUERY]
         all_valid = all(s >= 0 for s in src_list)
         return cls(starts, src, src_valid, all_valid, short, prefill_reqs, writes)
@@ -245,28 +257,45 @@ class Mamba2Mixer(nn.Module):
 
         for grp in plan.short:
             rows, ri = grp.rows, grp.idx  # (R_g, q), (R_g,)
-            seq = torch.cat([conv0[ri], xbc[rows].transpose(1, 2)], dim=-1)
-            # seq: (R_g, conv_dim, d_conv - 1 + q)
+            nq = rows.numel()
+            if grp.whole:  # every request of the step, in order: views instead of gathers
+                xbc_g = xbc.view(-1, grp.q, self.conv_dim)  # (R_g, q, conv_dim)
+                conv_g, state = conv0, ssm0
+            else:
+                xbc_g, conv_g, state = xbc[rows], conv0[ri], ssm0[ri]
+            seq = torch.cat([conv_g, xbc_g.transpose(1, 2)], dim=-1)
+            # seq: (R_g, conv_dim, d_conv - 1 + q); state: (R_g, n_heads, head_dim, d_state)
             act = self._conv_act_short(seq)  # (R_g, q, conv_dim)
-            xbc_act[rows.reshape(-1)] = act.reshape(-1, self.conv_dim)
+            if grp.whole:
+                xbc_act.copy_(act.reshape(nq, self.conv_dim))
+            else:
+                xbc_act[rows.reshape(-1)] = act.reshape(nq, self.conv_dim)
             x, B, C = act.split([self.d_inner, g * ds, g * ds], dim=-1)
             # x: (R_g, q, d_inner), B, C: (R_g, q, n_groups * d_state)
-            state = ssm0[ri]  # (R_g, n_heads, head_dim, d_state)
+            dt_g = dt.view(-1, grp.q, h) if grp.whole else dt[rows]  # (R_g, q, n_heads)
+            y_g = y.view(-1, grp.q, h, p) if grp.whole else None  # (R_g, q, n_heads, head_dim)
             for t in range(grp.q):
                 y_t, state = ssd_step(
                     state,
                     x[:, t].reshape(-1, h, p),  # (R_g, n_heads, head_dim)
-                    dt[rows[:, t]],  # (R_g, n_heads)
+                    dt_g[:, t],  # (R_g, n_heads)
                     A,
                     B[:, t].reshape(-1, g, ds),  # (R_g, n_groups, d_state)
                     C[:, t].reshape(-1, g, ds),  # (R_g, n_groups, d_state)
                 )
-                y[rows[:, t]] = y_t
-                sel, slots = grp.writes_at[t]
-                if sel is not None and slots is not None:
-                    off = t + 1
-                    conv_cache.index_copy_(0, slots, seq[sel, :, off : off + self.d_conv - 1])
-                    ssm_cache.index_copy_(0, slots, state[sel])
+                if y_g is not None:
+                    y_g[:, t] = y_t
+                else:
+                    y[rows[:, t]] = y_t
+                w = grp.writes_at[t]
+                if w is not None:
+                    conv_w = seq[:, :, t + 1 : t + self.d_conv]  # (R_g, conv_dim, d_conv - 1)
+                    if w.in_order:
+                        conv_cache.index_copy_(0, w.slots, conv_w)
+                        ssm_cache.index_copy_(0, w.slots, state)
+                    else:
+                        conv_cache.index_copy_(0, w.slots, conv_w[w.sel])
+                        ssm_cache.index_copy_(0, w.slots, state[w.sel])
 
         for r in plan.prefill_reqs:
             s, e = plan.starts[r], plan.starts[r + 1]

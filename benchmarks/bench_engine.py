@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import tempfile
 import time
 
@@ -22,7 +23,8 @@ from hycache.model.loader import save_model
 from hycache.request import SamplingParams
 
 
-def vs_transformers(num: int, prompt_len: int, out_len: int) -> tuple[float, float]:
+def vs_transformers(num: int, prompt_len: int, out_len: int, repeat: int = 3) -> None:
+    """Median of `repeat` alternating runs of each contender (the machine is noisy)."""
     from transformers import BambaForCausalLM
 
     rng = random.Random(0)
@@ -38,30 +40,48 @@ def vs_transformers(num: int, prompt_len: int, out_len: int) -> tuple[float, flo
         save_model(llm.model, d)
         hf = BambaForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
     sp = SamplingParams(max_tokens=out_len, ignore_eos=True)
-    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=2))  # warm up
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp)
-    t_hy = time.perf_counter() - t0
-    assert all(len(o.token_ids) == out_len for o in outs)
     ids = torch.tensor(prompts)
-    with torch.no_grad():
-        hf.generate(ids[:, :32], max_new_tokens=2, do_sample=False)  # warm up
-        t0 = time.perf_counter()
-        gen = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
+
+    def hf_generate(batch: torch.Tensor) -> torch.Tensor:
+        return hf.generate(
+            batch,
+            attention_mask=torch.ones_like(batch),
             max_new_tokens=out_len,
             min_new_tokens=out_len,
             do_sample=False,
             pad_token_id=0,
         )
-        t_hf = time.perf_counter() - t0
+
+    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=2))  # warm up
+    times: dict[str, list[float]] = {"hycache": [], "batched": [], "one_at_a_time": []}
+    with torch.no_grad():
+        hf_generate(ids[:, :32])  # warm up
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, sp)
+            times["hycache"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            gen = hf_generate(ids)
+            times["batched"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for i in range(num):  # one request at a time, as a script serving requests would
+                hf_generate(ids[i : i + 1])
+            times["one_at_a_time"].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
     same = sum(o.token_ids == gen[i, prompt_len:].tolist() for i, o in enumerate(outs))
     n = num * out_len
-    print(f"[1] hycache      {n / t_hy:8.1f} output tok/s  ({t_hy:.2f} s)")
-    print(f"    transformers {n / t_hf:8.1f} output tok/s  ({t_hf:.2f} s)")
-    print(f"    ratio {t_hf / t_hy:.2f}x   identical greedy outputs: {same}/{num}")
-    return n / t_hy, n / t_hf
+    print(f"[1] median of {repeat} alternating runs, {num} x {prompt_len} prompt + {out_len} out")
+    for k, label in (
+        ("hycache", "hycache"),
+        ("batched", "transformers, one padded batch"),
+        ("one_at_a_time", "transformers, one request at a time"),
+    ):
+        print(f"    {label:38s} {n / med[k]:8.1f} output tok/s  ({med[k]:.2f} s)")
+    print(
+        f"    hycache / batched {med['batched'] / med['hycache']:.2f}x   "
+        f"hycache / one-at-a-time {med['one_at_a_time'] / med['hycache']:.2f}x   "
+        f"identical greedy outputs: {same}/{num}"
+    )
 
 
 def shared_prompt(num: int, shared: int, private: int, out_len: int) -> tuple[float, float]:

@@ -259,25 +259,13 @@ def parse_token_ids(text: str) -> list[int]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from hycache.engine.engine import LLM
+    from hycache.engine.args import llm_from_args
     from hycache.request import SamplingParams
 
     if (args.prompt is None) == (args.prompt_token_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-token-ids 1,2,3")
     prompt = args.prompt if args.prompt is not None else parse_token_ids(args.prompt_token_ids)
-    llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        prefix_match_unit=args.prefix_match_unit,
-        num_blocks=args.num_blocks,
-        max_model_len=args.max_model_len,
-        policy=args.policy,
-        enable_prefix_caching=not args.no_prefix_caching,
-        num_speculative_tokens=args.num_speculative_tokens,
-        draft_model=args.draft_model,
-        seed=args.seed,
-    )
+    llm = llm_from_args(args)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -396,26 +384,16 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_simulate)
 
+    from hycache.engine.args import add_engine_args
+
     p = sub.add_parser("generate", help="generate tokens with a hybrid model")
-    p.add_argument("--model", default="tiny", help="checkpoint directory or preset (tiny)")
+    add_engine_args(p)
     p.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json)")
     p.add_argument("--prompt-token-ids", default=None, help="prompt as token ids: 1,2,3")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--num-speculative-tokens", type=int, default=0)
-    p.add_argument("--draft-model", default=None, help="EAGLE head safetensors (else random)")
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--prefix-match-unit", type=int, default=16)
-    p.add_argument("--policy", choices=POLICY_NAMES, default="junction")
-    p.add_argument("--num-blocks", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument(
-        "--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32"
-    )
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
 

@@ -41,8 +41,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hycache.config import POLICY_NAMES
-from hycache.engine.engine import DTYPES, LLM, RequestOutput, StreamEvent
+from hycache.engine.args import add_engine_args, llm_from_args
+from hycache.engine.engine import LLM, RequestOutput, StreamEvent
 from hycache.request import SamplingParams
 
 log = logging.getLogger("hycache.serve")
@@ -580,39 +580,14 @@ def _usage(out: RequestOutput) -> dict[str, int]:
 
 # ---------------------------------------------------------------------------------- command
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """The flags of `hycache serve`."""
-    p.add_argument("--model", default="tiny", help="a preset name or a checkpoint directory")
+    """The flags of `hycache serve`: the engine's, plus where to listen."""
+    add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000)
-    g = p.add_argument_group("engine")
-    g.add_argument("--block-size", type=int, default=64, help="tokens per block B")
-    g.add_argument(
-        "--prefix-match-unit", type=int, default=16, help="prefix-match unit u (divides B)"
-    )
-    g.add_argument("--num-blocks", type=int, default=None, help="cache blocks (default: sized)")
-    g.add_argument("--max-model-len", type=int, default=4096)
-    g.add_argument("--policy", default="junction", choices=POLICY_NAMES)
-    g.add_argument("--num-speculative-tokens", type=int, default=0, help="EAGLE drafts per step")
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
 
 
 def build_llm(args: argparse.Namespace) -> LLM:
-    return LLM(
-        args.model,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        prefix_match_unit=args.prefix_match_unit,
-        num_blocks=args.num_blocks,
-        max_model_len=args.max_model_len,
-        policy=args.policy,
-        enable_prefix_caching=not args.no_prefix_caching,
-        num_speculative_tokens=args.num_speculative_tokens,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-    )
+    return llm_from_args(args)
 
 
 def run_serve(args: argparse.Namespace) -> int:

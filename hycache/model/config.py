@@ -154,8 +154,11 @@ class BambaConfig:
             f"head_dim * partial_rotary_factor = {self.rotary_dim} must be a positive even int",
         )
         need(self.rope_theta > 0, "rope_theta", f"must be positive, got {self.rope_theta}")
-        need(self.hidden_act == "silu", "hidden_act", f"only 'silu' is supported, got "
-             f"{self.hidden_act!r}")
+        need(
+            self.hidden_act == "silu",
+            "hidden_act",
+            f"only 'silu' is supported, got {self.hidden_act!r}",
+        )
         need(len(self.time_step_limit) == 2, "time_step_limit", "must be a (min, max) pair")
         need(
             self.time_step_limit[0] <= self.time_step_limit[1],
@@ -196,11 +199,14 @@ class BambaConfig:
         if tsl is None:
             time_step_limit = (0.0, math.inf)
         elif isinstance(tsl, list | tuple) and len(tsl) == 2:
-            time_step_limit = (_as_float(tsl[0], "time_step_limit"),
-                               _as_float(tsl[1], "time_step_limit"))
+            time_step_limit = (
+                _as_float(tsl[0], "time_step_limit"),
+                _as_float(tsl[1], "time_step_limit"),
+            )
         else:
-            raise ValueError(f"config field 'time_step_limit' must be a [min, max] pair, "
-                             f"got {tsl!r}")
+            raise ValueError(
+                f"config field 'time_step_limit' must be a [min, max] pair, got {tsl!r}"
+            )
         attn = d.get("attn_layer_indices") or ()
 
         return cls(
@@ -273,8 +279,9 @@ def _parse_rope(d: Mapping[str, Any]) -> tuple[float, float]:
             params = params["full_attention"]  # per-layer-type layout
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type != "default":
-            raise ValueError(f"config field {key}.rope_type {rope_type!r} is not supported "
-                             "(only 'default')")
+            raise ValueError(
+                f"config field {key}.rope_type {rope_type!r} is not supported (only 'default')"
+            )
         theta = params.get("rope_theta", theta)
         partial = params.get("partial_rotary_factor", partial)
     theta = _DEFAULT_ROPE_THETA if theta is None else float(theta)

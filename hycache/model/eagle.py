@@ -43,8 +43,11 @@ class EagleDecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(
-            config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-            config.head_dim, config.attention_bias,
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.attention_bias,
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
@@ -120,8 +123,7 @@ class EagleHead(nn.Module):
         tensors = read_safetensors(files)
         head = cls.empty(target_config, dtype, device, fc_bias="fc.bias" in tensors)
         expected = {k: v.shape for k, v in head.state_dict().items()}
-        check_state_dict(expected, {k: t.shape for k, t in tensors.items()},
-                         what=f"EAGLE head {p}")
+        check_state_dict(expected, {k: t.shape for k, t in tensors.items()}, what=f"EAGLE head {p}")
         with torch.no_grad():
             state = head.state_dict()
             for key, t in tensors.items():

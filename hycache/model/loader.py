@@ -164,8 +164,7 @@ def load_model(
     path = Path(path_or_preset)
     if not path.is_dir():
         raise FileNotFoundError(
-            f"{path_or_preset!r} is neither a checkpoint directory nor a preset "
-            f"({sorted(PRESETS)})"
+            f"{path_or_preset!r} is neither a checkpoint directory nor a preset ({sorted(PRESETS)})"
         )
     config = load_config(path)
     tensors = read_safetensors(_checkpoint_files(path))
@@ -180,8 +179,12 @@ def load_model(
         # A tied checkpoint may still carry a copy of the head; it is ignored.
         optional = frozenset({"lm_head.weight"})
         tensors.pop("lm_head.weight", None)
-    check_state_dict(expected, {k: t.shape for k, t in tensors.items()},
-                     what=f"checkpoint {path}", optional=optional)
+    check_state_dict(
+        expected,
+        {k: t.shape for k, t in tensors.items()},
+        what=f"checkpoint {path}",
+        optional=optional,
+    )
     with torch.no_grad():
         state = model.state_dict()
         for key, t in tensors.items():

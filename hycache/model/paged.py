@@ -91,9 +91,7 @@ class StepBatch:
         for i, (q, writes) in enumerate(zip(self.query_lens, self.state_writes, strict=True)):
             for off, _slot in writes:
                 if not 1 <= off <= q:
-                    raise ValueError(
-                        f"StepBatch.state_writes[{i}]: offset {off} outside [1, {q}]"
-                    )
+                    raise ValueError(f"StepBatch.state_writes[{i}]: offset {off} outside [1, {q}]")
 
 
 class PagedKVCache:
@@ -124,8 +122,14 @@ class PagedKVCache:
         self.device = torch.device(device)
         # (layers, k/v, blocks, block_size, kv_heads, head_dim)
         self.kv = torch.zeros(
-            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
-            dtype=dtype, device=self.device,
+            num_layers,
+            2,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype=dtype,
+            device=self.device,
         )
 
     @classmethod
@@ -142,8 +146,13 @@ class PagedKVCache:
         """A cache sized for the attention layers of `config` (or `num_layers` of that shape)."""
         layers = config.num_attention_layers if num_layers is None else num_layers
         return cls(
-            max(layers, 1), num_blocks, block_size, config.num_key_value_heads,
-            config.head_dim, dtype, device,
+            max(layers, 1),
+            num_blocks,
+            block_size,
+            config.num_key_value_heads,
+            config.head_dim,
+            dtype,
+            device,
         )
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,13 +213,22 @@ class StateCache:
         layers = max(config.num_mamba_layers, 1)
         # (layers, slots, conv_dim, d_conv - 1)
         self.conv = torch.zeros(
-            layers, num_slots, config.mamba_conv_dim, config.mamba_d_conv - 1,
-            dtype=dtype, device=self.device,
+            layers,
+            num_slots,
+            config.mamba_conv_dim,
+            config.mamba_d_conv - 1,
+            dtype=dtype,
+            device=self.device,
         )
         # (layers, slots, heads, head_dim, d_state)
         self.ssm = torch.zeros(
-            layers, num_slots, config.mamba_n_heads, config.mamba_d_head, config.mamba_d_state,
-            dtype=self.ssm_dtype, device=self.device,
+            layers,
+            num_slots,
+            config.mamba_n_heads,
+            config.mamba_d_head,
+            config.mamba_d_state,
+            dtype=self.ssm_dtype,
+            device=self.device,
         )
 
     def copy_slot(self, src: int, dst: int) -> None:

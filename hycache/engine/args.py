@@ -1,0 +1,45 @@
+"""The engine's command-line flags and the `LLM` they build (shared by `generate` and `serve`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from hycache.config import POLICY_NAMES
+from hycache.engine.engine import DTYPES, LLM
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="a preset name (tiny) or a checkpoint directory")
+    g = p.add_argument_group("engine")
+    g.add_argument("--block-size", type=int, default=64, help="tokens per block B")
+    g.add_argument(
+        "--prefix-match-unit", type=int, default=16, help="prefix-match unit u (divides B)"
+    )
+    g.add_argument("--num-blocks", type=int, default=None, help="cache blocks (default: sized)")
+    g.add_argument("--max-model-len", type=int, default=4096)
+    g.add_argument("--policy", default="junction", choices=POLICY_NAMES)
+    g.add_argument("--num-speculative-tokens", type=int, default=0, help="EAGLE drafts per step")
+    g.add_argument("--draft-model", default=None, help="EAGLE head safetensors (else random)")
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument("--seed", type=int, default=0)
+
+
+def llm_from_args(args: argparse.Namespace) -> LLM:
+    return LLM(
+        args.model,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        prefix_match_unit=args.prefix_match_unit,
+        num_blocks=args.num_blocks,
+        max_model_len=args.max_model_len,
+        policy=args.policy,
+        enable_prefix_caching=not args.no_prefix_caching,
+        num_speculative_tokens=args.num_speculative_tokens,
+        draft_model=args.draft_model,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        seed=args.seed,
+    )

@@ -132,13 +132,16 @@ def build_workload(args: argparse.Namespace) -> Any:
             seed=args.seed,
         )
         return Workload(
-            "system-prompt", reqs, concurrency=args.concurrency, sequential=args.sequential
+            "system-prompt", reqs, concurrency=args.concurrency or 64, sequential=args.sequential
         )
     sessions = multi_turn_workload(
         args.sessions, args.turns, args.user_tokens, args.output_tokens, seed=args.seed
     )
     return Workload(
-        "multi-turn", sessions=sessions, concurrency=args.concurrency, sequential=args.sequential
+        "multi-turn",
+        sessions=sessions,
+        concurrency=args.concurrency or 64,
+        sequential=args.sequential,
     )
 
 
@@ -368,7 +371,12 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--sessions", type=int, default=64)
     g.add_argument("--turns", type=int, default=4)
     g.add_argument("--user-tokens", type=int, default=1_024)
-    g.add_argument("--concurrency", type=int, default=None, help="requests in flight")
+    g.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="requests in flight (closed loop; default 64, or the trace's own arrival times)",
+    )
     g.add_argument("--sequential", action="store_true", help="one request at a time")
     g = p.add_argument_group("policies and costs")
     g.add_argument("--policy", default="junction", help=f"one of {', '.join(POLICY_NAMES)}")

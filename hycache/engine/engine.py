@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from hycache.cache.hashing import extra_key_bytes
 from hycache.config import (
     CacheConfig,
     GroupKind,
@@ -194,15 +195,23 @@ class LLM:
         prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> str:
-        """Validate and queue one request; raises ValueError, changing nothing, if refused."""
+        """Validate and queue one request; raises ValueError, changing nothing, if refused.
+        Requests with different `cache_salt`s never share cache entries."""
         params = params or SamplingParams()
         ids = self.encode(prompt)
         self._validate(ids, params)
         rid = request_id or f"req-{next(self._ids)}"
         c = self.config.cache
         req = Request.new(
-            rid, ids, params, unit=c.unit, hash_seed=c.hash_seed, eos_token_id=self.eos_token_id
+            rid,
+            ids,
+            params,
+            unit=c.unit,
+            hash_seed=c.hash_seed,
+            extra_keys=extra_key_bytes(cache_salt),
+            eos_token_id=self.eos_token_id,
         )
         self.scheduler.add_request(req)
         return rid

@@ -1,0 +1,53 @@
+"""The LLM API: streaming, cache salts, stop tokens, outputs."""
+
+from __future__ import annotations
+
+from hycache.engine.engine import LLM
+from hycache.request import SamplingParams
+
+
+def small(**kw: object) -> LLM:
+    return LLM("tiny", max_model_len=256, num_blocks=96, block_size=16, prefix_match_unit=4, **kw)  # type: ignore[arg-type]
+
+
+PROMPT = list(range(3, 60))
+
+
+def test_stream_yields_the_generated_tokens_in_order() -> None:
+    sp = SamplingParams(max_tokens=7)
+    (ref,) = small().generate([PROMPT], sp)
+    got: list[int] = []
+    finished = []
+    for event in small().stream([PROMPT], sp):
+        got.extend(event.new_token_ids)
+        if event.finished:
+            finished.append(event.output)
+    assert got == ref.token_ids and len(got) == 7
+    assert finished[0].token_ids == got and finished[0].finish_reason == "length"
+
+
+def test_cache_salt_isolates_tenants() -> None:
+    llm = small()
+    sp = SamplingParams(max_tokens=2)
+    llm.add_request(PROMPT, sp, cache_salt="a")
+    while llm.scheduler.has_unfinished():
+        llm.step()
+
+    def hit(salt: str | None) -> int:
+        llm.add_request(PROMPT, sp, request_id=f"probe-{salt}", cache_salt=salt)
+        while True:
+            for e in llm.step():
+                if e.output is not None:
+                    return e.output.hit_tokens
+
+    assert hit("b") == 0 and hit(None) == 0
+    assert hit("a") > 0
+
+
+def test_stop_token_ends_generation() -> None:
+    sp = SamplingParams(max_tokens=12)
+    (ref,) = small().generate([PROMPT], sp)
+    stop = ref.token_ids[3]
+    (out,) = small().generate([PROMPT], SamplingParams(max_tokens=12, stop_token_ids=(stop,)))
+    assert out.token_ids == ref.token_ids[: ref.token_ids.index(stop) + 1]
+    assert out.finish_reason == "stop"

@@ -113,11 +113,6 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-    @property
-    def is_prefill(self) -> bool:
-        """Still computing known tokens (prompt, or replayed outputs after preemption)."""
-        return self.num_computed_tokens < self.num_tokens - 1
-
     def token(self, i: int) -> int:
         p = len(self.prompt_token_ids)
         return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]

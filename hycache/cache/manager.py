@@ -10,7 +10,7 @@ take_copies()                  block copies (copy-on-write) the runner must do f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import BlockPool
@@ -38,7 +38,6 @@ class CacheStats:
     query_tokens: int = 0
     hit_tokens: int = 0
     lost_reuse_tokens: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
     @property
     def token_hit_rate(self) -> float:
@@ -153,12 +152,6 @@ class CacheManager:
         st.query_tokens += req.num_tokens
         st.hit_tokens += hit.resume_point
         st.lost_reuse_tokens += hit.lost_reuse
-
-    def block_table(self, req: Request, group: int = 0) -> list[int]:
-        return self.attention[group].block_table(req.request_id)
-
-    def ssm_source(self, req: Request, group: int = 0) -> int | None:
-        return self.ssm[group].state_src(req.request_id)
 
     def stats(self) -> CacheStats:
         st = self._stats

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,6 @@ class EngineStats:
     prompt_tokens: int = 0
     hit_tokens: int = 0
     output_tokens: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class LLM:

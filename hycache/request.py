@@ -113,10 +113,6 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-    def token(self, i: int) -> int:
-        p = len(self.prompt_token_ids)
-        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
-
     def tokens(self, start: int, end: int) -> list[int]:
         p = len(self.prompt_token_ids)
         if end <= p:

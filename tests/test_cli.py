@@ -204,3 +204,84 @@ def test_generate_refuses_bad_prompts(
 ) -> None:
     assert main(["generate", "--max-model-len", "256", "--num-blocks", "64", *extra]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_simulate_system_prompt_and_multi_turn_with_a_plot(tmp_path: Path) -> None:
+    common = [
+        "--block-size",
+        "256",
+        "--prefix-match-unit",
+        "16",
+        "--model",
+        "bamba-9b",
+        "--gpu",
+        "h200",
+        "--compare",
+        "replay,junction",
+        "--quiet",
+    ]
+    out, png = tmp_path / "sp.json", tmp_path / "sp.png"
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "system-prompt",
+            "--shared-prefix-tokens",
+            "3000",
+            "--suffix-tokens",
+            "300",
+            "--output-tokens",
+            "8",
+            "--num-requests",
+            "20",
+            "--concurrency",
+            "4",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            *common,
+        ]
+    )
+    assert rc == 0
+    pol = json.loads(out.read_text())["policies"]
+    assert pol["junction"]["hit_tokens"] > pol["replay"]["hit_tokens"]
+    assert png.stat().st_size > 5_000
+    out2 = tmp_path / "mt.jsonl"
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "multi-turn",
+            "--sessions",
+            "3",
+            "--turns",
+            "3",
+            "--user-tokens",
+            "200",
+            "--output-tokens",
+            "20",
+            "--json",
+            str(out2),
+            *common,
+        ]
+    )
+    assert rc == 0
+    lines = [json.loads(x) for x in out2.read_text().splitlines()]
+    per_policy = [x for x in lines if "summary" not in x and x["policy"] == "junction"]
+    assert len(per_policy) == 9  # 3 sessions x 3 turns
+    later_turns = [x for x in per_policy if not str(x["id"]).endswith("t0")]
+    assert all(x["hit_tokens"] > 0 for x in later_turns)  # each turn continues the last
+
+
+def test_trace_gen_writes_a_readable_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.jsonl"
+    assert main(["trace-gen", "--out", str(path), "--num-requests", "200"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["num_requests"] == 200 and len(path.read_text().splitlines()) == 200
+    assert (
+        main(["simulate", "--trace", str(path), "--limit", "20", "--cost-model", "none", "--quiet"])
+        == 0
+    )

@@ -93,18 +93,23 @@ class Boundaries:
         return floor_to(max(num_tokens - 1, 0), self.unit)
 
     def junction_stops(self, junction: int, start: int, num_prompt_tokens: int) -> tuple[int, ...]:
-        """The prefill stop a request makes for its observed junction `j` (empty or one).
+        """The prefill stops a request makes (and keeps) for its observed junction `j`.
 
         `junction` (effective), junction inside the prompt: `j` floored to the hash grid, one
         unit below the block boundary where a sibling's attention match ends, exactly where the
-        next sibling resumes. Otherwise (other policies, or a junction past the prompt of a
-        resumed request): block-floored from where the request starts,
-        `start + floor((j - start)/B)*B`.
+        next sibling resumes; plus the block boundary right after it, where the chunk that
+        starts mid-block stops anyway (keeping that state costs no forward pass, and it is what
+        a request sharing a shorter prefix would have found under `replay`). Otherwise (other
+        policies, or a junction past the prompt of a resumed request): block-floored from where
+        the request starts, `start + floor((j - start)/B)*B`.
         """
         if junction <= start:
             return ()
         if self.effective_policy is Policy.JUNCTION and junction <= num_prompt_tokens:
             stop = floor_to(junction, self.unit)
+            after = floor_to(stop, self.block_size) + self.block_size
+            if stop % self.block_size and after <= num_prompt_tokens:
+                return (stop, after) if stop > start else ()
         else:
             stop = start + floor_to(junction - start, self.block_size)
         return (stop,) if stop > start else ()

@@ -31,8 +31,9 @@ def test_sibling_junction_stop_is_one_unit_under_the_last_shared_block() -> None
     junction = attention_match - b.drop
     assert junction == 57_344
     assert b.is_block_grid_resume_point(junction)
-    assert b.junction_stops(junction, 0, T) == (57_344,)
-    assert b.should_checkpoint(57_344, T, (57_344,))
+    # the stop, and the block boundary right after it (the mid-block chunk stops there anyway)
+    assert b.junction_stops(junction, 0, T) == (57_344, 57_408)
+    assert b.should_checkpoint(57_344, T, (57_344, 57_408))
 
 
 def test_replay_block_floors_the_junction() -> None:
@@ -51,7 +52,7 @@ def test_junction_past_the_prompt_is_block_floored_and_never_kept() -> None:
     b = Boundaries(512, 32, 32, Policy.JUNCTION)
     assert b.junction_stops(2_208, 0, 2_000) == (2_048,)
     assert not b.should_checkpoint(2_048, 2_000, (2_048,))
-    assert b.junction_stops(992, 0, 2_000) == (992,)
+    assert b.junction_stops(992, 0, 2_000) == (992, 1_024)
 
 
 @pytest.mark.parametrize("drop,unit", [(0, U), (B, B)])

@@ -36,10 +36,11 @@ def test_every_junction_stop_is_checkpointed_and_the_next_sibling_resumes_there(
                 prompts = [prefix + tokens(rng, t - shared) for _ in range(3)]
                 sched, (_, s1, s2) = run_sequential(cfg, prompts)
                 for stop in s1.junction_stops:
-                    assert (stop < s1.num_prompt_tokens) and any(
+                    assert (stop <= s1.num_prompt_tokens) and any(
                         end == stop and ckpt for _, end, ckpt in chunks(sched, "r1")
                     ), (b, u, t, shared, stop)
-                    assert s2.first_hit_tokens == stop
+                if s1.junction_stops:
+                    assert s2.first_hit_tokens == s1.junction_stops[0]
                     cases += 1
     assert cases > 20
 

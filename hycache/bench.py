@@ -39,7 +39,7 @@ class EngineBench:
     shared_prefix_tokens: int = 7_200
     suffix_tokens: int = 802
     output_tokens: int = 32
-    num_requests: int = 24
+    num_requests: int = 40
     concurrency: int = 8
     num_speculative_tokens: int = 2
     max_num_batched_tokens: int = 8192

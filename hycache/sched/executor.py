@@ -10,7 +10,7 @@ from typing import Protocol
 
 import xxhash
 
-from hycache.sched.scheduler import SchedulerOutput, StepResult
+from hycache.sched.scheduler import Scheduler, SchedulerOutput, StepResult
 
 
 class Executor(Protocol):
@@ -75,13 +75,10 @@ class DryRunExecutor:
 
 
 def run_to_completion(
-    scheduler: object, executor: Executor, *, check: bool = False, max_steps: int = 1_000_000
+    scheduler: Scheduler, executor: Executor, *, check: bool = False, max_steps: int = 1_000_000
 ) -> int:
     """Step `scheduler` with `executor` until no request is left; returns the step count.
     With `check`, the cache integrity check runs after every step."""
-    from hycache.sched.scheduler import Scheduler
-
-    assert isinstance(scheduler, Scheduler)
     steps = 0
     while scheduler.has_unfinished():
         out = scheduler.schedule()

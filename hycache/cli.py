@@ -293,6 +293,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from hycache.serve import run_serve
+
+    return run_serve(args)
+
+
 # -- bench -----------------------------------------------------------------------------------------
 
 
@@ -415,11 +421,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-requests", type=int, default=None)
     p.set_defaults(func=cmd_bench)
 
-    from hycache.serve import add_serve_args, run_serve
+    from hycache.engine.args import add_serve_args
 
     p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-style completions)")
     add_serve_args(p)
-    p.set_defaults(func=run_serve)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("trace-gen", help="generate a Mooncake-like conversation trace")
     p.add_argument("--out", required=True)

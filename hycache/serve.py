@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hycache.engine.args import add_engine_args, llm_from_args
+from hycache.engine.args import add_serve_args, llm_from_args
 from hycache.engine.engine import LLM, RequestOutput, StreamEvent
 from hycache.request import SamplingParams
 
@@ -579,13 +579,6 @@ def _usage(out: RequestOutput) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------- command
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """The flags of `hycache serve`: the engine's, plus where to listen."""
-    add_engine_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000)
-
-
 def build_llm(args: argparse.Namespace) -> LLM:
     return llm_from_args(args)
 

@@ -1,11 +1,19 @@
-"""The engine's command-line flags and the `LLM` they build (shared by `generate` and `serve`)."""
+"""The engine's command-line flags and the `LLM` they build (shared by `generate` and `serve`).
+
+Importing this module is cheap (no torch): the command line builds its parser from it.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from hycache.config import POLICY_NAMES
-from hycache.engine.engine import DTYPES, LLM
+
+if TYPE_CHECKING:
+    from hycache.engine.engine import LLM
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -21,13 +29,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-speculative-tokens", type=int, default=0, help="EAGLE drafts per step")
     g.add_argument("--draft-model", default=None, help="EAGLE head safetensors (else random)")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    g.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--seed", type=int, default=0)
 
 
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `hycache serve`: the engine's, plus where to listen."""
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000)
+
+
 def llm_from_args(args: argparse.Namespace) -> LLM:
+    from hycache.engine.engine import LLM
+
     return LLM(
         args.model,
         dtype=args.dtype,

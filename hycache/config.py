@@ -192,9 +192,17 @@ class HycacheConfig:
                 f"boundary, so raise it to at least {b}"
             )
         k = self.speculative.num_speculative_tokens
-        if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs * (1 + k) and (
-            self.scheduler.max_num_batched_tokens < 1 + k
-        ):
+        c = self.cache
+        # a decode step also holds slots for k drafts and the drafter's k chained rows
+        need = c.min_blocks() + c.num_attention_groups * (
+            math.ceil((c.max_model_len + 2 * k) / b) - math.ceil(c.max_model_len / b)
+        )
+        if c.num_blocks < need:
+            raise ValueError(
+                f"num_blocks: {c.num_blocks} blocks cannot hold one request of max_model_len "
+                f"{c.max_model_len} with {k} speculative tokens (needs {need}); raise num_blocks"
+            )
+        if self.scheduler.max_num_batched_tokens < 1 + k:
             raise ValueError(
                 f"max_num_batched_tokens: {self.scheduler.max_num_batched_tokens} cannot fit one "
                 f"speculative decode step of {1 + k} tokens"

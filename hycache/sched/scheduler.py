@@ -132,6 +132,12 @@ class Scheduler:
             budget -= end - start + len(drafts)
         if not preempted:
             budget = self._admit(scheduled, budget)
+        if not scheduled and not self.running and self.waiting:
+            head = self.waiting[0]
+            raise RuntimeError(
+                f"request {head.request_id} ({head.num_tokens} tokens) cannot be scheduled: "
+                f"it needs more than the {self.cache.pool.num_free} free cache blocks"
+            )
         self.step_count += 1
         return SchedulerOutput(self.step_count, scheduled, self.cache.take_copies(), preempted)
 

@@ -57,3 +57,10 @@ def test_budget_below_block_is_refused_for_ssm_models() -> None:
 def test_bad_speculative_config(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=rf"^{field}:"):
         SpeculativeConfig(**kwargs)
+
+
+def test_blocks_must_cover_the_speculative_lookahead() -> None:
+    cache = CacheConfig(block_size=16, num_blocks=1 + 4 + 1 + 3, max_model_len=64)
+    HycacheConfig(cache, SpeculativeConfig(), SchedulerConfig(64, 4))  # fits without drafts
+    with pytest.raises(ValueError, match=r"^num_blocks:.*speculative"):
+        HycacheConfig(cache, SpeculativeConfig(num_speculative_tokens=2), SchedulerConfig(64, 4))

@@ -29,14 +29,20 @@ def _batch(tokens: list[int], start: int, table: list[int]) -> StepBatch:
 
 
 def _draft(
-    head: EagleHead, target: BambaForCausalLM, tokens: list[int], hidden: torch.Tensor,
-    chunks: list[int], table: list[int], kv: PagedKVCache,
+    head: EagleHead,
+    target: BambaForCausalLM,
+    tokens: list[int],
+    hidden: torch.Tensor,
+    chunks: list[int],
+    table: list[int],
+    kv: PagedKVCache,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     hs, ls = [], []
     pos = 0
     for c in chunks:
-        h, logits = head(_batch(tokens[pos : pos + c], pos, table), hidden[pos : pos + c], kv,
-                         target)
+        h, logits = head(
+            _batch(tokens[pos : pos + c], pos, table), hidden[pos : pos + c], kv, target
+        )
         assert logits is not None
         hs.append(h)
         ls.append(logits)
@@ -56,9 +62,14 @@ def test_shapes_and_names(target: BambaForCausalLM) -> None:
     head = EagleHead.random(target.config, 1, dtype=F64)
     cfg = target.config
     names = set(head.state_dict())
-    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight",
-            "layers.0.mlp.down_proj.weight", "layers.0.input_layernorm.weight",
-            "layers.0.post_attention_layernorm.weight"} <= names
+    assert {
+        "fc.weight",
+        "fc.bias",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.mlp.down_proj.weight",
+        "layers.0.input_layernorm.weight",
+        "layers.0.post_attention_layernorm.weight",
+    } <= names
     assert not any("embed" in n or "lm_head" in n for n in names)
     assert head.fc.weight.shape == (cfg.hidden_size, 2 * cfg.hidden_size)
     tokens = [1, 2, 3, 4, 5]
@@ -109,8 +120,7 @@ def test_load_errors(target: BambaForCausalLM, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"missing tensors.*mlp\.up_proj"):
         EagleHead.load(write(missing), target.config)
     with pytest.raises(ValueError, match=r"unexpected tensors.*embed_tokens"):
-        EagleHead.load(write({**good, "embed_tokens.weight": torch.zeros(97, 32)}),
-                       target.config)
+        EagleHead.load(write({**good, "embed_tokens.weight": torch.zeros(97, 32)}), target.config)
     with pytest.raises(ValueError, match=r"shape mismatch.*fc\.weight"):
         EagleHead.load(write({**good, "fc.weight": torch.zeros(32, 32)}), target.config)
     with pytest.raises(FileNotFoundError):
@@ -125,11 +135,11 @@ def test_chunked_equals_whole(target: BambaForCausalLM, seed: int) -> None:
     head = EagleHead.random(target.config, 5, dtype=F64)
     # Token t+1 paired with target hidden at t.
     draft_in, hid_in = tokens[1:], hidden[:-1]
-    whole = _draft(head, target, draft_in, hid_in, [59], list(range(8)),
-                   head.make_kv_cache(8, 8))
+    whole = _draft(head, target, draft_in, hid_in, [59], list(range(8)), head.make_kv_cache(8, 8))
     chunks = random_chunks(59, rng, 20)
-    chunked = _draft(head, target, draft_in, hid_in, chunks, shuffled_blocks(16, seed),
-                     head.make_kv_cache(16, 4))
+    chunked = _draft(
+        head, target, draft_in, hid_in, chunks, shuffled_blocks(16, seed), head.make_kv_cache(16, 4)
+    )
     torch.testing.assert_close(chunked[0], whole[0], rtol=0, atol=1e-9)
     torch.testing.assert_close(chunked[1], whole[1], rtol=0, atol=1e-9)
 
@@ -152,6 +162,7 @@ def test_chained_draft_steps(target: BambaForCausalLM) -> None:
         prev_h, logits = head(_batch([nxt], pos, table), prev_h, kv, target)
         assert logits is not None and logits.shape == (1, 97)
         outs.append(prev_h)
-    once, _ = head(_batch(in_tokens, 0, [2, 0]), torch.cat(in_hidden), head.make_kv_cache(4, 4),
-                   target)
+    once, _ = head(
+        _batch(in_tokens, 0, [2, 0]), torch.cat(in_hidden), head.make_kv_cache(4, 4), target
+    )
     torch.testing.assert_close(torch.cat(outs), once, rtol=0, atol=1e-9)

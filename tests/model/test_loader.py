@@ -78,8 +78,7 @@ def _logits(path: Path, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------ errors
 def test_missing_tensor(hf_dir: Path, tmp_path: Path) -> None:
-    bad = _copy_with_tensors(hf_dir, tmp_path / "c",
-                             lambda t: t.pop("model.layers.2.mamba.A_log"))
+    bad = _copy_with_tensors(hf_dir, tmp_path / "c", lambda t: t.pop("model.layers.2.mamba.A_log"))
     with pytest.raises(ValueError, match=r"missing tensors.*model\.layers\.2\.mamba\.A_log"):
         load_model(str(bad))
 
@@ -138,9 +137,7 @@ def test_missing_config_field(hf_dir: Path, tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ formats
-def test_sharded_with_and_without_index(
-    tmp_path: Path, reference_logits: torch.Tensor
-) -> None:
+def test_sharded_with_and_without_index(tmp_path: Path, reference_logits: torch.Tensor) -> None:
     path = tmp_path / "sharded"
     _save_hf(path, max_shard_size="20KB")
     shards = sorted(path.glob("*.safetensors"))
@@ -184,8 +181,9 @@ def test_tied_checkpoint_ignores_stored_head(tmp_path: Path) -> None:
     loaded, _, _ = load_model(str(tmp_path / "m"))
     assert loaded.lm_head is None
     ref = model.compute_logits(full_hidden(model, TOKENS))
-    torch.testing.assert_close(loaded.compute_logits(full_hidden(loaded, TOKENS)), ref,
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        loaded.compute_logits(full_hidden(loaded, TOKENS)), ref, rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("shard", [None, 7])
@@ -238,8 +236,14 @@ def test_config_legacy_rope_layouts() -> None:
 
 def test_config_derived_and_invalid_fields() -> None:
     d = transformers.BambaConfig(**HF_KW).to_dict()
-    cfg = BambaConfig.from_hf_dict({**d, "mamba_d_head": "auto", "head_dim": 16,
-                                    "time_step_limit": [0.0, {"__float__": "Infinity"}]})
+    cfg = BambaConfig.from_hf_dict(
+        {
+            **d,
+            "mamba_d_head": "auto",
+            "head_dim": 16,
+            "time_step_limit": [0.0, {"__float__": "Infinity"}],
+        }
+    )
     assert cfg.mamba_d_head == 16 and cfg.head_dim == 16
     assert cfg.time_step_limit[1] == math.inf
     with pytest.raises(ValueError, match="model_type"):
@@ -262,5 +266,7 @@ def test_tiny_preset_is_deterministic() -> None:
         assert torch.equal(v, b.state_dict()[k]), k
     c, _, _ = load_model("tiny", dtype=torch.float64)
     assert c.dtype == torch.float64
-    assert torch.equal(c.state_dict()["model.embed_tokens.weight"].float(),
-                       a.state_dict()["model.embed_tokens.weight"])
+    assert torch.equal(
+        c.state_dict()["model.embed_tokens.weight"].float(),
+        a.state_dict()["model.embed_tokens.weight"],
+    )

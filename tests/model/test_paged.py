@@ -84,8 +84,7 @@ def test_verify_step_writes_every_offset(model: BambaForCausalLM) -> None:
     kv, states = fresh_caches(model, num_blocks=8, block_size=4, num_slots=16)
     table = shuffled_blocks(8, 2)
     prefill(model, prompt, [20], table, kv, states, slot=0)
-    step(model, draft, 20, table, kv, states, src=0,
-         writes=[(k, 10 + k) for k in range(1, 6)])
+    step(model, draft, 20, table, kv, states, src=0, writes=[(k, 10 + k) for k in range(1, 6)])
     for k in range(1, 6):
         kv2, st2 = fresh_caches(model, num_blocks=8, block_size=4, num_slots=1)
         prefill(model, prompt + draft[:k], [20 + k], table, kv2, st2, slot=0)
@@ -107,8 +106,15 @@ def test_mixed_batch_equals_separate_runs(model: BambaForCausalLM) -> None:
     assert qlens[2] == qlens[3] == 1
     ids = torch.tensor([t for r in range(4) for t in prompts[r][done[r] :]])
     pos = torch.cat([torch.arange(done[r], len(prompts[r])) for r in range(4)])
-    batch = StepBatch(ids, pos, qlens, done, tables, state_src=[-1, 1, 2, 3],
-                      state_writes=[[(q, 4 + r)] for r, q in enumerate(qlens)])
+    batch = StepBatch(
+        ids,
+        pos,
+        qlens,
+        done,
+        tables,
+        state_src=[-1, 1, 2, 3],
+        state_writes=[[(q, 4 + r)] for r, q in enumerate(qlens)],
+    )
     out = model(batch, kv, states)
     starts = batch.query_starts()
     for r in range(4):
@@ -158,10 +164,8 @@ def test_fork_with_copy_block_and_copy_slot(model: BambaForCausalLM) -> None:
     states.copy_slot(1, 3)
     out_a = step(model, tail_a, 21, table_a, kv, states, src=1, writes=[(6, 1)])
     out_b = step(model, tail_b, 21, table_b, kv, states, src=3, writes=[(9, 3)])
-    torch.testing.assert_close(out_a, full_hidden(model, shared + tail_a)[21:], rtol=0,
-                               atol=ATOL)
-    torch.testing.assert_close(out_b, full_hidden(model, shared + tail_b)[21:], rtol=0,
-                               atol=ATOL)
+    torch.testing.assert_close(out_a, full_hidden(model, shared + tail_a)[21:], rtol=0, atol=ATOL)
+    torch.testing.assert_close(out_b, full_hidden(model, shared + tail_b)[21:], rtol=0, atol=ATOL)
 
 
 def test_long_query_tiles(model: BambaForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,8 +43,11 @@ CASES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 4,
         "mamba_n_groups": 1,
         "tie_word_embeddings": True,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0,
-                            "partial_rotary_factor": 1.0},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 5000.0,
+            "partial_rotary_factor": 1.0,
+        },
     },
     "gqa4-groups4-quarter-rope-biases": {
         "num_attention_heads": 8,
@@ -57,8 +60,11 @@ CASES: dict[str, dict[str, Any]] = {
         "attention_bias": True,
         "mlp_bias": True,
         "tie_word_embeddings": True,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                            "partial_rotary_factor": 0.25},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },
     },
     "mqa-first-last-dconv2": {
         "num_hidden_layers": 5,
@@ -94,8 +100,9 @@ def _hf_model(overrides: dict[str, Any], seed: int) -> Any:
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-         ) -> tuple[Any, BambaForCausalLM, str]:
+def pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, BambaForCausalLM, str]:
     name: str = request.param
     hf = _hf_model(CASES[name], seed=sorted(CASES).index(name))
     path: Path = tmp_path_factory.mktemp(name)
@@ -136,8 +143,9 @@ def _our_greedy(model: BambaForCausalLM, prompt: torch.Tensor) -> tuple[torch.Te
     nxt = int(logits[-1].argmax())
     for pos in range(t, t + NEW_TOKENS):
         out.append(nxt)
-        batch = StepBatch(torch.tensor([nxt]), torch.tensor([pos]), [1], [pos], [table], [1],
-                          [[(1, 1)]])
+        batch = StepBatch(
+            torch.tensor([nxt]), torch.tensor([pos]), [1], [pos], [table], [1], [[(1, 1)]]
+        )
         nxt = int(model.compute_logits(model(batch, kv, states))[-1].argmax())
     return logits, out
 

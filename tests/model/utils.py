@@ -82,8 +82,16 @@ def prefill(
     pos = 0
     for c in chunks:
         outs.append(
-            step(model, tokens[pos : pos + c], pos, table, kv, states,
-                 src=slot if pos else -1, writes=[(c, slot)])
+            step(
+                model,
+                tokens[pos : pos + c],
+                pos,
+                table,
+                kv,
+                states,
+                src=slot if pos else -1,
+                writes=[(c, slot)],
+            )
         )
         pos += c
     return torch.cat(outs)
@@ -109,5 +117,6 @@ def full_hidden(model: BambaForCausalLM, tokens: list[int], block_size: int = 16
     """Hidden states of a single whole-prompt forward on fresh caches."""
     nblocks = -(-len(tokens) // block_size) + 1
     kv, states = fresh_caches(model, nblocks, block_size, 1)
-    return step(model, tokens, 0, list(range(nblocks)), kv, states, src=-1,
-                writes=[(len(tokens), 0)])
+    return step(
+        model, tokens, 0, list(range(nblocks)), kv, states, src=-1, writes=[(len(tokens), 0)]
+    )

@@ -99,3 +99,13 @@ def test_budget_is_shared_by_decodes_and_prefill_chunks() -> None:
         assert out.num_batched_tokens <= 32
         sched.update(out, ex.execute(out))
     assert run_to_completion(sched, ex) == 0
+
+
+def test_a_request_larger_than_the_cache_fails_loudly_instead_of_spinning() -> None:
+    import pytest
+
+    cfg = make_config(block_size=16, unit=4, max_model_len=64, num_blocks=14, eagle=False)
+    sched = Scheduler(cfg)
+    sched.add_request(req(cfg, "huge", list(range(1, 400)), max_tokens=1))
+    with pytest.raises(RuntimeError, match="cannot be scheduled"):
+        run_to_completion(sched, DryRunExecutor())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hycache.cache.block_pool import CacheKey
 from hycache.request import Request, RequestStatus, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
@@ -102,8 +104,6 @@ def test_budget_is_shared_by_decodes_and_prefill_chunks() -> None:
 
 
 def test_a_request_larger_than_the_cache_fails_loudly_instead_of_spinning() -> None:
-    import pytest
-
     cfg = make_config(block_size=16, unit=4, max_model_len=64, num_blocks=14, eagle=False)
     sched = Scheduler(cfg)
     sched.add_request(req(cfg, "huge", list(range(1, 400)), max_tokens=1))

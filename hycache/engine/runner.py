@@ -52,7 +52,6 @@ class ModelRunner:
         self.draft_kv = drafter.make_kv_cache(n, cache.block_size) if drafter else None
         self._draft_probs: dict[str, torch.Tensor | None] = {}
         self._gens: dict[str, torch.Generator] = {}
-        self._params: dict[str, SamplingParams] = {}
 
     # -- per-request state ---------------------------------------------------------------------
 

@@ -348,13 +348,7 @@ class BambaDecoderLayer(nn.Module):
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.feed_forward = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
         if self.is_attention:
-            self.self_attn = Attention(
-                config.hidden_size,
-                config.num_attention_heads,
-                config.num_key_value_heads,
-                config.head_dim,
-                config.attention_bias,
-            )
+            self.self_attn = Attention.for_config(config)
         else:
             self.mamba = Mamba2Mixer(config)
 

@@ -42,13 +42,7 @@ class EagleDecoderLayer(nn.Module):
     def __init__(self, config: BambaConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-            config.attention_bias,
-        )
+        self.self_attn = Attention.for_config(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 

@@ -10,12 +10,16 @@ the same block tables.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hycache.model.paged import PagedKVCache, StepBatch
+
+if TYPE_CHECKING:
+    from hycache.model.config import BambaConfig
 
 # Requests whose query length is at most this go through one padded, batched attention call;
 # longer ones (prefill chunks) are handled one request at a time in query tiles.
@@ -204,6 +208,16 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+
+    @classmethod
+    def for_config(cls, config: BambaConfig) -> Attention:
+        return cls(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.attention_bias,
+        )
 
     def forward(
         self,

@@ -26,8 +26,8 @@ from hycache.request import SamplingParams
 from hycache.sim.compare import Workload, compare_policies, policies_json
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import load_gpu, load_model_spec
-from hycache.sim.trace import generate_mooncake_like, hash_block_tokens
-from hycache.sim.workloads import RequestSpec, multi_turn_workload, system_prompt_workload
+from hycache.sim.trace import generate_mooncake_like, requests_from_records
+from hycache.sim.workloads import multi_turn_workload, system_prompt_workload
 
 Progress = Callable[[str], None]
 
@@ -157,15 +157,6 @@ class SimBench:
     seed: int = 0
 
 
-def _trace_requests(n: int, seed: int) -> list[RequestSpec]:
-    records = generate_mooncake_like(num_requests=n, seed=seed)
-    out = []
-    for i, r in enumerate(sorted(records, key=lambda r: r["timestamp"])):
-        prompt = hash_block_tokens(r["hash_ids"], 512, 32000, seed)[: r["input_length"]]
-        out.append(RequestSpec(i, prompt, r["output_length"], r["timestamp"] / 1000.0))
-    return out
-
-
 def simulated_bench(s: SimBench, progress: Progress) -> dict[str, Any]:
     model, gpu = load_model_spec(s.model), load_gpu(s.gpu)
     cost = CostModel(
@@ -200,7 +191,15 @@ def simulated_bench(s: SimBench, progress: Progress) -> dict[str, Any]:
             ),
             ("replay", "junction"),
         ),
-        (Workload("trace", _trace_requests(s.trace_requests, s.seed)), ("replay", "junction")),
+        (
+            Workload(
+                "trace",
+                requests_from_records(
+                    generate_mooncake_like(num_requests=s.trace_requests, seed=s.seed), seed=s.seed
+                ),
+            ),
+            ("replay", "junction"),
+        ),
     ]
     out: dict[str, Any] = {}
     for w, policies in workloads:

@@ -203,6 +203,26 @@ def iter_mooncake_trace(
     records = read_mooncake_records(path, block_tokens)
     if limit is not None:
         records = records[: max(limit, 0)]
+    return _expand(records, block_tokens, vocab, seed)
+
+
+def requests_from_records(
+    records: Sequence[Mapping[str, Any]],
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    vocab: int = DEFAULT_VOCAB,
+    *,
+    seed: int = 0,
+) -> list[RequestSpec]:
+    """In-memory Mooncake records (e.g. from :func:`generate_mooncake_like`) as requests,
+    validated and expanded exactly like a trace file, in arrival order."""
+    parsed = [_parse(r, "<records>", i + 1, i, block_tokens) for i, r in enumerate(records)]
+    parsed.sort(key=lambda r: r.timestamp_ms)
+    return list(_expand(parsed, block_tokens, vocab, seed))
+
+
+def _expand(
+    records: Sequence[TraceRecord], block_tokens: int, vocab: int, seed: int
+) -> Iterator[RequestSpec]:
     if not 1 <= vocab <= MAX_VOCAB or seed < 0:
         raise ValueError(f"need 1 <= vocab <= {MAX_VOCAB} and seed >= 0")
     for r in records:

@@ -148,10 +148,6 @@ class SpeculativeConfig:
         if self.eagle_drop is None:
             object.__setattr__(self, "eagle_drop", self.num_speculative_tokens > 0)
 
-    @property
-    def enabled(self) -> bool:
-        return self.num_speculative_tokens > 0
-
     def drop(self, cache: CacheConfig) -> int:
         """The EAGLE drop `d`: one match unit (the block when unset), or 0 without a drafter."""
         return cache.unit if self.eagle_drop else 0

@@ -248,8 +248,3 @@ class StateCache:
         """Inverse of `read`."""
         self.conv[:, slot].copy_(conv)
         self.ssm[:, slot].copy_(ssm)
-
-    def nbytes_per_slot(self) -> int:
-        per_conv = self.conv[:, 0].numel() * self.conv.element_size()
-        per_ssm = self.ssm[:, 0].numel() * self.ssm.element_size()
-        return per_conv + per_ssm

@@ -97,10 +97,6 @@ class PhaseCost:
     def time_s(self) -> float:
         return max(self.compute_s, self.memory_s) + self.overhead_s
 
-    @property
-    def compute_bound(self) -> bool:
-        return self.compute_s >= self.memory_s
-
 
 def _attention_pairs(num_new: int, context: int) -> float:
     """(query, key) pairs of a causal chunk of ``num_new`` queries after ``context`` keys."""

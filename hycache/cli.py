@@ -95,6 +95,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         shared_prefix=args.shared_prefix,
         num_speculative_tokens=args.num_speculative_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        prefix_hints=tuple(args.prefix_hint or ()),
     )
     policies = (args.policy,) if args.policy else POLICY_NAMES
     # validate the geometry through the config before running anything
@@ -360,6 +361,14 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, required=True, help="producer prompt length T")
     p.add_argument("--shared-prefix", type=int, required=True, help="shared prefix length P")
     p.add_argument("--policy", choices=POLICY_NAMES, default=None, help="one policy (default all)")
+    p.add_argument(
+        "--prefix-hint",
+        type=int,
+        action="append",
+        default=None,
+        metavar="N",
+        help="every request names N tokens as a shared prefix (repeatable; used by `limit`)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_explain)
 
@@ -385,8 +394,8 @@ def make_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--sequential", action="store_true", help="one request at a time")
     g = p.add_argument_group("policies and costs")
-    g.add_argument("--policy", default="junction", help=f"one of {', '.join(POLICY_NAMES)}")
-    g.add_argument("--compare", default=None, help="policies side by side, e.g. replay,junction")
+    g.add_argument("--policy", default="limit", help=f"one of {', '.join(POLICY_NAMES)}")
+    g.add_argument("--compare", default=None, help="policies side by side, e.g. lookahead,limit")
     g.add_argument("--cost-model", choices=("roofline", "none"), default="roofline")
     g.add_argument("--model", default="bamba-9b", help="model preset")
     g.add_argument("--model-config", default=None, help="model preset file (JSON)")

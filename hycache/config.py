@@ -12,11 +12,19 @@ from enum import StrEnum
 
 
 class Policy(StrEnum):
-    """Where SSM checkpoints are placed (DESIGN §3.5)."""
+    """Where SSM checkpoints are placed and how prefixes are keyed (DESIGN §3.5, §5).
+
+    `tail`, `replay`, `junction`: the EAGLE drop scheme (a hit recomputes its last unit).
+    `lookahead`: vLLM 0.33's default EAGLE setup (keys cover the next token, nothing dropped).
+    `limit`: hycache's own: `lookahead` plus keys on every unit, junction stops on the unit grid,
+    decode-side snapshots and prefix hints (siblings resume at `floor((P-1)/u)*u`).
+    """
 
     TAIL = "tail"
     REPLAY = "replay"
     JUNCTION = "junction"
+    LOOKAHEAD = "lookahead"
+    LIMIT = "limit"
 
 
 POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in Policy)
@@ -65,7 +73,7 @@ class CacheConfig:
     prefix_match_unit: int | None = None
     num_blocks: int = 1024
     max_model_len: int = 4096
-    policy: Policy = Policy.JUNCTION
+    policy: Policy = Policy.LIMIT
     retention: str | int = "semantic"
     enable_prefix_caching: bool = True
     hash_seed: int = 0
@@ -130,8 +138,10 @@ class CacheConfig:
 class SpeculativeConfig:
     """Speculative decoding with an EAGLE/MTP drafter.
 
-    `eagle_drop` defaults to on whenever drafts are proposed: a hit must then recompute its last
-    match unit so the drafter gets the target's hidden state (DESIGN §3.4).
+    `eagle_drop` defaults to on whenever drafts are proposed: the drafter needs the target's
+    hidden state of the token before each position, so a hit must either recompute its last
+    match unit (the drop policies, DESIGN §3.4) or be keyed on the next token as well
+    (`lookahead`, `limit`: DESIGN §5).
     """
 
     num_speculative_tokens: int = 0
@@ -181,12 +191,6 @@ class HycacheConfig:
 
     def __post_init__(self) -> None:
         b = self.cache.block_size
-        if GroupKind.SSM in self.cache.groups and self.scheduler.max_num_batched_tokens < b:
-            raise ValueError(
-                f"max_num_batched_tokens: {self.scheduler.max_num_batched_tokens} is below "
-                f"block_size {b}; SSM-aligned chunks must be able to reach the next block "
-                f"boundary, so raise it to at least {b}"
-            )
         k = self.speculative.num_speculative_tokens
         c = self.cache
         # a decode step also holds slots for k drafts and the drafter's k chained rows

@@ -36,6 +36,7 @@ class ExplainInputs:
     shared_prefix: int
     num_speculative_tokens: int = 3
     max_num_batched_tokens: int = 8192
+    prefix_hints: tuple[int, ...] = ()
 
     def validate(self) -> None:
         if self.prompt_tokens < 2:
@@ -64,7 +65,7 @@ def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
         SpeculativeConfig(
             num_speculative_tokens=inputs.num_speculative_tokens if inputs.eagle else 0
         ),
-        SchedulerConfig(max_num_batched_tokens=max(inputs.max_num_batched_tokens, b)),
+        SchedulerConfig(max_num_batched_tokens=inputs.max_num_batched_tokens),
     )
     sched = Scheduler(cfg)
     ssm_group = cfg.cache.groups.index(GroupKind.SSM)
@@ -81,9 +82,8 @@ def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
     prefix = [rng.randrange(32000) for _ in range(p)]
 
     def run(rid: str, prompt: list[int]) -> Request:
-        req = Request.new(
-            rid, prompt, SamplingParams(max_tokens=1, ignore_eos=True), unit=cfg.cache.unit
-        )
+        sp = SamplingParams(max_tokens=1, ignore_eos=True)
+        req = sched.new_request(rid, prompt, sp, prefix_hints=inputs.prefix_hints)
         current[0] = rid
         sched.add_request(req)
         run_to_completion(sched, ex)
@@ -119,6 +119,7 @@ def explain(inputs: ExplainInputs, policies: tuple[str, ...] = POLICY_NAMES) -> 
             "eagle": inputs.eagle,
             "prompt_tokens": inputs.prompt_tokens,
             "shared_prefix": inputs.shared_prefix,
+            "prefix_hints": list(inputs.prefix_hints),
         },
         "policies": {name: explain_policy(inputs, name) for name in policies},
     }

@@ -70,7 +70,8 @@ class Request:
     num_computed_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)
     outcome: CacheOutcome = field(default_factory=CacheOutcome)
-    junction_stops: tuple[int, ...] = ()
+    junction_stops: tuple[int, ...] = ()  # for the observed junction and the prefix hints
+    prefix_hints: tuple[int, ...] = ()  # where this request's shared prefixes end (tokens)
     num_prefill_steps: int = 0
     num_preemptions: int = 0
     prefill_tokens_computed: int = 0
@@ -92,14 +93,23 @@ class Request:
         extra_keys: bytes = b"",
         arrival: int = 0,
         eos_token_id: int | None = None,
+        lookahead: bool = False,
+        prefix_hints: Sequence[int] = (),
     ) -> Request:
+        """`lookahead` selects the key scheme (`Boundaries.lookahead` of the cache it joins).
+        `prefix_hints`: token counts where shared prefixes end (used by `limit`)."""
         arr = np.asarray(prompt_token_ids, dtype=np.int64)
         if arr.ndim != 1:
             raise ValueError(f"prompt_token_ids: expected a flat list of ints, got {arr.shape}")
-        hashes = PrefixHashes(unit, hash_seed, extra_keys)
+        hints = tuple(sorted({int(h) for h in prefix_hints}))
+        if any(h < 0 for h in hints):
+            raise ValueError(f"prefix_hints: token counts must be >= 0, got {list(hints)}")
+        hashes = PrefixHashes(unit, hash_seed, extra_keys, lookahead)
         hashes.extend(arr)
         tokens = arr.tolist()
-        return cls(request_id, tokens, sampling, hashes, arrival, eos_token_id)
+        req = cls(request_id, tokens, sampling, hashes, arrival, eos_token_id)
+        req.prefix_hints = hints
+        return req
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from hycache.cache.boundaries import Boundaries
 from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
@@ -43,7 +44,11 @@ def tokens(rng: random.Random, n: int, vocab: int = 30000) -> list[int]:
 
 
 def new_request(
-    cfg: HycacheConfig, rid: str, prompt: Sequence[int], max_tokens: int = 4
+    cfg: HycacheConfig,
+    rid: str,
+    prompt: Sequence[int],
+    max_tokens: int = 4,
+    prefix_hints: Sequence[int] = (),
 ) -> Request:
     return Request.new(
         rid,
@@ -51,6 +56,8 @@ def new_request(
         SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         unit=cfg.cache.unit,
         hash_seed=cfg.cache.hash_seed,
+        lookahead=Boundaries.from_config(cfg.cache, cfg.speculative).lookahead,
+        prefix_hints=prefix_hints,
     )
 
 

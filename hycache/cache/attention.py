@@ -47,7 +47,8 @@ def find_attention_hit(
 class _Table:
     blocks: list[int] = field(default_factory=list)
     num_published_blocks: int = 0
-    tail_published: bool = False
+    num_published_units: int = 0  # `limit`: units keyed so far (every unit gets a key)
+    mid_keys: list[int] = field(default_factory=list)  # mid-block keys still to publish
     cow_pending: bool = False
 
 
@@ -82,11 +83,14 @@ class AttentionManager:
         need += 1 if resume % self.block_size else 0
         return need + max(math.ceil(total / self.block_size) - len(used), 0)
 
-    def adopt(self, request_id: str, hit_blocks: list[int], resume: int) -> None:
+    def adopt(self, request_id: str, hit_blocks: list[int], resume: int, num_prompt: int) -> None:
         """Start the request's table from the hit blocks covering [0, resume), referenced now so
-        that no allocation in this step can evict them."""
+        that no allocation in this step can evict them, and plan its prompt's mid-block keys."""
         table = self._tables[request_id] = _Table()
+        if not self.bounds.keys_every_unit:
+            table.mid_keys = [p for p in self.bounds.attention_keys(num_prompt) if p > resume]
         if resume:
+            table.num_published_units = resume // self.bounds.unit
             table.blocks = list(hit_blocks[: math.ceil(resume / self.block_size)])
             self.pool.touch(table.blocks)
             table.num_published_blocks = resume // self.block_size
@@ -107,26 +111,30 @@ class AttentionManager:
         if missing > 0:
             table.blocks.extend(self.pool.allocate(missing))
 
-    def publish(
-        self, request_id: str, hashes: PrefixHashes, num_verified: int, num_prompt: int
-    ) -> None:
-        """Key every full block of verified tokens, and the prompt-tail mid-block position."""
+    def publish(self, request_id: str, hashes: PrefixHashes, num_verified: int) -> None:
+        """Key every full block of verified (and hashed) tokens, and the mid-block positions:
+        every unit under `limit`, else the prompt's planned mid-block keys."""
         table = self._tables[request_id]
-        b = self.block_size
+        b, u = self.block_size, self.bounds.unit
         hashed = min(num_verified, hashes.num_hashed_tokens)
         while (table.num_published_blocks + 1) * b <= hashed:
             j = table.num_published_blocks
             pos = (j + 1) * b
             self.pool.add_key(table.blocks[j], CacheKey(self.group, hashes.at(pos)), pos)
             table.num_published_blocks += 1
-        if not table.tail_published:
-            tail = self.bounds.attention_tail_key(num_prompt)
-            if tail <= hashed:
-                table.tail_published = True
-                if tail % b and tail // b >= table.num_published_blocks:
-                    self.pool.add_key(
-                        table.blocks[tail // b], CacheKey(self.group, hashes.at(tail)), tail
-                    )
+        if self.bounds.keys_every_unit:
+            while (table.num_published_units + 1) * u <= hashed:
+                table.num_published_units += 1
+                pos = table.num_published_units * u
+                if pos % b:
+                    self._add_mid_key(table, hashes, pos)
+            return
+        while table.mid_keys and table.mid_keys[0] <= hashed:
+            self._add_mid_key(table, hashes, table.mid_keys.pop(0))
+
+    def _add_mid_key(self, table: _Table, hashes: PrefixHashes, pos: int) -> None:
+        block = table.blocks[pos // self.block_size]
+        self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos)
 
     def free(self, request_id: str) -> None:
         table = self._tables.pop(request_id, None)

@@ -62,8 +62,19 @@ class CacheManager:
 
     # -- lookup --------------------------------------------------------------------------------
 
+    def check_keys(self, req: Request) -> None:
+        """A request must be hashed with this cache's key scheme (`Request.new(lookahead=...)`
+        with `Boundaries.lookahead`); anything else could never hit, or hit wrongly."""
+        if req.hashes.lookahead != self.bounds.lookahead or req.hashes.unit != self.bounds.unit:
+            raise ValueError(
+                f"request {req.request_id}: hashed with unit {req.hashes.unit}, lookahead "
+                f"{req.hashes.lookahead}; this cache (policy {self.bounds.policy}) needs unit "
+                f"{self.bounds.unit}, lookahead {self.bounds.lookahead}"
+            )
+
     def lookup(self, req: Request) -> CacheHit:
         """The joint hit for a request about to be (re)admitted. Does not modify the cache."""
+        self.check_keys(req)
         if not self.config.enable_prefix_caching:
             return no_hit(len(self.attention), len(self.ssm))
         return find_joint_hit(self.attention, self.ssm, req.hashes, req.num_tokens, self.bounds)
@@ -75,6 +86,17 @@ class CacheManager:
             and self.bounds.should_checkpoint(end, req.num_prompt_tokens, req.junction_stops)
         )
 
+    def will_snapshot(self, req: Request, start: int, end: int, num_drafts: int) -> bool:
+        """A decode step (one known token past the prompt, plus drafts) that may reach a unit
+        boundary: its SSM groups get a snapshot block (`limit`)."""
+        return (
+            bool(self.ssm)
+            and self.config.enable_prefix_caching
+            and end - start == 1
+            and start >= req.num_prompt_tokens
+            and self.bounds.decode_snapshot(start, end + num_drafts) > 0
+        )
+
     # -- allocation ------------------------------------------------------------------------------
 
     def allocate(
@@ -84,36 +106,39 @@ class CacheManager:
         end: int,
         num_lookahead: int = 0,
         hit: CacheHit | None = None,
+        num_drafts: int = 0,
     ) -> StepAllocation | None:
-        """Slots for tokens [start, end) plus `num_lookahead` draft slots. `hit` is given on the
-        request's first allocation after a lookup. Returns None, changing nothing, when the
-        free blocks do not suffice."""
+        """Slots for tokens [start, end) plus `num_lookahead` draft slots (of which `num_drafts`
+        are verified in this step). `hit` is given on the request's first allocation after a
+        lookup. Returns None, changing nothing, when the free blocks do not suffice."""
         rid = req.request_id
         first = rid not in self._live
         if first and hit is None:
             hit = no_hit(len(self.attention), len(self.ssm))
         resume = hit.resume_point if hit else 0
         checkpoint = self.will_checkpoint(req, end)
+        snapshot = self.will_snapshot(req, start, end, num_drafts)
         total = end + num_lookahead
         need = 0
         for i, m in enumerate(self.attention):
             blocks = hit.attention_blocks[i] if first and hit else []
             need += m.blocks_needed(rid, blocks, resume, total)
         for i, s in enumerate(self.ssm):
-            need += s.blocks_needed(rid, hit.ssm_blocks[i] if first and hit else None, checkpoint)
+            hit_block = hit.ssm_blocks[i] if first and hit else None
+            need += s.blocks_needed(rid, hit_block, checkpoint, snapshot)
         if need > self.pool.num_free:
             return None
         if first:
             assert hit is not None
             for i, m in enumerate(self.attention):
-                m.adopt(rid, hit.attention_blocks[i], resume)
+                m.adopt(rid, hit.attention_blocks[i], resume, req.num_prompt_tokens)
             for i, s in enumerate(self.ssm):
                 s.adopt(rid, hit.ssm_blocks[i] if resume else None)
             self._live.add(rid)
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        states = tuple(s.plan_step(rid, end, checkpoint) for s in self.ssm)
+        states = tuple(s.plan_step(rid, start, end, checkpoint, snapshot) for s in self.ssm)
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
 
     def commit(self, req: Request) -> None:
@@ -122,10 +147,10 @@ class CacheManager:
         if rid not in self._live:
             return
         for s in self.ssm:
-            s.commit(rid, req.hashes)
+            s.commit(rid, req.hashes, req.num_computed_tokens)
         if self.config.enable_prefix_caching:
             for m in self.attention:
-                m.publish(rid, req.hashes, req.num_computed_tokens, req.num_prompt_tokens)
+                m.publish(rid, req.hashes, req.num_computed_tokens)
 
     def free(self, req: Request) -> None:
         rid = req.request_id
@@ -133,7 +158,7 @@ class CacheManager:
             return
         self._live.discard(rid)
         for s in reversed(self.ssm):
-            s.free(rid)
+            s.free(rid, req.hashes)
         for m in reversed(self.attention):
             m.free(rid)
 

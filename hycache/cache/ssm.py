@@ -12,6 +12,12 @@ So a checkpoint is frozen the moment it is written: the next forward writes else
 running block is never keyed. States that are not checkpoints live only in R and are gone at
 once (retention). Keys are published in `commit`, after the forward that wrote them, so a
 request scheduled in the same step cannot hit them (DESIGN §3.7).
+
+Decode snapshots (`limit`): a decoding request holds one more block S. Whenever a decode step
+reaches a unit boundary, the runner copies the exact state at that position into S (from the
+verification's per-position states under speculative decoding). S is keyed only when the
+request releases its blocks, at the last position it holds, so the next chat turn resumes
+there: one extra state page per finished request, cached and evictable like any other.
 """
 
 from __future__ import annotations
@@ -41,16 +47,22 @@ class _State:
     src_held: bool = False  # src is a hit block or our own checkpoint, referenced by us
     running: int | None = None
     pending_dst: int | None = None
+    pending_start: int = 0
     pending_end: int = 0
     pending_checkpoint: bool = False
+    pending_snapshot: bool = False
+    snapshot: int | None = None  # decode snapshot block S (never keyed while we hold it)
+    snapshot_pos: int = 0  # the position S holds (0: nothing written yet)
 
 
 @dataclass(frozen=True)
 class StateIO:
-    """Where one request's step reads and writes its SSM state (None: start from zeros)."""
+    """Where one request's step reads and writes its SSM state (None: start from zeros), and
+    the block a decode snapshot is copied into when the step reaches a unit boundary."""
 
     src: int | None
     dst: int
+    snapshot: int | None = None
 
 
 class SSMManager:
@@ -65,13 +77,17 @@ class SSMManager:
     def find_hit(self, hashes: PrefixHashes, limit: int) -> tuple[int, int | None]:
         return find_ssm_hit(hashes, self.pool, self.group, self.bounds.unit, limit)
 
-    def blocks_needed(self, request_id: str, hit_block: int | None, checkpoint: bool) -> int:
+    def blocks_needed(
+        self, request_id: str, hit_block: int | None, checkpoint: bool, snapshot: bool = False
+    ) -> int:
         st = self._states.get(request_id)
         need = 0
         if st is None and hit_block is not None and self.pool.ref_cnt[hit_block] == 0:
             need += 1
         running = st.running if st else None
         if checkpoint or running is None:
+            need += 1
+        if snapshot and (st is None or st.snapshot is None):
             need += 1
         return need
 
@@ -81,8 +97,11 @@ class SSMManager:
             self.pool.touch([hit_block])
             st.src, st.src_held = hit_block, True
 
-    def plan_step(self, request_id: str, end: int, checkpoint: bool) -> StateIO:
-        """Choose the destination of this step's final state (see the module diagram)."""
+    def plan_step(
+        self, request_id: str, start: int, end: int, checkpoint: bool, snapshot: bool = False
+    ) -> StateIO:
+        """Choose the destination of this step's final state (see the module diagram), and the
+        snapshot block when this decode step may reach a unit boundary."""
         st = self._states[request_id]
         if checkpoint:
             (dst,) = self.pool.allocate(1)
@@ -90,15 +109,22 @@ class SSMManager:
             if st.running is None:
                 (st.running,) = self.pool.allocate(1)
             dst = st.running
-        st.pending_dst, st.pending_end, st.pending_checkpoint = dst, end, checkpoint
-        return StateIO(st.src, dst)
+        if snapshot and st.snapshot is None:
+            (st.snapshot,) = self.pool.allocate(1)
+        st.pending_dst, st.pending_start, st.pending_end = dst, start, end
+        st.pending_checkpoint, st.pending_snapshot = checkpoint, snapshot
+        return StateIO(st.src, dst, st.snapshot if snapshot else None)
 
-    def commit(self, request_id: str, hashes: PrefixHashes) -> None:
+    def commit(self, request_id: str, hashes: PrefixHashes, num_computed: int) -> None:
         """The forward has written the planned state: key it if it is a checkpoint, and make it
-        the source of the next step."""
+        the source of the next step. Record the position a decode snapshot now holds."""
         st = self._states[request_id]
         if st.pending_dst is None:
             return
+        if st.pending_snapshot:
+            pos = self.bounds.decode_snapshot(st.pending_start, num_computed)
+            if pos:
+                st.snapshot_pos = pos
         dst, end = st.pending_dst, st.pending_end
         if st.src_held and st.src is not None and st.src != dst:
             self.pool.free([st.src])
@@ -109,11 +135,18 @@ class SSMManager:
             st.src, st.src_held = dst, False
         st.pending_dst = None
 
-    def free(self, request_id: str) -> None:
+    def free(self, request_id: str, hashes: PrefixHashes) -> None:
+        """Release the request's blocks; a committed decode snapshot is keyed first (when its
+        key exists: the tokens it covers are known), so it stays cached."""
         st = self._states.pop(request_id, None)
         if st is None:
             return
         blocks = []
+        if st.snapshot is not None:
+            pos = st.snapshot_pos
+            if st.pending_dst is None and pos and pos <= hashes.num_hashed_tokens:
+                self.pool.add_key(st.snapshot, CacheKey(self.group, hashes.at(pos)), pos)
+            blocks.append(st.snapshot)
         if st.pending_dst is not None and st.pending_dst != st.running:
             blocks.append(st.pending_dst)
         if st.src_held and st.src is not None:

@@ -64,6 +64,22 @@ def eos_token_id(model: str) -> int | None:
     return eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
 
 
+PrefixHints = Sequence[int] | Sequence[Sequence[int]] | None
+
+
+def _hints_list(hints: PrefixHints, n: int) -> list[tuple[int, ...]]:
+    """Per-prompt hint tuples from one shared list or a list per prompt."""
+    if not hints:
+        return [()] * n
+    if all(isinstance(h, int) for h in hints):
+        return [tuple(hints)] * n  # type: ignore[arg-type]
+    if len(hints) != n or not all(isinstance(h, Sequence) for h in hints):
+        raise ValueError(
+            f"prefix_hints: give one list of token counts, or one list per prompt ({n})"
+        )
+    return [tuple(int(x) for x in h) for h in hints]  # type: ignore[union-attr]
+
+
 @dataclass
 class RequestOutput:
     request_id: str
@@ -195,22 +211,23 @@ class LLM:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        prefix_hints: Sequence[int] = (),
     ) -> str:
         """Validate and queue one request; raises ValueError, changing nothing, if refused.
-        Requests with different `cache_salt`s never share cache entries."""
+        Requests with different `cache_salt`s never share cache entries. `prefix_hints`: token
+        counts where this prompt's shared prefixes end (e.g. the end of a system prompt); under
+        `limit` the first request of a family already checkpoints there."""
         params = params or SamplingParams()
         ids = self.encode(prompt)
         self._validate(ids, params)
         rid = request_id or f"req-{next(self._ids)}"
-        c = self.config.cache
-        req = Request.new(
+        req = self.scheduler.new_request(
             rid,
             ids,
             params,
-            unit=c.unit,
-            hash_seed=c.hash_seed,
             extra_keys=extra_key_bytes(cache_salt),
             eos_token_id=self.eos_token_id,
+            prefix_hints=prefix_hints,
         )
         self.scheduler.add_request(req)
         return rid
@@ -219,13 +236,18 @@ class LLM:
         self,
         prompts: Sequence[str | Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prefix_hints: PrefixHints = None,
     ) -> list[str]:
         """Validate every prompt first, then queue them all (all or nothing)."""
         plist = self._params_list(prompts, params)
+        hints = _hints_list(prefix_hints, len(prompts))
         encoded = [self.encode(p) for p in prompts]
         for ids, sp in zip(encoded, plist, strict=True):
             self._validate(ids, sp)
-        return [self.add_request(ids, sp) for ids, sp in zip(encoded, plist, strict=True)]
+        return [
+            self.add_request(ids, sp, prefix_hints=h)
+            for ids, sp, h in zip(encoded, plist, hints, strict=True)
+        ]
 
     def abort(self, request_id: str) -> bool:
         self.runner.release(request_id)
@@ -283,9 +305,10 @@ class LLM:
         self,
         prompts: Sequence[str | Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prefix_hints: PrefixHints = None,
     ) -> Iterator[StreamEvent]:
         """Queue every prompt (all validated first), then yield new tokens as they come."""
-        pending = set(self.add_requests(prompts, params))
+        pending = set(self.add_requests(prompts, params, prefix_hints))
         while pending:
             for event in self.step():
                 if event.request_id in pending:
@@ -297,9 +320,11 @@ class LLM:
         self,
         prompts: Sequence[str | Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prefix_hints: PrefixHints = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in prompt order."""
-        ids = self.add_requests(prompts, params)
+        """Run every prompt to completion; outputs in prompt order. `prefix_hints`: one list of
+        token counts for every prompt, or one list per prompt."""
+        ids = self.add_requests(prompts, params, prefix_hints)
         outputs: dict[str, RequestOutput] = {}
         while len(outputs) < len(ids):
             for event in self.step():

@@ -7,7 +7,8 @@ Per step:
      reads its SSM state from `src` and writes it to `dst` (or, when verifying drafts, writes
      the state after every verified position into scratch slots, and the accepted one is copied
      to `dst` afterwards);
-  3. sampling / verification on the rows that predict new tokens;
+  3. sampling / verification on the rows that predict new tokens; a decode step that reaches a
+     unit boundary copies the exact state there into its snapshot block (`limit`);
   4. with a drafter: one drafter pass over every newly verified position (row p pairs the
      target's hidden state at p with token p + 1), then k - 1 chained single-token passes.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 import xxhash
 
+from hycache.cache.boundaries import Boundaries
 from hycache.config import GroupKind, HycacheConfig
 from hycache.engine.sampling import pick, verify
 from hycache.model.bamba import BambaForCausalLM
@@ -41,6 +43,7 @@ class ModelRunner:
         self.drafter = drafter
         self.seed = seed
         self.k = config.speculative.num_speculative_tokens if drafter is not None else 0
+        self.bounds = Boundaries.from_config(cache, config.speculative)
         attn_groups = [i for i, g in enumerate(cache.groups) if g is GroupKind.ATTENTION]
         self.target_table = 0 if mc.num_attention_layers else None
         self.draft_table = len(attn_groups) - 1 if drafter is not None else None
@@ -105,14 +108,29 @@ class ModelRunner:
             toks = verify(logits[at : at + n], s.draft_token_ids, probs, params, gen)
             at += n
             accepted = len(toks) - 1
-            if s.draft_token_ids and self.states is not None:
-                dst = s.alloc.states[0].dst
-                self.states.copy_slot(self.scratch_base + r * (self.k + 1) + accepted, dst)
+            if self.states is not None:
+                self._keep_states(r, s, accepted)
             new_tokens.append(toks)
             results[rid] = StepResult(toks, accepted)
         if self.drafter is not None:
             self._draft(sched, hidden, starts, new_tokens, results)
         return results
+
+    def _keep_states(self, r: int, s: ScheduledRequest, accepted: int) -> None:
+        """After verification: the accepted position's state goes to `dst`; a decode snapshot
+        takes the state at the last unit boundary the step verified (from the per-position
+        scratch states when drafts were verified, else the step's own final state)."""
+        assert self.states is not None
+        io = s.alloc.states[0]
+        base = self.scratch_base + r * (self.k + 1)
+        if s.draft_token_ids:
+            self.states.copy_slot(base + accepted, io.dst)
+        if io.snapshot is None:
+            return
+        pos = self.bounds.decode_snapshot(s.start, s.end + accepted)
+        if pos:
+            src = base + (pos - s.end) if s.draft_token_ids else io.dst
+            self.states.copy_slot(src, io.snapshot)
 
     def _target_batch(self, sched: list[ScheduledRequest]) -> StepBatch:
         ids: list[int] = []

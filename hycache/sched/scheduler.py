@@ -12,12 +12,15 @@ recompute: it returns to the front of the queue and later replays its outputs as
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from hycache.cache.manager import CacheManager, StepAllocation
 from hycache.config import HycacheConfig
-from hycache.request import CacheOutcome, Request, RequestStatus
+from hycache.request import CacheOutcome, Request, RequestStatus, SamplingParams
 from hycache.sched.chunking import chunk_end
 from hycache.sched.inflight import chunk_keys, promised_checkpoints, should_wait
 
@@ -80,7 +83,29 @@ class Scheduler:
 
     # -- requests ----------------------------------------------------------------------------
 
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingParams,
+        **kw: Any,
+    ) -> Request:
+        """A request hashed with this cache's unit, seed and key scheme (`Request.new` keywords
+        such as `extra_keys`, `eos_token_id`, `prefix_hints` pass through)."""
+        c = self.config.cache
+        return Request.new(
+            request_id,
+            prompt_token_ids,
+            sampling,
+            unit=c.unit,
+            hash_seed=c.hash_seed,
+            lookahead=self.bounds.lookahead,
+            **kw,
+        )
+
     def add_request(self, req: Request) -> None:
+        """Queue a request; its prefix hashes must use this cache's key scheme."""
+        self.cache.check_keys(req)
         req.arrival = self._arrivals
         self._arrivals += 1
         req.status = RequestStatus.WAITING
@@ -118,13 +143,13 @@ class Scheduler:
             if end <= start:
                 continue
             ahead = self._lookahead(req, end, drafts)
-            alloc = self.cache.allocate(req, start, end, ahead)
+            alloc = self.cache.allocate(req, start, end, ahead, num_drafts=len(drafts))
             while alloc is None:
                 victim = self._preempt_newest()
                 preempted.append(victim.request_id)
                 if victim is req:
                     break
-                alloc = self.cache.allocate(req, start, end, ahead)
+                alloc = self.cache.allocate(req, start, end, ahead, num_drafts=len(drafts))
             if alloc is None:
                 continue
             scheduled.append(ScheduledRequest(req, start, end - start, drafts, alloc))
@@ -164,9 +189,7 @@ class Scheduler:
                 deferred.append(req)
                 continue
             start = hit.resume_point
-            req.junction_stops = self.bounds.junction_stops(
-                hit.junction, start, req.num_prompt_tokens
-            )
+            req.junction_stops = self._extra_stops(req, hit.junction, start)
             req.num_computed_tokens = start
             end = self._chunk_end(req, start, budget)
             ahead = self._lookahead(req, end, [])
@@ -189,6 +212,14 @@ class Scheduler:
                 promised |= promised_checkpoints([req], self.bounds)
         self.waiting.extendleft(reversed(deferred))
         return budget
+
+    def _extra_stops(self, req: Request, junction: int, start: int) -> tuple[int, ...]:
+        """Stops (and checkpoints) for the observed junction and the request's prefix hints."""
+        t = req.num_prompt_tokens
+        stops = self.bounds.junction_stops(junction, start, t)
+        if req.prefix_hints and self.cache.config.enable_prefix_caching:
+            stops = tuple(sorted({*stops, *self.bounds.hint_stops(req.prefix_hints, start, t)}))
+        return stops
 
     def _lookahead(self, req: Request, end: int, drafts: list[int]) -> int:
         """Slots past `end`: the drafts verified in this step, and, when the step samples, the

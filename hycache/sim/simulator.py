@@ -122,6 +122,7 @@ class _Item:
     session: SessionSpec | None = None
     turn: int = 0
     outputs: tuple[list[int], ...] = ()
+    prefix_hints: tuple[int, ...] = ()
 
 
 class Simulator:
@@ -161,7 +162,14 @@ class Simulator:
             seed=self.seed,
         )
         pending: deque[_Item] = deque(
-            _Item(r.request_id, r.prompt_token_ids, r.max_tokens, r.arrival_s) for r in requests
+            _Item(
+                r.request_id,
+                r.prompt_token_ids,
+                r.max_tokens,
+                r.arrival_s,
+                prefix_hints=r.prefix_hints,
+            )
+            for r in requests
         )
         pending.extend(
             _Item(f"s{s.session_id}t0", s.user_messages[0], s.output_tokens[0], None, s)
@@ -181,7 +189,7 @@ class Simulator:
                     break
                 pending.popleft()
                 admitted.append(item)
-                req = self._request(item)
+                req = self._request(sched, item)
                 in_flight[req.request_id] = (item, clock)
                 sched.add_request(req)
             if not sched.has_unfinished():
@@ -210,15 +218,10 @@ class Simulator:
         result.summary = summarize(result)
         return result
 
-    def _request(self, item: _Item) -> Request:
-        c = self.config.cache
-        return Request.new(
-            str(item.key),
-            item.prompt,
-            SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
-            unit=c.unit,
-            hash_seed=c.hash_seed,
-        )
+    @staticmethod
+    def _request(sched: Scheduler, item: _Item) -> Request:
+        sp = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
+        return sched.new_request(str(item.key), item.prompt, sp, prefix_hints=item.prefix_hints)
 
     @staticmethod
     def _record(

@@ -59,6 +59,7 @@ class RequestSpec:
     prompt_token_ids: np.ndarray  # int32 or int64, 1-D, read-only
     max_tokens: int  # output tokens to generate
     arrival_s: float | None  # None = closed loop (admitted when a concurrency slot frees)
+    prefix_hints: tuple[int, ...] = ()  # token counts where shared prefixes end (`limit`)
 
     def __post_init__(self) -> None:
         ids = np.asarray(self.prompt_token_ids)

@@ -18,6 +18,8 @@ FAMILIES = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 9, 9, 9, 9, 8,
 
 
 class CacheMachine(RuleBasedStateMachine):
+    policy = "junction"
+
     def __init__(self) -> None:
         super().__init__()
         self.cfg = CacheConfig(
@@ -25,6 +27,7 @@ class CacheMachine(RuleBasedStateMachine):
             prefix_match_unit=U,
             num_blocks=24,
             max_model_len=20,
+            policy=self.policy,
             groups=(GroupKind.ATTENTION, GroupKind.SSM, GroupKind.ATTENTION),
         )
         self.cache = CacheManager(self.cfg, SpeculativeConfig(num_speculative_tokens=2))
@@ -59,7 +62,9 @@ class CacheMachine(RuleBasedStateMachine):
         prompt = (FAMILIES[family] + tail)[:length] or [1]
         rid = f"r{self.n}"
         self.n += 1
-        req = Request.new(rid, prompt, SamplingParams(max_tokens=4), unit=U)
+        req = Request.new(
+            rid, prompt, SamplingParams(max_tokens=4), unit=U, lookahead=self.cache.bounds.lookahead
+        )
         hit = self.cache.lookup(req)
         assert hit.resume_point <= req.num_tokens - 1
         assert hit.resume_point % U == 0
@@ -83,12 +88,14 @@ class CacheMachine(RuleBasedStateMachine):
                 return
             req.append_output([30 + req.num_tokens % 3])
         end = min(req.num_tokens, start + chunk)
-        alloc = self.cache.allocate(req, start, end, drafts)
+        alloc = self.cache.allocate(req, start, end, drafts, num_drafts=drafts)
         if alloc is None:
             return
         self.cache.take_copies()
         req.num_computed_tokens = end
         self.cache.commit(req)
+        if any(st.snapshot is not None for st in alloc.states):
+            assert self.cache.bounds.keys_every_unit and start >= req.num_prompt_tokens
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -112,10 +119,19 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.pool.num_free == self.cfg.num_blocks - 1  # nothing leaked
 
 
-TestCacheMachine = CacheMachine.TestCase
-TestCacheMachine.settings = settings(
+class LimitCacheMachine(CacheMachine):
+    """`limit`: lookahead keys, keys on every unit, decode snapshots published on free."""
+
+    policy = "limit"
+
+
+MACHINE_SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+TestCacheMachine = CacheMachine.TestCase
+TestCacheMachine.settings = MACHINE_SETTINGS
+TestLimitCacheMachine = LimitCacheMachine.TestCase
+TestLimitCacheMachine.settings = MACHINE_SETTINGS

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hycache.cache.ssm import SSMManager
+from hycache.config import POLICY_NAMES
 from hycache.engine.engine import LLM
 from hycache.request import SamplingParams
 
@@ -103,7 +104,7 @@ def drive(llm: LLM, seed: int) -> dict[str, list[int]]:
     return done
 
 
-@pytest.mark.parametrize("policy", ["tail", "replay", "junction"])
+@pytest.mark.parametrize("policy", POLICY_NAMES)
 @pytest.mark.parametrize("k", [0, 2])
 def test_cached_equals_uncached(policy: str, k: int) -> None:
     tight = {"num_blocks": 16 if k == 0 else 28}
@@ -139,7 +140,7 @@ def test_resumed_ssm_state_equals_state_from_scratch() -> None:
     ssm: SSMManager = cache.ssm[0]
     from hycache.request import Request
 
-    probe = Request.new("p", prompt, SamplingParams(), unit=U)
+    probe = Request.new("p", prompt, SamplingParams(), unit=U, lookahead=cache.bounds.lookahead)
     n, block = ssm.find_hit(probe.hashes, 44)
     assert n > 0 and block is not None
     fresh = make_llm(num_blocks=80, enable_prefix_caching=False)
@@ -166,11 +167,11 @@ def test_a_checkpoint_keyed_one_unit_off_is_caught(monkeypatch: pytest.MonkeyPat
     """The equality check must fail when the SSM state after n tokens is keyed at n - u."""
     original: Callable = SSMManager.commit
 
-    def off_by_one(self: SSMManager, request_id: str, hashes) -> None:  # type: ignore[no-untyped-def]
+    def off_by_one(self: SSMManager, request_id: str, hashes, num_computed: int) -> None:  # type: ignore[no-untyped-def]
         st = self._states[request_id]
         if st.pending_checkpoint and st.pending_end > U:
             st.pending_end -= U
-        original(self, request_id, hashes)
+        original(self, request_id, hashes, num_computed)
 
     monkeypatch.setattr(SSMManager, "commit", off_by_one)
     on, off = make_llm(), make_llm(enable_prefix_caching=False)

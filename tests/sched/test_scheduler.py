@@ -7,6 +7,7 @@ import random
 import pytest
 
 from hycache.cache.block_pool import CacheKey
+from hycache.cache.boundaries import Boundaries
 from hycache.request import Request, RequestStatus, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
 from hycache.sched.scheduler import Scheduler, StepResult
@@ -14,7 +15,14 @@ from tests.helpers import make_config, tokens
 
 
 def req(cfg, rid: str, prompt: list[int], **sp: object) -> Request:  # type: ignore[no-untyped-def]
-    return Request.new(rid, prompt, SamplingParams(**sp), unit=cfg.cache.unit, eos_token_id=7)
+    return Request.new(
+        rid,
+        prompt,
+        SamplingParams(**sp),
+        unit=cfg.cache.unit,
+        eos_token_id=7,
+        lookahead=Boundaries.from_config(cfg.cache, cfg.speculative).lookahead,
+    )
 
 
 def step(sched: Scheduler, results: dict[str, StepResult]) -> list[Request]:

@@ -24,11 +24,13 @@ Two key schemes (`lookahead`):
             block-grid resume point ((n + u) % B == 0): where a sibling that shares the
             first block resumes after the EAGLE drop
 
-    same prompt, `limit` (lookahead keys on every unit):
+    same prompt, `limit` (lookahead keys on every unit), a sibling observing P = 24:
 
-    0           16      23|24           36 39 40
-    |-----------|-------+-|-------------|--+-|
-                        ^ junction stop floor((P-1)/u)*u = 20 (the limit for P = 24)
+    0           16  20    24        32  36   40
+    |-----------|---+-----|---------|---+----|
+                    ^ junction stop: the limit floor((P-1)/u)*u (the key of 20 covers token 20)
+                                    ^ block boundary after it; here also the replay boundary
+                                      floor((T-1)/B)*B
                                         ^ tail checkpoint floor((T-1)/u)*u
 """
 
@@ -160,24 +162,31 @@ class Boundaries:
     def junction_stops(self, junction: int, start: int, num_prompt_tokens: int) -> tuple[int, ...]:
         """The prefill stops a request makes (and keeps) for its observed junction `j`.
 
-        Inside the prompt, `junction` and `limit` (effective): `j` itself (on the hash grid:
-        where the next sibling resumes), plus the block boundary right after it, where the
-        chunk that starts mid-block stops anyway (keeping that state costs no forward pass, and
-        it is what a request sharing a shorter prefix would have found under `replay`).
-        Otherwise (other policies, or a junction past the prompt of a resumed request): the
-        junction floored to the block grid, `floor(j/B)*B` (vLLM re-derives it per chunk).
+        Every policy keeps vLLM's stop, the junction floored to the block grid `floor(j/B)*B`
+        (vLLM re-derives it per chunk, also after a mid-block resume). Inside the prompt,
+        `junction` and `limit` (effective) add `j` itself (on the hash grid: where the next
+        sibling resumes) and the block boundary right after it, where the chunk that starts
+        mid-block stops anyway (keeping that state costs no forward pass):
+
+            floor(j/B)*B        j      floor(j/B)*B + B
+                 |--------------+-------|
+                 kept by all    kept by junction / limit
+
+        A junction past the prompt (a resumed request replaying outputs) only gets the
+        block-floored stop, which is not kept (nothing is keyed past the prompt).
         """
         if junction <= start:
             return ()
         b = self.block_size
+        floor = floor_to(junction, b)
+        stops = {floor}
         fine = self.effective_policy in (Policy.JUNCTION, Policy.LIMIT)
         if fine and junction <= num_prompt_tokens:
             stop = floor_to(junction, self.unit)
-            after = floor_to(stop, b) + b
-            stops = (stop, after) if stop % b and after <= num_prompt_tokens else (stop,)
-        else:
-            stops = (floor_to(junction, b),)
-        return tuple(s for s in stops if s > start)
+            stops.add(stop)
+            if stop % b and floor + b <= num_prompt_tokens:
+                stops.add(floor + b)
+        return tuple(sorted(s for s in stops if s > start))
 
     def hint_stops(
         self, hints: Iterable[int], start: int, num_prompt_tokens: int

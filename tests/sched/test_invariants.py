@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hycache.config import HycacheConfig
+from hycache.config import POLICY_NAMES, HycacheConfig
 from hycache.request import Request
+from hycache.sched.executor import run_to_completion
 from hycache.sched.scheduler import Scheduler
 from tests.helpers import RecordingExecutor, make_config, new_request, run_sequential, tokens
 
@@ -23,14 +25,19 @@ def chunk_ends(sched: Scheduler, rid: str) -> list[tuple[int, int]]:
     return [(start, end) for start, end, _ in chunks(sched, rid)]
 
 
-def test_every_junction_stop_is_checkpointed_and_the_next_sibling_resumes_there() -> None:
+@pytest.mark.parametrize("policy", ["junction", "limit"])
+def test_every_junction_stop_is_checkpointed_and_the_next_sibling_resumes_there(
+    policy: str,
+) -> None:
     cases = 0
     for b, u in GEOMETRIES:
         for t in (2 * b - u, 3 * b + u + 1, 4 * b - 1):
             for shared in sorted({b + u, 2 * b - u + 1, t // 2, t - 3 * u, 2 * b + 1}):
                 if not 0 < shared < t:
                     continue
-                cfg = make_config(block_size=b, unit=u, max_model_len=4 * b, budget=4 * b)
+                cfg = make_config(
+                    block_size=b, unit=u, policy=policy, max_model_len=4 * b, budget=4 * b
+                )
                 rng = random.Random(b * 7 + t + shared)
                 prefix = tokens(rng, shared)
                 prompts = [prefix + tokens(rng, t - shared) for _ in range(3)]
@@ -40,7 +47,8 @@ def test_every_junction_stop_is_checkpointed_and_the_next_sibling_resumes_there(
                         end == stop and ckpt for _, end, ckpt in chunks(sched, "r1")
                     ), (b, u, t, shared, stop)
                 if s1.junction_stops:
-                    assert s2.first_hit_tokens == s1.junction_stops[0]
+                    j = s1.outcome.junction
+                    assert s2.first_hit_tokens == max(x for x in s1.junction_stops if x <= j)
                     cases += 1
     assert cases > 20
 
@@ -80,14 +88,48 @@ def cfg_for(b: int, u: int, policy: str, eagle: bool = True) -> HycacheConfig:
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10**6), geo=st.sampled_from([(16, 4), (32, 8), (64, 4)]))
-def test_junction_never_resumes_lower_than_replay(seed: int, geo: tuple[int, int]) -> None:
+@given(
+    seed=st.integers(0, 10**6),
+    geo=st.sampled_from([(16, 4), (32, 8), (64, 4)]),
+    pair=st.sampled_from([("replay", "junction"), ("lookahead", "limit")]),
+    eagle=st.booleans(),
+)
+def test_the_finer_policy_never_resumes_lower(
+    seed: int, geo: tuple[int, int], pair: tuple[str, str], eagle: bool
+) -> None:
+    """Per request, on random sharing shapes: `junction` >= `replay`, `limit` >= `lookahead`."""
     b, u = geo
+    base, finer = pair
     prompts = random_prompts(seed, 12, b)
-    _, rep = run_sequential(cfg_for(b, u, "replay"), prompts)
-    _, jun = run_sequential(cfg_for(b, u, "junction"), prompts)
-    for r, j in zip(rep, jun, strict=True):
+    _, lo = run_sequential(cfg_for(b, u, base, eagle), prompts)
+    _, hi = run_sequential(cfg_for(b, u, finer, eagle), prompts)
+    for r, j in zip(lo, hi, strict=True):
         assert j.first_hit_tokens >= r.first_hit_tokens, (r.request_id, prompts)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), hinted=st.booleans())
+def test_limit_resumes_every_sibling_at_the_limit_of_its_family(seed: int, hinted: bool) -> None:
+    """Families with random shared-prefix lengths, interleaved: from the third member of a
+    family on (the second observes the junction; with a hint, from the second on), every
+    request resumes at least at floor((P-1)/u)*u."""
+    b, u = 32, 8
+    rng = random.Random(seed)
+    fams = [(tokens(rng, rng.randrange(u + 1, 6 * b))) for _ in range(3)]
+    order = [rng.randrange(3) for _ in range(10)]
+    prompts = [fams[f] + tokens(rng, rng.randrange(1, 2 * b)) for f in order]
+    c = cfg_for(b, u, "limit")
+    sched = Scheduler(c)
+    ex = RecordingExecutor(num_speculative_tokens=3)
+    seen = [0, 0, 0]
+    for i, (f, p) in enumerate(zip(order, prompts, strict=True)):
+        hints = [len(fams[f])] if hinted else []
+        r = new_request(c, f"r{i}", p, prefix_hints=hints)
+        sched.add_request(r)
+        run_to_completion(sched, ex, check=True)
+        if seen[f] >= (1 if hinted else 2):
+            assert r.first_hit_tokens >= sched.bounds.limit(len(fams[f])), (seed, i)
+        seen[f] += 1
 
 
 @settings(max_examples=25, deadline=None)
@@ -106,13 +148,28 @@ def test_junction_is_inert_without_a_unit_or_a_drafter(seed: int, inert: str) ->
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6))
+def test_limit_is_inert_when_the_unit_is_the_block(seed: int) -> None:
+    b = 16
+    prompts = random_prompts(seed, 10, b)
+    s_look, look = run_sequential(cfg_for(b, b, "lookahead"), prompts)
+    s_lim, lim = run_sequential(cfg_for(b, b, "limit"), prompts)
+    for r, j in zip(look, lim, strict=True):
+        assert j.first_hit_tokens == r.first_hit_tokens
+        assert chunk_ends(s_lim, j.request_id) == chunk_ends(s_look, r.request_id)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    pair=st.sampled_from([("replay", "junction"), ("lookahead", "limit")]),
+)
 def test_junction_costs_at_most_two_prefill_steps_and_nothing_without_a_junction(
-    seed: int,
+    seed: int, pair: tuple[str, str]
 ) -> None:
     b, u = 16, 4
     prompts = random_prompts(seed, 12, b)
-    s_rep, rep = run_sequential(cfg_for(b, u, "replay"), prompts)
-    s_jun, jun = run_sequential(cfg_for(b, u, "junction"), prompts)
+    s_rep, rep = run_sequential(cfg_for(b, u, pair[0]), prompts)
+    s_jun, jun = run_sequential(cfg_for(b, u, pair[1]), prompts)
     for r, j in zip(rep, jun, strict=True):
         if r.first_hit_tokens != j.first_hit_tokens:
             continue  # a different resume point is a different request to chunk
@@ -138,7 +195,7 @@ def check_step(sched: Scheduler, out) -> None:  # type: ignore[no-untyped-def]
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
-    policy=st.sampled_from(["tail", "replay", "junction"]),
+    policy=st.sampled_from(POLICY_NAMES),
     num_blocks=st.integers(12, 60),
     aborts=st.integers(0, 3),
 )

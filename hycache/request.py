@@ -131,6 +131,21 @@ class Request:
             return self.output_token_ids[start - p : end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
+    def accept_tokens(self, token_ids: Sequence[int]) -> tuple[list[int], RequestStatus | None]:
+        """Of newly verified tokens, those the request keeps (up to `max_tokens`, through the
+        first stop token or EOS), and the status it finishes with (None: it goes on). Pure: the
+        scheduler appends them; the runner asks which positions will really exist."""
+        sp = self.sampling
+        room = sp.max_tokens - self.num_output_tokens
+        new: list[int] = []
+        for t in token_ids[:room]:
+            new.append(t)
+            if t in sp.stop_token_ids or (not sp.ignore_eos and t == self.eos_token_id):
+                return new, RequestStatus.FINISHED_STOPPED
+        if self.num_output_tokens + len(new) >= sp.max_tokens:
+            return new, RequestStatus.FINISHED_LENGTH
+        return new, None
+
     def append_output(self, token_ids: Sequence[int]) -> None:
         self.output_token_ids.extend(token_ids)
         self.hashes.extend(token_ids)

@@ -14,6 +14,12 @@ This file owns the HTTP layer and everything between it and the engine:
 - `add_serve_args` / `run_serve`: the `serve` command's flags and entry point.
 
 Bad input answers HTTP 400 `{"error": {"message": ...}}` and disturbs no other request.
+
+Extensions to the OpenAI completions body: `token_ids` in each choice, `stop_token_ids`,
+`ignore_eos`, and `prefix_hints` (token counts where the prompt's shared prefixes end, e.g. the
+end of a system prompt: under the `limit` policy the first request of a family already
+checkpoints there, so the next one resumes at its limit). `usage.prompt_tokens_details.
+cached_tokens` (and, for older clients, `usage.cached_tokens`) is the request's resume point.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +44,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hycache.engine.args import add_serve_args, llm_from_args
@@ -49,6 +55,7 @@ log = logging.getLogger("hycache.serve")
 
 MIN_TEMPERATURE = 1e-6  # below this (but > 0) softmax(logits / t) overflows to NaN
 MAX_SEED = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
+MAX_PREFIX_HINTS = 16  # per request; a prompt has few shared-prefix boundaries worth keeping
 
 
 # ---------------------------------------------------------------------------------- worker
@@ -87,6 +94,7 @@ class _Add:
     prompt: str | list[int]
     params: SamplingParams
     channel: _Channel
+    prefix_hints: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,12 +176,17 @@ class EngineWorker:
             self._inbox.put(cmd)
 
     def submit(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        prefix_hints: Sequence[int] = (),
     ) -> asyncio.Queue[_Item]:
         """Queue a request; call from a running event loop. The returned queue gets
-        `_Accepted` or `_Failed` first, then `StreamEvent`s until one is `finished`."""
+        `_Accepted` or `_Failed` first, then `StreamEvent`s until one is `finished`.
+        `prefix_hints` go to `LLM.add_request`."""
         channel = _Channel(asyncio.get_running_loop())
-        self._put(_Add(request_id, prompt, params, channel))
+        self._put(_Add(request_id, prompt, params, channel, tuple(prefix_hints)))
         return channel.queue
 
     def abort(self, request_id: str) -> None:
@@ -226,7 +239,12 @@ class EngineWorker:
                 cmd.channel.put(_Failed(503, SHUTTING_DOWN))
                 return
             try:
-                self.llm.add_request(cmd.prompt, cmd.params, request_id=cmd.request_id)
+                self.llm.add_request(
+                    cmd.prompt,
+                    cmd.params,
+                    request_id=cmd.request_id,
+                    prefix_hints=cmd.prefix_hints,
+                )
             except ValueError as e:  # refused; the engine queued nothing
                 cmd.channel.put(_Failed(400, str(e)))
             except Exception as e:
@@ -312,6 +330,8 @@ class CompletionBody(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     stream: bool = False
+    # token counts where shared prefixes of the prompt end (hints past the prompt are ignored)
+    prefix_hints: list[NonNegativeInt] = Field(default_factory=list, max_length=MAX_PREFIX_HINTS)
 
     def sampling_params(self) -> SamplingParams:
         """Raises ValueError on values the engine would choke on mid-step."""
@@ -459,7 +479,7 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
         request_id = f"cmpl-{uuid.uuid4().hex[:16]}-{next(counter)}"
         created = int(time.time())
         try:
-            items = worker.submit(request_id, body.prompt, params)
+            items = worker.submit(request_id, body.prompt, params, body.prefix_hints)
         except ServerClosed as e:
             return error_response(503, str(e))
         try:
@@ -569,11 +589,14 @@ class HycacheServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _usage(out: RequestOutput) -> dict[str, int]:
+def _usage(out: RequestOutput) -> dict[str, Any]:
+    """OpenAI's usage block; cached tokens are the request's resume point (prompt tokens it
+    took from the prefix cache instead of computing them)."""
     return {
         "prompt_tokens": len(out.prompt_token_ids),
         "completion_tokens": len(out.token_ids),
         "total_tokens": len(out.prompt_token_ids) + len(out.token_ids),
+        "prompt_tokens_details": {"cached_tokens": out.hit_tokens},
         "cached_tokens": out.hit_tokens,
     }
 

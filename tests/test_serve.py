@@ -159,6 +159,7 @@ def test_completion_matches_generate(client: httpx.Client, reference: LLM) -> No
     assert body["usage"]["prompt_tokens"] == 100
     assert body["usage"]["completion_tokens"] == 12
     assert body["usage"]["cached_tokens"] == 0
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 def test_streaming_yields_same_tokens_then_done(client: httpx.Client, reference: LLM) -> None:
@@ -205,7 +206,57 @@ def test_repeated_prompt_reports_cached_tokens(client: httpx.Client) -> None:
     second = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 4}).json()
     assert first["usage"]["cached_tokens"] == 0
     assert 0 < second["usage"]["cached_tokens"] < 200
+    usage = second["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["cached_tokens"]
     assert second["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+
+
+def test_prefix_hints_never_change_the_tokens(client: httpx.Client, reference: LLM) -> None:
+    """Hints (also 0 and past the prompt, which are ignored) change what is cached, never the
+    tokens."""
+    ids = prompt(12, 60)
+    body = {"prompt": ids, "max_tokens": 5, "prefix_hints": [40, 0, 1000]}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == expected(reference, ids, 5)
+
+
+def test_prefix_hint_lets_the_first_sibling_resume_at_the_limit() -> None:
+    """`limit` with an EAGLE drafter (k = 2, B = 16, u = 4): two prompts share a P = 45 token
+    system prompt. With `prefix_hints: [45]` the producer checkpoints at the limit
+    floor((P-1)/u)*u = 44 on its first pass, so the *first* sibling's response already reports
+    44 cached tokens; without hints, a first sibling of the same shape does not get there."""
+    shared, limit = 45, 44
+    llm = LLM(
+        "tiny",
+        policy="limit",
+        num_speculative_tokens=2,
+        block_size=16,
+        prefix_match_unit=4,
+        num_blocks=200,
+        max_model_len=256,
+    )
+    app = create_app(llm)
+
+    def family(seed: int) -> list[list[int]]:
+        system = prompt(seed, shared)
+        producer, sibling = system + prompt(seed + 1, 9), system + prompt(seed + 2, 13)
+        assert producer[shared] != sibling[shared]  # they share exactly P tokens
+        return [producer, sibling]
+
+    def cached(c: httpx.Client, ids: list[int], hints: list[int] | None) -> int:
+        body: dict[str, Any] = {"prompt": ids, "max_tokens": 3}
+        if hints is not None:
+            body["prefix_hints"] = hints
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with serving(app) as (url, _, _), httpx.Client(base_url=url, timeout=30) as c:
+        hinted = [cached(c, ids, [shared]) for ids in family(30)]
+        plain = [cached(c, ids, None) for ids in family(40)]
+    assert hinted == [0, limit]
+    assert plain[0] == 0 and plain[1] < limit
 
 
 BAD_BODIES: list[tuple[str, Any]] = [
@@ -225,6 +276,12 @@ BAD_BODIES: list[tuple[str, Any]] = [
     ("top_p zero", {"prompt": [1], "top_p": 0}),
     ("seed too large", {"prompt": [1], "seed": 2**70}),
     ("stream not bool", {"prompt": [1], "stream": "yes"}),
+    ("prefix hint negative", {"prompt": [1, 2], "prefix_hints": [-1]}),
+    ("prefix hint not an int", {"prompt": [1, 2], "prefix_hints": ["2"]}),
+    ("prefix hint float", {"prompt": [1, 2], "prefix_hints": [1.0]}),
+    ("prefix hint bool", {"prompt": [1, 2], "prefix_hints": [True]}),
+    ("prefix hints not a list", {"prompt": [1, 2], "prefix_hints": 2}),
+    ("too many prefix hints", {"prompt": [1, 2], "prefix_hints": list(range(17))}),
     ("body not an object", [1, 2, 3]),
 ]
 
@@ -413,7 +470,7 @@ def test_serve_args_defaults() -> None:
         4096,
     )
     assert (a.policy, a.num_speculative_tokens, a.no_prefix_caching, a.dtype) == (
-        "junction",
+        "limit",
         0,
         False,
         "float32",

@@ -241,11 +241,12 @@ class Boundaries:
         fine = self.effective_policy in (Policy.JUNCTION, Policy.LIMIT)
         return fine and self.is_block_grid_resume_point(end)
 
-    def decode_snapshot(self, start: int, end: int) -> int:
-        """`limit`: the position a decode step over [start, end) snapshots (the last unit
-        boundary it reaches), or 0. The snapshot a finished request keeps is therefore at
-        `floor((L-1)/u)*u` of its L prompt + output tokens (the last L-1 are computed)."""
+    def decode_snapshot(self, first: int, last: int) -> int:
+        """`limit`: the position a sampling step snapshots, or 0: the last unit boundary among
+        the states it verified, positions `first..last` (its chunk end, then one per accepted
+        draft). A finished request therefore holds `floor((L-1)/u)*u` of its L prompt + output
+        tokens (the last L-1 are computed)."""
         if self.effective_policy is not Policy.LIMIT:
             return 0
-        p = floor_to(end, self.unit)
-        return p if p > start else 0
+        p = floor_to(last, self.unit)
+        return p if p >= first and p > 0 else 0

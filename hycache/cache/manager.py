@@ -86,15 +86,14 @@ class CacheManager:
             and self.bounds.should_checkpoint(end, req.num_prompt_tokens, req.junction_stops)
         )
 
-    def will_snapshot(self, req: Request, start: int, end: int, num_drafts: int) -> bool:
-        """A decode step (one known token past the prompt, plus drafts) that may reach a unit
+    def will_snapshot(self, req: Request, end: int, num_drafts: int) -> bool:
+        """A step that samples (its chunk reaches the last known token) and may verify a unit
         boundary: its SSM groups get a snapshot block (`limit`)."""
         return (
             bool(self.ssm)
             and self.config.enable_prefix_caching
-            and end - start == 1
-            and start >= req.num_prompt_tokens
-            and self.bounds.decode_snapshot(start, end + num_drafts) > 0
+            and end == req.num_tokens
+            and self.bounds.decode_snapshot(end, end + num_drafts) > 0
         )
 
     # -- allocation ------------------------------------------------------------------------------
@@ -117,7 +116,7 @@ class CacheManager:
             hit = no_hit(len(self.attention), len(self.ssm))
         resume = hit.resume_point if hit else 0
         checkpoint = self.will_checkpoint(req, end)
-        snapshot = self.will_snapshot(req, start, end, num_drafts)
+        snapshot = self.will_snapshot(req, end, num_drafts)
         total = end + num_lookahead
         need = 0
         for i, m in enumerate(self.attention):
@@ -138,7 +137,7 @@ class CacheManager:
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        states = tuple(s.plan_step(rid, start, end, checkpoint, snapshot) for s in self.ssm)
+        states = tuple(s.plan_step(rid, end, checkpoint, snapshot) for s in self.ssm)
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
 
     def commit(self, req: Request) -> None:
@@ -146,8 +145,10 @@ class CacheManager:
         rid = req.request_id
         if rid not in self._live:
             return
+        # verified states whose tokens the request kept (a stop or max_tokens may cut drafts)
+        last = min(req.num_computed_tokens, req.num_tokens - 1)
         for s in self.ssm:
-            s.commit(rid, req.hashes, req.num_computed_tokens)
+            s.commit(rid, req.hashes, last)
         if self.config.enable_prefix_caching:
             for m in self.attention:
                 m.publish(rid, req.hashes, req.num_computed_tokens)

@@ -13,8 +13,8 @@ running block is never keyed. States that are not checkpoints live only in R and
 once (retention). Keys are published in `commit`, after the forward that wrote them, so a
 request scheduled in the same step cannot hit them (DESIGN §3.7).
 
-Decode snapshots (`limit`): a decoding request holds one more block S. Whenever a decode step
-reaches a unit boundary, the runner copies the exact state at that position into S (from the
+Decode snapshots (`limit`): a decoding request holds one more block S. Whenever a sampling step
+verifies a unit boundary, the runner copies the exact state at that position into S (from the
 verification's per-position states under speculative decoding). S is keyed only when the
 request releases its blocks, at the last position it holds, so the next chat turn resumes
 there: one extra state page per finished request, cached and evictable like any other.
@@ -47,7 +47,6 @@ class _State:
     src_held: bool = False  # src is a hit block or our own checkpoint, referenced by us
     running: int | None = None
     pending_dst: int | None = None
-    pending_start: int = 0
     pending_end: int = 0
     pending_checkpoint: bool = False
     pending_snapshot: bool = False
@@ -98,10 +97,10 @@ class SSMManager:
             st.src, st.src_held = hit_block, True
 
     def plan_step(
-        self, request_id: str, start: int, end: int, checkpoint: bool, snapshot: bool = False
+        self, request_id: str, end: int, checkpoint: bool, snapshot: bool = False
     ) -> StateIO:
         """Choose the destination of this step's final state (see the module diagram), and the
-        snapshot block when this decode step may reach a unit boundary."""
+        snapshot block when this sampling step may verify a unit boundary."""
         st = self._states[request_id]
         if checkpoint:
             (dst,) = self.pool.allocate(1)
@@ -111,18 +110,19 @@ class SSMManager:
             dst = st.running
         if snapshot and st.snapshot is None:
             (st.snapshot,) = self.pool.allocate(1)
-        st.pending_dst, st.pending_start, st.pending_end = dst, start, end
+        st.pending_dst, st.pending_end = dst, end
         st.pending_checkpoint, st.pending_snapshot = checkpoint, snapshot
         return StateIO(st.src, dst, st.snapshot if snapshot else None)
 
-    def commit(self, request_id: str, hashes: PrefixHashes, num_computed: int) -> None:
+    def commit(self, request_id: str, hashes: PrefixHashes, last_verified: int) -> None:
         """The forward has written the planned state: key it if it is a checkpoint, and make it
-        the source of the next step. Record the position a decode snapshot now holds."""
+        the source of the next step. Record the position a decode snapshot now holds (the step
+        verified states up to `last_verified`)."""
         st = self._states[request_id]
         if st.pending_dst is None:
             return
         if st.pending_snapshot:
-            pos = self.bounds.decode_snapshot(st.pending_start, num_computed)
+            pos = self.bounds.decode_snapshot(st.pending_end, last_verified)
             if pos:
                 st.snapshot_pos = pos
         dst, end = st.pending_dst, st.pending_end

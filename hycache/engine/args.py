@@ -25,7 +25,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--num-blocks", type=int, default=None, help="cache blocks (default: sized)")
     g.add_argument("--max-model-len", type=int, default=4096)
-    g.add_argument("--policy", default="junction", choices=POLICY_NAMES)
+    g.add_argument("--policy", default="limit", choices=POLICY_NAMES)
     g.add_argument("--num-speculative-tokens", type=int, default=0, help="EAGLE drafts per step")
     g.add_argument("--draft-model", default=None, help="EAGLE head safetensors (else random)")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")

@@ -122,7 +122,7 @@ class LLM:
         prefix_match_unit: int | None = 16,
         num_blocks: int | None = None,
         max_model_len: int | None = None,
-        policy: str | Policy = "junction",
+        policy: str | Policy = "limit",
         retention: str | int = "semantic",
         enable_prefix_caching: bool = True,
         num_speculative_tokens: int = 0,

@@ -109,17 +109,19 @@ class ModelRunner:
             at += n
             accepted = len(toks) - 1
             if self.states is not None:
-                self._keep_states(r, s, accepted)
+                kept, _ = s.request.accept_tokens(toks)  # a stop or max_tokens may cut drafts
+                self._keep_states(r, s, accepted, s.end + len(kept) - 1)
             new_tokens.append(toks)
             results[rid] = StepResult(toks, accepted)
         if self.drafter is not None:
             self._draft(sched, hidden, starts, new_tokens, results)
         return results
 
-    def _keep_states(self, r: int, s: ScheduledRequest, accepted: int) -> None:
+    def _keep_states(self, r: int, s: ScheduledRequest, accepted: int, last: int) -> None:
         """After verification: the accepted position's state goes to `dst`; a decode snapshot
-        takes the state at the last unit boundary the step verified (from the per-position
-        scratch states when drafts were verified, else the step's own final state)."""
+        takes the state at the last unit boundary among the verified positions the request
+        keeps (`last`): from the per-position scratch states when drafts were verified, else
+        the step's own final state."""
         assert self.states is not None
         io = s.alloc.states[0]
         base = self.scratch_base + r * (self.k + 1)
@@ -127,7 +129,7 @@ class ModelRunner:
             self.states.copy_slot(base + accepted, io.dst)
         if io.snapshot is None:
             return
-        pos = self.bounds.decode_snapshot(s.start, s.end + accepted)
+        pos = self.bounds.decode_snapshot(s.end, last)
         if pos:
             src = base + (pos - s.end) if s.draft_token_ids else io.dst
             self.states.copy_slot(src, io.snapshot)

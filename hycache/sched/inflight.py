@@ -6,9 +6,10 @@ waiting request wait (both only while caching is on):
 
   * attention: the block right after its current match is being computed in this step by a
     scheduled prefill chunk (its match will be a block longer next step);
-  * SSM: a running request has promised a checkpoint (a junction stop, the replay boundary,
-    the tail checkpoint it has not reached yet) at a position where this request would
-    resume: at its junction, or on the block grid between its hit and its junction.
+  * SSM: a running request has promised a checkpoint (a junction or hint stop, the replay
+    boundary, the tail checkpoint it has not reached yet) at a position where this request
+    would resume: at its junction, on the block grid between its hit and its junction, or at
+    one of its own hint stops.
 
 Without this, requests that arrive together all recompute the shared prefix, and each one
 observes a "junction" at the producer's current frontier rather than where sharing ends.
@@ -51,8 +52,13 @@ def should_wait(
     nxt = floor_to(hit.attention_match, b) + b
     if nxt <= req.hashes.num_hashed_tokens and req.hashes.at(nxt) in in_step:
         return True
-    j = hit.junction
-    if not j or not promised:
+    if not promised:
         return False
-    candidates = [j, *range(floor_to(j, b), hit.resume_point, -b)]
-    return any(p > hit.resume_point and req.hashes.at(p) in promised for p in candidates)
+    j = hit.junction
+    candidates = [j, *range(floor_to(j, b), hit.resume_point, -b)] if j else []
+    # a hinted request also waits for the checkpoints its own hints name
+    candidates += bounds.hint_stops(req.prefix_hints, hit.resume_point, req.num_prompt_tokens)
+    top = req.hashes.num_hashed_tokens
+    return any(
+        hit.resume_point < p <= top and req.hashes.at(p) in promised for p in candidates
+    )

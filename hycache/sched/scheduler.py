@@ -250,7 +250,8 @@ class Scheduler:
     # -- update --------------------------------------------------------------------------------
 
     def update(self, out: SchedulerOutput, results: Mapping[str, StepResult]) -> list[Request]:
-        """Apply one step's results; returns the requests that finished in it."""
+        """Apply one step's results; returns the requests that finished in it. Keys are
+        published after the new tokens are appended (a lookahead key needs the next token)."""
         done: list[Request] = []
         for s in out.scheduled:
             req = s.request
@@ -262,29 +263,16 @@ class Scheduler:
                 req.prefill_tokens_computed += s.num_tokens
             accepted = min(res.num_accepted_drafts, len(s.draft_token_ids))
             req.num_computed_tokens = s.end + accepted
-            self.cache.commit(req)
+            status = None
             if s.samples:
-                status = self._append(req, res.sampled_token_ids[: accepted + 1])
+                new, status = req.accept_tokens(res.sampled_token_ids[: accepted + 1])
+                req.append_output(new)
                 req.spec_token_ids = list(res.next_draft_token_ids)
-                if status is not None:
-                    self._finish(req, status)
-                    done.append(req)
+            self.cache.commit(req)
+            if status is not None:
+                self._finish(req, status)
+                done.append(req)
         return done
-
-    def _append(self, req: Request, tokens: list[int]) -> RequestStatus | None:
-        sp = req.sampling
-        room = sp.max_tokens - req.num_output_tokens
-        new: list[int] = []
-        status = None
-        for t in tokens[:room]:
-            new.append(t)
-            if t in sp.stop_token_ids or (not sp.ignore_eos and t == req.eos_token_id):
-                status = RequestStatus.FINISHED_STOPPED
-                break
-        req.append_output(new)
-        if status is None and req.num_output_tokens >= sp.max_tokens:
-            status = RequestStatus.FINISHED_LENGTH
-        return status
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.cache.free(req)

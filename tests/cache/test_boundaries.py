@@ -88,8 +88,9 @@ def test_limit_stops_at_the_limit_and_is_lookahead_when_the_unit_is_the_block() 
     assert b.keys_every_unit and b.limit(SHARED) == 57_536 and b.limit(50_000) == 49_984
     assert b.junction_stops(57_536, 0, T) == (57_408, 57_536, 61_824)
     assert b.hint_stops([SHARED, 10**9, 1], 0, T) == (57_408, 57_536, 61_824)
-    assert b.decode_snapshot(64_063, 64_066) == 64_064
-    assert b.decode_snapshot(64_064, 64_066) == 0
+    assert b.decode_snapshot(64_063, 64_066) == 64_064  # verified 64,063..64,066
+    assert b.decode_snapshot(64_065, 64_066) == 0
+    assert b.decode_snapshot(64_064, 64_064) == 64_064  # a prompt ending on the unit grid
     whole = bounds(Policy.LIMIT, unit=B)
     assert whole.effective_policy is Policy.LOOKAHEAD and not whole.keys_every_unit
     assert whole.decode_snapshot(0, 10 * B) == 0

@@ -175,6 +175,7 @@ class LLM:
         self.runner = ModelRunner(self.model, self.config, drafter=drafter, seed=seed)
         self.stats = EngineStats()
         self._ids = itertools.count()
+        self._streamed: dict[str, int] = {}  # output tokens already streamed, per request
         self.eos_token_id = eos_token_id(model)
 
     # -- requests --------------------------------------------------------------------------------
@@ -251,13 +252,13 @@ class LLM:
 
     def abort(self, request_id: str) -> bool:
         self.runner.release(request_id)
+        self._streamed.pop(request_id, None)
         return self.scheduler.abort(request_id)
 
     # -- stepping --------------------------------------------------------------------------------
 
     def step(self) -> list[StreamEvent]:
         """One engine step; returns the new tokens of every request that produced some."""
-        before = {r.request_id: r.num_output_tokens for r in self.scheduler.running}
         out = self.scheduler.schedule()
         results = self.runner.execute(out)
         finished = self.scheduler.update(out, results)
@@ -266,10 +267,15 @@ class LLM:
         done = {r.request_id for r in finished}
         for s in out.scheduled:
             req = s.request
-            n0 = before.get(req.request_id, 0)
+            rid = req.request_id
+            # a request re-admitted after a preemption replays its outputs: stream each once
+            n0 = self._streamed.get(rid, 0)
             new = req.output_token_ids[n0:]
-            if new or req.request_id in done:
-                events.append(StreamEvent(req.request_id, list(new), req.request_id in done))
+            self._streamed[rid] = req.num_output_tokens
+            if new or rid in done:
+                events.append(StreamEvent(rid, list(new), rid in done))
+            if rid in done:
+                del self._streamed[rid]
         for req in finished:
             self.runner.release(req.request_id)
             output = self._output(req)

@@ -51,3 +51,20 @@ def test_stop_token_ends_generation() -> None:
     (out,) = small().generate([PROMPT], SamplingParams(max_tokens=12, stop_token_ids=(stop,)))
     assert out.token_ids == ref.token_ids[: ref.token_ids.index(stop) + 1]
     assert out.finish_reason == "stop"
+
+
+def test_each_token_is_streamed_once_across_preemptions() -> None:
+    """A request re-admitted after a preemption replays its outputs as prefill; the stream must
+    not deliver them again (issue #10's repro: 8 prompts of 40 tokens, a 40-block pool)."""
+    llm = LLM("tiny", block_size=16, prefix_match_unit=16, max_model_len=256, num_blocks=40)
+    prompts = [[(7 * i + j) % 500 + 1 for j in range(40)] for i in range(8)]
+    streamed: dict[str, list[int]] = {}
+    final: dict[str, list[int]] = {}
+    for event in llm.stream(prompts, SamplingParams(max_tokens=120, ignore_eos=True)):
+        streamed.setdefault(event.request_id, []).extend(event.new_token_ids)
+        if event.output is not None:
+            final[event.request_id] = event.output.token_ids
+    assert llm.scheduler.num_preemptions > 0, "the pool should force preemptions"
+    assert len(final) == 8
+    for rid, tokens in final.items():
+        assert len(tokens) == 120 and streamed[rid] == tokens

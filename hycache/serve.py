@@ -20,6 +20,10 @@ Extensions to the OpenAI completions body: `token_ids` in each choice, `stop_tok
 end of a system prompt: under the `limit` policy the first request of a family already
 checkpoints there, so the next one resumes at its limit). `usage.prompt_tokens_details.
 cached_tokens` (and, for older clients, `usage.cached_tokens`) is the request's resume point.
+
+Tenants: requests with different `cache_salt` strings never share cache entries, so
+`cached_tokens` tells a client nothing about another tenant's prompts. Without a salt the cache
+is shared by every client.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class _Add:
     params: SamplingParams
     channel: _Channel
     prefix_hints: tuple[int, ...] = ()
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,12 +186,13 @@ class EngineWorker:
         prompt: str | list[int],
         params: SamplingParams,
         prefix_hints: Sequence[int] = (),
+        cache_salt: str | None = None,
     ) -> asyncio.Queue[_Item]:
         """Queue a request; call from a running event loop. The returned queue gets
         `_Accepted` or `_Failed` first, then `StreamEvent`s until one is `finished`.
-        `prefix_hints` go to `LLM.add_request`."""
+        `prefix_hints` and `cache_salt` go to `LLM.add_request`."""
         channel = _Channel(asyncio.get_running_loop())
-        self._put(_Add(request_id, prompt, params, channel, tuple(prefix_hints)))
+        self._put(_Add(request_id, prompt, params, channel, tuple(prefix_hints), cache_salt))
         return channel.queue
 
     def abort(self, request_id: str) -> None:
@@ -243,6 +249,7 @@ class EngineWorker:
                     cmd.prompt,
                     cmd.params,
                     request_id=cmd.request_id,
+                    cache_salt=cmd.cache_salt,
                     prefix_hints=cmd.prefix_hints,
                 )
             except ValueError as e:  # refused; the engine queued nothing
@@ -332,6 +339,8 @@ class CompletionBody(BaseModel):
     stream: bool = False
     # token counts where shared prefixes of the prompt end (hints past the prompt are ignored)
     prefix_hints: list[NonNegativeInt] = Field(default_factory=list, max_length=MAX_PREFIX_HINTS)
+    # requests with different salts never share cache entries; without one the cache is shared
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
     def sampling_params(self) -> SamplingParams:
         """Raises ValueError on values the engine would choke on mid-step."""
@@ -479,7 +488,9 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
         request_id = f"cmpl-{uuid.uuid4().hex[:16]}-{next(counter)}"
         created = int(time.time())
         try:
-            items = worker.submit(request_id, body.prompt, params, body.prefix_hints)
+            items = worker.submit(
+                request_id, body.prompt, params, body.prefix_hints, body.cache_salt
+            )
         except ServerClosed as e:
             return error_response(503, str(e))
         try:

@@ -476,3 +476,24 @@ def test_serve_args_defaults() -> None:
         "float32",
     )
     assert (a.max_num_seqs, a.max_num_batched_tokens) == (64, 8192)
+
+
+def test_cache_salt_isolates_tenants_on_the_server(client: httpx.Client) -> None:
+    """Same prompt from tenants "A" then "B": B gets no cached tokens (nothing leaks across
+    salts); a second request from A does; an unsalted request shares nothing with salted ones."""
+    ids = prompt(31, 300)
+
+    def cached(salt: str | None) -> int:
+        body: dict[str, Any] = {"prompt": ids, "max_tokens": 2}
+        if salt is not None:
+            body["cache_salt"] = salt
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached("A") == 0
+    assert cached("B") == 0
+    assert cached(None) == 0
+    assert cached("A") > 0
+    bad = client.post("/v1/completions", json={"prompt": ids, "cache_salt": ""})
+    assert bad.status_code == 400

@@ -40,8 +40,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
+        if not self.temperature >= 0 or self.temperature == float("inf"):
+            raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must lie in (0, 1], got {self.top_p}")
         self.stop_token_ids = tuple(self.stop_token_ids)

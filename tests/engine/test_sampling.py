@@ -75,3 +75,10 @@ def test_refused_requests_disturb_nothing(
     while llm.scheduler.has_unfinished():
         llm.step()
     assert llm.scheduler.cache.pool.num_free == 63
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.5])
+def test_non_finite_or_negative_temperature_is_refused_up_front(value: float) -> None:
+    """`--temperature nan` used to pass validation and crash mid-generation."""
+    with pytest.raises(ValueError, match=r"^temperature:"):
+        SamplingParams(temperature=value)

@@ -1,5 +1,6 @@
 """Simulator speed at the seed's scale: 1,000 requests of 64,016-token prompts (57,600 shared),
-concurrency 64, B=4416, u=64, k=3 — dry run (fixed step clock) and roofline (bamba-9b on H200).
+concurrency 64, B=4416, u=64, k=3 — dry run (fixed step clock) and roofline (bamba-9b on H200),
+for the baseline `lookahead` (vLLM's default EAGLE setup) and `limit`.
 
     .venv/bin/python benchmarks/bench_simulate.py [--num-requests N]
 """
@@ -30,7 +31,7 @@ def main() -> None:
         block_size=4416,
     )
     for label, cm in (("dry run", None), ("roofline", cost)):
-        for policy in ("replay", "junction"):
+        for policy in ("lookahead", "limit"):
             cfg = HycacheConfig(
                 CacheConfig(
                     block_size=4416,
@@ -47,7 +48,7 @@ def main() -> None:
             wall = time.perf_counter() - t0
             s = res.summary
             print(
-                f"{label:8s} {policy:8s} wall {wall:6.1f} s   simulated {s['makespan_s']:8.1f} s"
+                f"{label:8s} {policy:9s} wall {wall:6.1f} s   simulated {s['makespan_s']:8.1f} s"
                 f"   out tok/s {s['output_tokens_per_s']:9.0f}   hit rate {s['token_hit_rate']:.3f}"
             )
 

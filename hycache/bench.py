@@ -1,48 +1,79 @@
-"""`hycache bench`: the seed's comparison, side by side, on the real CPU engine and simulated.
+"""`hycache bench`: honest comparisons, on the real CPU engine and simulated.
 
 1. engine: the real engine (`tiny`, EAGLE drafter on) on a scaled system-prompt workload,
-   one policy after the other in the same run, closed loop at a fixed concurrency;
-2. simulated: the simulator at the seed's scale (57,600 + 6,416 tokens, B=4416, u=64,
-   concurrency 64, k=3) for tail / replay / junction, plus the multi-turn and trace workloads
-   for replay / junction.
+   `lookahead` (vLLM 0.33's default EAGLE setup, the baseline) against `limit`, closed loop at a
+   fixed concurrency; the policy order alternates across repeats (L,M / M,L / L,M ...) and the
+   medians are reported, so a machine that slows down or warms up over the run favours
+   neither side;
+2. simulated (bamba-9b on an H200, B=4416, u=64, k=3, concurrency 64), every arm (`eagle-off`,
+   `replay`, `junction`, `lookahead`, `limit`) on four workloads: the seed's system prompt, the
+   random family workload, multi-turn chat behind a shared system prompt, and a Mooncake-like
+   trace replayed open loop at 75% of what `lookahead` sustains on one GPU;
+3. curves: `limit / lookahead` output tokens/s over output length (64-2,048) and concurrency
+   (1-128), on the system-prompt and family workloads (fewer requests per point).
 
-Every result has the `{"policies": {name: metrics}}` shape, with the inputs beside it.
+Every table has the `{"policies": {arm: metrics}}` shape with its inputs beside it, and a
+`headline` (`limit / lookahead`, and the extra SSM state pages `limit` held).
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from hycache.config import CacheConfig, GroupKind, HycacheConfig, SchedulerConfig, SpeculativeConfig
-from hycache.engine.engine import LLM, RequestOutput
-from hycache.request import SamplingParams
-from hycache.sim.compare import Workload, compare_policies, policies_json
+from hycache.sim.compare import (
+    BASELINE,
+    DEFAULT_ARMS,
+    HEADLINE,
+    Workload,
+    compare_policies,
+    headline,
+    policies_json,
+    reference_arm,
+)
 from hycache.sim.costmodel import CostModel
+from hycache.sim.load import DEFAULT_LOAD, sustainable_arrivals
 from hycache.sim.presets import load_gpu, load_model_spec
 from hycache.sim.trace import generate_mooncake_like, requests_from_records
-from hycache.sim.workloads import multi_turn_workload, system_prompt_workload
+from hycache.sim.workloads import (
+    ChatShape,
+    FamilyShape,
+    SystemPromptShape,
+    family_workload,
+    multi_turn_workload,
+    system_prompt_workload,
+)
 
 Progress = Callable[[str], None]
+
+ENGINE_ARMS: tuple[str, ...] = (BASELINE, HEADLINE)
 
 
 @dataclass(frozen=True)
 class EngineBench:
+    """The seed's system-prompt shape scaled to a CPU: P = 7,200 shared tokens (B=552, u=8:
+    sharing ends 24 tokens into a block, as 57,600 ends 192 tokens into a 4,416-token block)."""
+
     block_size: int = 552
     prefix_match_unit: int = 8
     shared_prefix_tokens: int = 7_200
     suffix_tokens: int = 802
     output_tokens: int = 32
-    num_requests: int = 40
+    num_requests: int = 12
     concurrency: int = 8
     num_speculative_tokens: int = 2
     max_num_batched_tokens: int = 8192
+    repeats: int = 3
+    threads: int | None = None  # torch threads (None: torch's default, every core)
+    num_blocks: int | None = None  # None: the engine sizes its cache (1 GiB)
     seed: int = 0
 
 
@@ -51,7 +82,23 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
-    """One policy on a fresh engine (same weights), closed loop at `b.concurrency`."""
+    """One policy on a fresh engine (same weights), closed loop at `b.concurrency`, on
+    `b.threads` torch threads."""
+    import torch  # only when the engine runs
+
+    threads = torch.get_num_threads()
+    if b.threads:
+        torch.set_num_threads(b.threads)
+    try:
+        return _run_engine(b, policy)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_engine(b: EngineBench, policy: str) -> dict[str, Any]:
+    from hycache.engine.engine import LLM
+    from hycache.request import SamplingParams
+
     rng = random.Random(b.seed)
     system = [rng.randrange(512) for _ in range(b.shared_prefix_tokens)]
     prompts = deque(
@@ -66,13 +113,14 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
         num_speculative_tokens=b.num_speculative_tokens,
         max_num_batched_tokens=b.max_num_batched_tokens,
         max_num_seqs=b.concurrency,
+        num_blocks=b.num_blocks,
         seed=b.seed,
     )
     sp = SamplingParams(max_tokens=b.output_tokens, ignore_eos=True)
     arrived: dict[str, float] = {}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
-    outs: list[RequestOutput] = []
+    outs: list[Any] = []
     pool = llm.scheduler.cache.pool
     peak = 0
     t0 = time.perf_counter()
@@ -110,6 +158,7 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
         "hit_tokens": hit,
         "token_hit_rate": hit / prompt_tokens,
         "lost_reuse_tokens": sum(o.lost_reuse for o in outs),
+        "junctions_observed": sum(1 for o in outs if o.junction),
         "extra_prefill_steps_max": None,
         "peak_blocks_used": peak,
         "preemptions": llm.scheduler.num_preemptions,
@@ -119,12 +168,38 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
     }
 
 
-def engine_bench(b: EngineBench, policies: tuple[str, ...], progress: Progress) -> dict[str, Any]:
-    results = {}
-    for p in policies:
-        progress(f"engine · {p}")
-        results[p] = run_engine_policy(b, p)
-    base = results[policies[0]]["_steps"]
+def engine_orders(policies: Sequence[str], repeats: int) -> list[list[str]]:
+    """The policy order of each repeat: as given, reversed, as given, ..."""
+    return [list(policies) if i % 2 == 0 else list(reversed(policies)) for i in range(repeats)]
+
+
+def _median_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric, the median over repeats (numbers); other values from the first run (the
+    scheduling, hence hits and steps, is the same in every repeat: only the clock differs)."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        values = [r[key] for r in runs]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            out[key] = value
+        elif all(isinstance(v, int) for v in values):
+            out[key] = statistics.median_low(values)
+        else:
+            out[key] = statistics.median(values)
+    return out
+
+
+def engine_bench(b: EngineBench, policies: Sequence[str], progress: Progress) -> dict[str, Any]:
+    """Each policy `b.repeats` times, alternating the order; medians per policy."""
+    if b.repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {b.repeats}")
+    orders = engine_orders(policies, b.repeats)
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+    for i, order in enumerate(orders):
+        for p in order:
+            progress(f"engine · repeat {i + 1}/{b.repeats} · {p}")
+            runs[p].append(run_engine_policy(b, p))
+    results = {p: _median_metrics(runs[p]) for p in policies}
+    base = results[reference_arm(list(policies))]["_steps"]
     for res in results.values():
         steps = res.pop("_steps")
         extra = [
@@ -133,103 +208,290 @@ def engine_bench(b: EngineBench, policies: tuple[str, ...], progress: Progress) 
             if junction and rid in base and base[rid][0] == hit
         ]
         res["extra_prefill_steps_max"] = max(extra, default=0)
-    return {"inputs": {"model": "tiny", "eagle": True, **asdict(b)}, "policies": results}
+    return {
+        "inputs": {"model": "tiny", "eagle": True, **asdict(b), "orders": orders},
+        "policies": results,
+        "runs": {p: [r["output_tokens_per_s"] for r in runs[p]] for p in policies},
+        "headline": headline(results),
+    }
 
 
 @dataclass(frozen=True)
 class SimBench:
+    """The simulated part: the seed's geometry (bamba-9b on an H200, B=4416, u=64, k=3,
+    concurrency 64), the workload shapes (their defaults and the reasons for them live with the
+    shapes in `hycache.sim.workloads`), the trace size and load, and the curve points."""
+
     model: str = "bamba-9b"
     gpu: str = "h200"
     block_size: int = 4416
     prefix_match_unit: int = 64
     num_speculative_tokens: int = 3
     acceptance_rate: float = 0.7
-    shared_prefix_tokens: int = 57_600
-    suffix_tokens: int = 6_416
-    output_tokens: int = 256
-    num_requests: int = 512
-    concurrency: int = 64
-    sessions: int = 64
-    turns: int = 6
-    user_tokens: int = 3_000
-    turn_output_tokens: int = 300
-    trace_requests: int = 2_000
+    concurrency: int = 64  # in flight, and the scheduler's max_num_seqs
+    max_num_batched_tokens: int = 8192
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    system_prompt: SystemPromptShape = field(default_factory=SystemPromptShape)
+    family: FamilyShape = field(default_factory=FamilyShape)
+    chat: ChatShape = field(default_factory=ChatShape)
+    trace_requests: int = 1_000
+    trace_load: float = DEFAULT_LOAD
+    curve_output_tokens: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)
+    curve_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    curve_requests: int = 96  # per point, at least 2x the point's concurrency
     seed: int = 0
 
 
-def simulated_bench(s: SimBench, progress: Progress) -> dict[str, Any]:
-    model, gpu = load_model_spec(s.model), load_gpu(s.gpu)
-    cost = CostModel(
-        model,
-        gpu,
+def sim_cost(s: SimBench) -> CostModel:
+    """The drafter arms' cost model (`eagle-off` derives its own from it)."""
+    return CostModel(
+        load_model_spec(s.model),
+        load_gpu(s.gpu),
         speculative=True,
         num_speculative_tokens=s.num_speculative_tokens,
         block_size=s.block_size,
     )
-    workloads = [
-        (
-            Workload(
-                "system-prompt",
-                system_prompt_workload(
-                    s.num_requests,
-                    s.shared_prefix_tokens,
-                    s.suffix_tokens,
-                    s.output_tokens,
-                    seed=s.seed,
-                ),
-                concurrency=s.concurrency,
-            ),
-            ("tail", "replay", "junction"),
+
+
+def sim_config(s: SimBench, w: Workload, cost: CostModel) -> HycacheConfig:
+    """The drafter arms' config; `compare_policies` sizes each arm's cache from its memory."""
+    return HycacheConfig(
+        CacheConfig(
+            block_size=s.block_size,
+            prefix_match_unit=s.prefix_match_unit,
+            num_blocks=cost.num_blocks(s.block_size),
+            max_model_len=w.max_tokens_per_request() + 2 * s.num_speculative_tokens + 8,
+            groups=(GroupKind.ATTENTION, GroupKind.SSM),
         ),
-        (
-            Workload(
-                "multi-turn",
-                sessions=multi_turn_workload(
-                    s.sessions, s.turns, s.user_tokens, s.turn_output_tokens, seed=s.seed
-                ),
-                concurrency=s.concurrency,
-            ),
-            ("replay", "junction"),
+        SpeculativeConfig(
+            num_speculative_tokens=s.num_speculative_tokens, acceptance_rate=s.acceptance_rate
         ),
-        (
-            Workload(
-                "trace",
-                requests_from_records(
-                    generate_mooncake_like(num_requests=s.trace_requests, seed=s.seed), seed=s.seed
-                ),
-            ),
-            ("replay", "junction"),
-        ),
-    ]
-    out: dict[str, Any] = {}
-    for w, policies in workloads:
-        progress(f"simulated · {w.name}")
-        max_len = w.max_tokens_per_request() + 2 * s.num_speculative_tokens + 8
-        cfg = HycacheConfig(
-            CacheConfig(
-                block_size=s.block_size,
-                prefix_match_unit=s.prefix_match_unit,
-                num_blocks=cost.num_blocks(s.block_size),
-                max_model_len=max_len,
-                groups=(GroupKind.ATTENTION, GroupKind.SSM),
-            ),
-            SpeculativeConfig(
-                num_speculative_tokens=s.num_speculative_tokens, acceptance_rate=s.acceptance_rate
-            ),
-            SchedulerConfig(8192, s.concurrency),
+        SchedulerConfig(s.max_num_batched_tokens, s.concurrency),
+    )
+
+
+def build_workload(s: SimBench, name: str) -> Workload:
+    """A bench workload from its shape (seeded: the same in every process)."""
+    if name == "system-prompt":
+        sp = s.system_prompt
+        reqs = system_prompt_workload(
+            sp.num_requests, sp.shared_prefix_tokens, sp.suffix_tokens, sp.output_tokens, s.seed
         )
-        results = compare_policies(w, cfg, policies, cost=cost, seed=s.seed)
-        out[w.name] = {
-            "inputs": {**asdict(s), "workload": w.name, "num_requests": w.size},
-            "policies": policies_json(results),
-        }
+        return Workload(name, reqs, concurrency=s.concurrency)
+    if name == "family":
+        f = s.family
+        reqs = family_workload(
+            f.families,
+            f.requests_per_family,
+            f.shared_prefix_tokens,
+            f.suffix_tokens,
+            f.output_tokens,
+            s.seed,
+        )
+        return Workload(name, reqs, concurrency=s.concurrency)
+    if name == "multi-turn":
+        c = s.chat
+        sessions = multi_turn_workload(
+            c.sessions,
+            c.turns,
+            c.user_tokens,
+            c.output_tokens,
+            s.seed,
+            system_prompt_tokens=c.system_prompt_tokens,
+        )
+        return Workload(name, sessions=sessions, concurrency=s.concurrency)
+    if name == "trace":
+        records = generate_mooncake_like(num_requests=s.trace_requests, seed=s.seed)
+        return Workload(name, requests_from_records(records, seed=s.seed))
+    raise ValueError(f"unknown bench workload {name!r}")
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One comparison: `arms` on one workload of `bench` (a table, or one curve point)."""
+
+    bench: SimBench
+    workload: str
+    arms: tuple[str, ...]
+    label: str
+
+
+def run_job(job: SimJob) -> dict[str, Any]:
+    """Run one job (in this process or a worker): the arms' summaries, and for the trace the
+    offered load it was replayed at."""
+    s = job.bench
+    cost = sim_cost(s)
+    w = build_workload(s, job.workload)
+    extra: dict[str, Any] = {}
+    if job.workload == "trace":
+        timed, offered = sustainable_arrivals(
+            w.requests,
+            sim_config(s, w, cost),
+            cost,
+            load=s.trace_load,
+            seed=s.seed,
+            size_cache=True,
+        )
+        w = Workload("trace", timed)
+        extra = {"offered_load": offered.as_dict(), "open_loop": True}
+    results = compare_policies(
+        w, sim_config(s, w, cost), job.arms, cost=cost, seed=s.seed, size_cache=True
+    )
+    shape = {"name": w.name, "size": w.size, "concurrency": w.concurrency}
+    return {"workload": shape, "policies": policies_json(results), "extra": extra}
+
+
+def _inputs(s: SimBench, w: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "model": s.model,
+        "gpu": s.gpu,
+        "block_size": s.block_size,
+        "prefix_match_unit": s.prefix_match_unit,
+        "num_speculative_tokens": s.num_speculative_tokens,
+        "acceptance_rate": s.acceptance_rate,
+        "concurrency": w["concurrency"],
+        "max_num_seqs": s.concurrency,
+        "workload": w["name"],
+        "num_requests": w["size"],
+        "seed": s.seed,
+        **extra,
+    }
+
+
+TABLES: tuple[str, ...] = ("system-prompt", "family", "multi-turn", "trace")
+
+
+def table_jobs(s: SimBench) -> list[SimJob]:
+    return [SimJob(s, name, s.arms, f"table · {name}") for name in TABLES]
+
+
+def curve_jobs(s: SimBench) -> list[tuple[str, str, int, SimJob]]:
+    """(axis, workload, x, job) for every curve point: `lookahead` and `limit` only, fewer
+    requests per point (`curve_requests`, at least twice the point's concurrency)."""
+    n = s.curve_requests
+    arms = (BASELINE, HEADLINE)
+    out: list[tuple[str, str, int, SimJob]] = []
+
+    def sized(b: SimBench, name: str, requests: int) -> SimBench:
+        if name == "system-prompt":
+            return replace(b, system_prompt=replace(b.system_prompt, num_requests=requests))
+        return replace(b, family=replace(b.family, families=max(1, requests // 8)))
+
+    for name in ("system-prompt", "family"):
+        for o in s.curve_output_tokens:
+            b = sized(s, name, n)
+            b = (
+                replace(b, system_prompt=replace(b.system_prompt, output_tokens=o))
+                if name == "system-prompt"
+                else replace(b, family=replace(b.family, output_tokens=o))
+            )
+            out.append(
+                ("output_tokens", name, o, SimJob(b, name, arms, f"curve · {name} · {o} out"))
+            )
+        for c in s.curve_concurrency:
+            b = sized(replace(s, concurrency=c), name, max(n, 2 * c))
+            out.append(("concurrency", name, c, SimJob(b, name, arms, f"curve · {name} · c={c}")))
     return out
 
 
-def bench(engine: EngineBench | None, sim: SimBench | None, progress: Progress) -> dict[str, Any]:
+def _run_all(jobs: Sequence[SimJob], workers: int, progress: Progress) -> list[dict[str, Any]]:
+    """Run jobs, in order here (`workers` <= 1) or in `workers` spawned processes (the
+    simulations are deterministic, so where they run changes no number)."""
+    total = len(jobs)
+    if workers <= 1 or total <= 1:
+        out = []
+        for i, job in enumerate(jobs):
+            progress(f"simulated {i + 1}/{total} · {job.label}")
+            out.append(run_job(job))
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    results: list[dict[str, Any] | None] = [None] * total
+    ctx = multiprocessing.get_context("spawn")  # no fork after torch has started threads
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
+        progress(f"simulated 0/{total} on {workers} processes")
+        for done, fut in enumerate(as_completed(futures), start=1):
+            i = futures[fut]
+            results[i] = fut.result()
+            progress(f"simulated {done}/{total} · {jobs[i].label}")
+    return [r for r in results if r is not None]
+
+
+def simulated_bench(
+    s: SimBench, progress: Progress, *, curves: bool = True, workers: int = 1
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One table per workload (every arm), and the `limit / lookahead` curves."""
+    tables = table_jobs(s)
+    points = curve_jobs(s) if curves else []
+    # the trace (capacity, then five arms) is the longest job: start it first
+    jobs = [tables[-1], *tables[:-1], *(job for *_, job in points)]
+    results = _run_all(jobs, workers, progress)
+    by_job = dict(zip((id(j) for j in jobs), results, strict=True))
+    simulated: dict[str, Any] = {}
+    for job in tables:
+        r = by_job[id(job)]
+        w, pol = r["workload"], r["policies"]
+        shape = {
+            "system-prompt": asdict(s.system_prompt),
+            "family": asdict(s.family),
+            "multi-turn": asdict(s.chat),
+            "trace": {"generator": "mooncake-like", "num_requests": s.trace_requests},
+        }[job.workload]
+        simulated[job.workload] = {
+            "inputs": _inputs(s, w, shape=shape, **r["extra"]),
+            "policies": pol,
+            "headline": headline(pol),
+        }
+    if not curves:
+        return simulated, None
+    out: dict[str, Any] = {"output_tokens": {}, "concurrency": {}}
+    for axis, name, x, job in points:
+        r = by_job[id(job)]
+        b, h = r["policies"][BASELINE], r["policies"][HEADLINE]
+        out[axis].setdefault(name, []).append(
+            {
+                "x": x,
+                "num_requests": r["workload"]["size"],
+                f"{BASELINE}_output_tokens_per_s": b["output_tokens_per_s"],
+                f"{HEADLINE}_output_tokens_per_s": h["output_tokens_per_s"],
+                "ratio": h["output_tokens_per_s"] / b["output_tokens_per_s"],
+                f"{BASELINE}_ttft_p50_s": b["ttft_p50_s"],
+                f"{HEADLINE}_ttft_p50_s": h["ttft_p50_s"],
+            }
+        )
+    out["inputs"] = {
+        "requests_per_point": s.curve_requests,
+        "concurrency_for_output_tokens": s.concurrency,
+        "output_tokens_for_concurrency": {
+            "system-prompt": s.system_prompt.output_tokens,
+            "family": s.family.output_tokens,
+        },
+    }
+    return simulated, out
+
+
+def bench(
+    engine: EngineBench | None,
+    sim: SimBench | None,
+    progress: Progress,
+    *,
+    curves: bool = True,
+    workers: int = 1,
+) -> dict[str, Any]:
+    """The engine part first, alone on the machine (it is timed by the wall clock); then the
+    simulations, on `workers` processes."""
     doc: dict[str, Any] = {}
+    t0 = time.perf_counter()
     if engine is not None:
-        doc["engine"] = engine_bench(engine, ("replay", "junction"), progress)
+        doc["engine"] = engine_bench(engine, ENGINE_ARMS, progress)
+        doc["engine"]["inputs"]["wall_s"] = time.perf_counter() - t0
     if sim is not None:
-        doc["simulated"] = simulated_bench(sim, progress)
+        t1 = time.perf_counter()
+        doc["simulated"], c = simulated_bench(sim, progress, curves=curves, workers=workers)
+        if c is not None:
+            doc["curves"] = c
+        doc["simulated_wall_s"] = time.perf_counter() - t1
+    doc["wall_s"] = time.perf_counter() - t0
     return doc

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,6 @@ from hycache.config import (
     HycacheConfig,
     SchedulerConfig,
     SpeculativeConfig,
-    parse_policy,
 )
 from hycache.report import console, err_console, jsonl, write_atomic
 
@@ -69,15 +69,39 @@ def build_config(
 
 
 def parse_policies(args: argparse.Namespace) -> list[str]:
-    if args.compare:
-        names = [n.strip() for n in args.compare.split(",") if n.strip()]
-    else:
-        names = [args.policy]
-    for n in names:
-        parse_policy(n)
-    if len(set(names)) != len(names):
-        raise UserError(f"--compare: a policy is listed twice in {args.compare!r}")
-    return names
+    """The arms to run: `--compare a,b,c` (policies, or `eagle-off`), else `--policy`."""
+    from hycache.sim.compare import parse_arms
+
+    flag = "--compare" if args.compare else "--policy"
+    try:
+        return list(parse_arms(args.compare or args.policy))
+    except ValueError as exc:
+        raise UserError(f"{flag}: {exc}") from None
+
+
+def int_or_range(text: str) -> int | tuple[int, int]:
+    """argparse type for `N` or `LO:HI` (a bad value exits with status 2 and says why)."""
+    from hycache.sim.workloads import parse_int_or_range
+
+    try:
+        return parse_int_or_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def rate_or_auto(text: str) -> float | str:
+    """argparse type for `--request-rate`: requests/s (> 0) or `auto`."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected requests/s (a number > 0) or 'auto', got {text!r}"
+        ) from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 # -- explain ---------------------------------------------------------------------------------------
@@ -111,32 +135,92 @@ def cmd_explain(args: argparse.Namespace) -> int:
 # -- simulate --------------------------------------------------------------------------------------
 
 
+def _fixed(value: Any, flag: str) -> int:
+    if isinstance(value, tuple):
+        raise UserError(f"{flag}: the system-prompt workload needs one length, not a range")
+    return int(value)
+
+
 def build_workload(args: argparse.Namespace) -> Any:
+    """The workload the flags describe; unset flags take the workload's shape defaults
+    (`SystemPromptShape`, `FamilyShape`, `ChatShape` in hycache.sim.workloads)."""
     from hycache.sim.compare import Workload
     from hycache.sim.trace import read_mooncake_trace
-    from hycache.sim.workloads import multi_turn_workload, system_prompt_workload
+    from hycache.sim.workloads import (
+        ChatShape,
+        FamilyShape,
+        SystemPromptShape,
+        family_workload,
+        multi_turn_workload,
+        system_prompt_workload,
+    )
 
     kind = args.workload or ("trace" if args.trace else "system-prompt")
+    if args.trace and kind != "trace":
+        raise UserError(f"--trace replays a trace; it does not go with --workload {kind}")
+    if args.prefix_hint and kind == "trace":
+        raise UserError("--prefix-hint: a trace names no shared prefix; use another workload")
+    if args.closed_loop and kind != "trace":
+        raise UserError(f"--closed-loop: only a trace has timestamps to ignore ({kind} is closed)")
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
     if kind == "trace":
         if not args.trace:
             raise UserError("--workload trace needs --trace FILE.jsonl")
         reqs = read_mooncake_trace(
             args.trace, args.trace_block_tokens, seed=args.seed, limit=args.limit
         )
+        if args.closed_loop:
+            from hycache.sim.load import closed_loop
+
+            if args.request_rate is not None:
+                raise UserError("--closed-loop and --request-rate: choose one")
+            return Workload("trace", closed_loop(reqs), concurrency=args.concurrency or 64)
         return Workload("trace", reqs, concurrency=args.concurrency, sequential=args.sequential)
     if kind == "system-prompt":
+        sp = SystemPromptShape()
         reqs = system_prompt_workload(
-            args.num_requests,
-            args.shared_prefix_tokens,
-            args.suffix_tokens,
-            args.output_tokens,
+            pick(args.num_requests, sp.num_requests),
+            _fixed(
+                pick(args.shared_prefix_tokens, sp.shared_prefix_tokens), "--shared-prefix-tokens"
+            ),
+            pick(args.suffix_tokens, sp.suffix_tokens),
+            pick(args.output_tokens, sp.output_tokens),
             seed=args.seed,
+            prefix_hint=args.prefix_hint,
         )
         return Workload(
             "system-prompt", reqs, concurrency=args.concurrency or 64, sequential=args.sequential
         )
+    if kind == "family":
+        fam = FamilyShape()
+        reqs = family_workload(
+            pick(args.families, fam.families),
+            pick(args.requests_per_family, fam.requests_per_family),
+            pick(args.shared_prefix_tokens, fam.shared_prefix_tokens),
+            pick(args.suffix_tokens, fam.suffix_tokens),
+            pick(args.output_tokens, fam.output_tokens),
+            seed=args.seed,
+            prefix_hint=args.prefix_hint,
+        )
+        return Workload(
+            "family", reqs, concurrency=args.concurrency or 64, sequential=args.sequential
+        )
+    chat = ChatShape()
+    if args.request_rate is not None:
+        raise UserError(
+            "--request-rate: multi-turn sessions are closed loop (each turn follows the last)"
+        )
     sessions = multi_turn_workload(
-        args.sessions, args.turns, args.user_tokens, args.output_tokens, seed=args.seed
+        pick(args.sessions, chat.sessions),
+        pick(args.turns, chat.turns),
+        pick(args.user_tokens, chat.user_tokens),
+        pick(args.output_tokens, chat.output_tokens),
+        seed=args.seed,
+        system_prompt_tokens=pick(args.system_prompt_tokens, chat.system_prompt_tokens),
+        prefix_hint=args.prefix_hint,
     )
     return Workload(
         "multi-turn",
@@ -144,6 +228,29 @@ def build_workload(args: argparse.Namespace) -> Any:
         concurrency=args.concurrency or 64,
         sequential=args.sequential,
     )
+
+
+def apply_request_rate(
+    args: argparse.Namespace, workload: Any, config: HycacheConfig, cost: Any, sized: bool
+) -> dict[str, Any] | None:
+    """Open-loop arrivals for `--request-rate`: a rate, or `auto` (`--load` times what the
+    `lookahead` arm sustains closed loop on this stream). Returns what was applied."""
+    from hycache.sim.load import OfferedLoad, at_rate, sustainable_arrivals
+
+    if args.request_rate is None:
+        return None
+    if args.sequential:
+        raise UserError("--request-rate: open-loop arrivals do not go with --sequential")
+    if args.request_rate == "auto":
+        reqs, offered = sustainable_arrivals(
+            workload.requests, config, cost, load=args.load, seed=args.seed, size_cache=sized
+        )
+    else:
+        reqs, scale = at_rate(workload.requests, float(args.request_rate), seed=args.seed)
+        offered = OfferedLoad(None, None, float(args.request_rate), scale)
+    workload.requests = reqs
+    workload.concurrency = None
+    return offered.as_dict()
 
 
 def build_cost(args: argparse.Namespace) -> Any:
@@ -168,14 +275,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hycache.report import plot_policies, policy_table
-    from hycache.sim.compare import compare_policies, policies_json
+    from hycache.sim.compare import compare_policies, headline, policies_json
 
+    if not 0 < args.load <= 1.5:
+        raise UserError(f"--load: must lie in (0, 1.5], got {args.load}")
     policies = parse_policies(args)
     workload = build_workload(args)
     if not workload.size:
         raise UserError("the workload has no requests")
     cost = build_cost(args)
     max_len = workload.max_tokens_per_request() + args.num_speculative_tokens + 1
+    sized = args.num_blocks is None and cost is not None
     if args.num_blocks is not None:
         num_blocks = args.num_blocks
     elif cost is not None:
@@ -183,7 +293,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         per_req = -(-max_len // args.block_size) + 4
         num_blocks = max(args.max_num_seqs, 1) * per_req * 2 + 16
-    config = build_config(args, policy=policies[0], max_model_len=max_len, num_blocks=num_blocks)
+    config = build_config(args, policy="replay", max_model_len=max_len, num_blocks=num_blocks)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -193,6 +303,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         transient=True,
         disable=args.quiet or workload.size < 50,
     ) as progress:
+        offered = apply_request_rate(args, workload, config, cost, sized)
         tasks = {
             p: progress.add_task(f"{workload.name} · {p}", total=workload.size) for p in policies
         }
@@ -202,6 +313,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             policies,
             cost=cost,
             seed=args.seed,
+            size_cache=sized,
             on_finish=lambda p, _rec: progress.advance(tasks[p]),
         )
     summary = policies_json(results)
@@ -213,9 +325,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "eagle": args.eagle,
         "num_speculative_tokens": args.num_speculative_tokens if args.eagle else 0,
         "acceptance_rate": args.acceptance_rate,
-        "num_blocks": num_blocks,
+        "num_blocks": num_blocks,  # the drafter arms'; per arm in `policies` when sized
+        "cache_sized_per_arm": sized,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_num_seqs": args.max_num_seqs,
+        "concurrency": workload.concurrency,
+        "prefix_hint": args.prefix_hint,
+        "offered_load": offered,
         "cost_model": args.cost_model,
         "model": args.model_config or args.model if cost else None,
         "gpu": args.gpu_config or args.gpu if cost else None,
@@ -232,13 +348,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             doc = {
                 "inputs": inputs,
                 "policies": summary,
+                "headline": headline(summary),
                 "requests": {n: [r.line() for r in res.records] for n, res in results.items()},
             }
             write_atomic(args.json, json.dumps(doc, indent=2) + "\n")
     if args.plot:
         plot_policies(args.plot, f"{workload.name} ({args.cost_model})", summary)
     if not args.quiet:
-        console.print(policy_table(f"{workload.name}: {workload.size:,} requests", summary))
+        title = f"{workload.name}: {workload.size:,} requests"
+        if offered is not None:
+            title += f", open loop at {offered['request_rate_per_s']:.3g} requests/s"
+        console.print(policy_table(title, summary))
     return 0
 
 
@@ -303,30 +423,71 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # -- bench -----------------------------------------------------------------------------------------
 
 
+def quick_bench(engine: Any, sim: Any) -> tuple[Any, Any]:
+    """`bench --quick`: the same tables and curves at smoke-test size (seconds, not minutes):
+    a small engine shape, few simulated requests, two points per curve."""
+    from dataclasses import replace
+
+    if engine is not None:
+        engine = replace(
+            engine,
+            block_size=64,
+            prefix_match_unit=8,
+            shared_prefix_tokens=600,
+            suffix_tokens=100,
+            output_tokens=8,
+            num_requests=6,
+            concurrency=3,
+            repeats=2,
+            num_blocks=256,
+            threads=1,  # tiny steps: a second thread only adds synchronisation
+        )
+    if sim is not None:
+        sim = replace(
+            sim,
+            system_prompt=replace(sim.system_prompt, num_requests=12),
+            family=replace(sim.family, families=3),
+            chat=replace(sim.chat, sessions=6, turns=(2, 3)),
+            trace_requests=40,
+            curve_output_tokens=(64, 256),
+            curve_concurrency=(1, 8),
+            curve_requests=16,
+            concurrency=8,
+        )
+    return engine, sim
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from hycache.bench import EngineBench, SimBench, bench
-    from hycache.report import plot_bench, policy_table
+    from hycache.report import curves_table, plot_bench, policy_table
 
     engine = None if args.skip_engine else EngineBench()
     sim = None if args.skip_simulated else SimBench()
     if args.quick:
-        engine = engine and replace(engine, num_requests=12, output_tokens=16)
-        sim = sim and replace(sim, num_requests=128, trace_requests=500, sessions=16)
+        engine, sim = quick_bench(engine, sim)
     if engine is not None and args.engine_requests:
         engine = replace(engine, num_requests=args.engine_requests)
+    if engine is not None and args.engine_repeats:
+        engine = replace(engine, repeats=args.engine_repeats)
     if sim is not None and args.trace_requests:
         sim = replace(sim, trace_requests=args.trace_requests)
     with err_console.status("benchmarking") as status:
-        doc = bench(engine, sim, lambda msg: status.update(f"benchmarking: {msg}"))
+        doc = bench(
+            engine,
+            sim,
+            lambda msg: status.update(f"benchmarking: {msg}"),
+            curves=not args.skip_curves,
+            workers=args.jobs,
+        )
     if "engine" in doc:
         e = doc["engine"]["inputs"]
         title = (
             f"CPU engine, tiny + EAGLE (k={e['num_speculative_tokens']}): "
             f"{e['num_requests']} requests, {e['shared_prefix_tokens']:,} shared + "
             f"{e['suffix_tokens']} tokens, B={e['block_size']}, u={e['prefix_match_unit']}, "
-            f"concurrency {e['concurrency']}"
+            f"concurrency {e['concurrency']}; median of {e['repeats']} alternating repeats"
         )
         console.print(policy_table(title, doc["engine"]["policies"]))
     for name, part in doc.get("simulated", {}).items():
@@ -336,7 +497,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"u={i['prefix_match_unit']}, k={i['num_speculative_tokens']}): "
             f"{i['num_requests']:,} requests"
         )
+        if i.get("open_loop"):
+            o = i["offered_load"]
+            title += (
+                f", open loop at {o['request_rate_per_s']:.3g} requests/s "
+                f"({o['load']:.0%} of the {o['capacity_requests_per_s']:.3g}/s lookahead sustains)"
+            )
+        else:
+            title += f", concurrency {i['concurrency']}"
         console.print(policy_table(title, part["policies"]))
+    if "curves" in doc:
+        console.print(curves_table(doc["curves"]))
+    console.print(f"bench wall time: {doc['wall_s']:.1f} s")
     if args.json:
         write_atomic(args.json, json.dumps(doc, indent=2) + "\n")
         console.print(f"wrote {args.json}")
@@ -374,18 +546,58 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="run a workload through the scheduler and cache")
     add_cache_flags(p)
-    g = p.add_argument_group("workload")
-    g.add_argument("--workload", choices=("system-prompt", "multi-turn", "trace"), default=None)
+    g = p.add_argument_group(
+        "workload",
+        "lengths take N or an inclusive range LO:HI (drawn per use); unset flags take the "
+        "workload's defaults",
+    )
+    g.add_argument(
+        "--workload", choices=("system-prompt", "family", "multi-turn", "trace"), default=None
+    )
     g.add_argument("--trace", help="Mooncake-format JSONL trace")
     g.add_argument("--trace-block-tokens", type=int, default=512, help="tokens per hash id")
     g.add_argument("--limit", type=int, default=None, help="only the first N trace requests")
-    g.add_argument("--shared-prefix-tokens", type=int, default=57_600)
-    g.add_argument("--suffix-tokens", type=int, default=6_416)
-    g.add_argument("--output-tokens", type=int, default=256)
-    g.add_argument("--num-requests", type=int, default=256)
-    g.add_argument("--sessions", type=int, default=64)
-    g.add_argument("--turns", type=int, default=4)
-    g.add_argument("--user-tokens", type=int, default=1_024)
+    g.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help="trace: ignore the timestamps; keep --concurrency (64) requests in flight",
+    )
+    g.add_argument(
+        "--shared-prefix-tokens",
+        type=int_or_range,
+        default=None,
+        help="system-prompt: the shared prefix (57600); family: per family (2000:40000)",
+    )
+    g.add_argument(
+        "--suffix-tokens",
+        type=int_or_range,
+        default=None,
+        help="per request after the shared prefix (system-prompt 6416, family 128:2048)",
+    )
+    g.add_argument(
+        "--output-tokens",
+        type=int_or_range,
+        default=None,
+        help="per request / answer (system-prompt 256, family and multi-turn 64:640)",
+    )
+    g.add_argument("--num-requests", type=int, default=None, help="system-prompt (256)")
+    g.add_argument("--families", type=int, default=None, help="family: families (32)")
+    g.add_argument("--requests-per-family", type=int_or_range, default=None, help="family: (4:12)")
+    g.add_argument("--sessions", type=int, default=None, help="multi-turn: sessions (64)")
+    g.add_argument("--turns", type=int_or_range, default=None, help="multi-turn: (2:10)")
+    g.add_argument("--user-tokens", type=int_or_range, default=None, help="multi-turn: (32:1024)")
+    g.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=None,
+        help="multi-turn: one system prompt shared by every session (3000; 0 for none)",
+    )
+    g.add_argument(
+        "--prefix-hint",
+        action="store_true",
+        help="requests name where their shared prefix ends (system prompt, family prefix); "
+        "used by `limit`",
+    )
     g.add_argument(
         "--concurrency",
         type=int,
@@ -393,9 +605,28 @@ def make_parser() -> argparse.ArgumentParser:
         help="requests in flight (closed loop; default 64, or the trace's own arrival times)",
     )
     g.add_argument("--sequential", action="store_true", help="one request at a time")
+    g.add_argument(
+        "--request-rate",
+        type=rate_or_auto,
+        default=None,
+        metavar="R|auto",
+        help="open loop at R requests/s (a trace keeps its relative spacing, other workloads "
+        "get Poisson arrivals); auto: --load times what `lookahead` sustains closed loop",
+    )
+    g.add_argument(
+        "--load",
+        type=float,
+        default=0.75,
+        help="with --request-rate auto: offered load as a fraction of capacity (0.75)",
+    )
     g = p.add_argument_group("policies and costs")
-    g.add_argument("--policy", default="limit", help=f"one of {', '.join(POLICY_NAMES)}")
-    g.add_argument("--compare", default=None, help="policies side by side, e.g. lookahead,limit")
+    g.add_argument("--policy", default="limit", help=f"one of eagle-off, {', '.join(POLICY_NAMES)}")
+    g.add_argument(
+        "--compare",
+        default=None,
+        help="arms side by side, e.g. eagle-off,replay,junction,lookahead,limit (ratios are "
+        "taken against lookahead when it is there)",
+    )
     g.add_argument("--cost-model", choices=("roofline", "none"), default="roofline")
     g.add_argument("--model", default="bamba-9b", help="model preset")
     g.add_argument("--model-config", default=None, help="model preset file (JSON)")
@@ -420,13 +651,21 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("bench", help="the seed's comparison: CPU engine and simulated")
+    p = sub.add_parser("bench", help="every arm side by side: CPU engine and simulated")
     p.add_argument("--json", default="out/bench.json", help="write results here")
     p.add_argument("--plot", default="out/bench.png", help="write a PNG plot here")
     p.add_argument("--quick", action="store_true", help="smaller workloads (a smoke test)")
     p.add_argument("--skip-engine", action="store_true")
     p.add_argument("--skip-simulated", action="store_true")
+    p.add_argument("--skip-curves", action="store_true", help="no ratio curves")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="processes for the simulations (default: up to 2; the engine part runs alone)",
+    )
     p.add_argument("--engine-requests", type=int, default=None)
+    p.add_argument("--engine-repeats", type=int, default=None, help="alternating repeats (3)")
     p.add_argument("--trace-requests", type=int, default=None)
     p.set_defaults(func=cmd_bench)
 

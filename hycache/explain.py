@@ -25,6 +25,7 @@ from hycache.sched.executor import DryRunExecutor, run_to_completion
 from hycache.sched.scheduler import Scheduler
 
 NUM_SIBLINGS = 3
+MAX_PROMPT_TOKENS = 4_000_000  # about 4 s per policy here; far beyond any model's context
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class ExplainInputs:
     def validate(self) -> None:
         if self.prompt_tokens < 2:
             raise ValueError(f"prompt_tokens: need at least 2 tokens, got {self.prompt_tokens}")
+        if self.prompt_tokens > MAX_PROMPT_TOKENS:
+            raise ValueError(
+                f"prompt_tokens: {self.prompt_tokens:,} is above the {MAX_PROMPT_TOKENS:,} tokens "
+                "explain runs (it builds every request's tokens)"
+            )
         if not 0 < self.shared_prefix <= self.prompt_tokens:
             raise ValueError(
                 f"shared_prefix: must lie in [1, prompt_tokens={self.prompt_tokens}], "

@@ -94,77 +94,150 @@ SIM_ROWS = (
     ("hit tokens", "hit_tokens", True),
     ("token hit rate", "token_hit_rate", True),
     ("lost-reuse tokens", "lost_reuse_tokens", False),
+    ("requests that observed a junction", "junctions_observed", False),
     ("extra prefill steps (max)", "extra_prefill_steps_max", False),
+    ("SSM state pages keyed (total)", "ssm_pages_stored", True),
+    ("  of which decode snapshots", "ssm_snapshot_pages", False),
+    ("SSM state pages keyed (peak held)", "ssm_pages_peak", True),
     ("peak blocks used", "peak_blocks_used", False),
+    ("cache blocks", "num_blocks", False),
     ("preemptions", "preemptions", False),
 )
 
 
+def _ratio(v: Any, base: Any) -> str:
+    ok = isinstance(v, int | float) and isinstance(base, int | float) and base
+    return f"{v / base:.3f}x" if ok else ""
+
+
+def headline_pair(names: list[str]) -> tuple[str, str] | None:
+    """(numerator, denominator) of a table's ratio column: `limit / lookahead` when both are
+    there, the second arm over the first for a pair, else None."""
+    from hycache.sim.compare import BASELINE, HEADLINE
+
+    if HEADLINE in names and BASELINE in names:
+        return HEADLINE, BASELINE
+    if len(names) == 2:
+        return names[1], names[0]
+    return None
+
+
 def policy_table(title: str, policies: Mapping[str, Mapping[str, Any]]) -> Table:
-    """Metrics per policy, with each value's ratio to the first policy."""
+    """Metrics per arm; a bold column with the headline ratio (`limit / lookahead`), and a last
+    row with every arm's output tokens/s over the baseline (`lookahead` when present)."""
+    from hycache.sim.compare import reference_arm
+
     table = Table(title=title)
     table.add_column("metric")
     names = list(policies)
-    for i, name in enumerate(names):
+    for name in names:
         table.add_column(name, justify="right")
-        if i:
-            table.add_column(f"{name}/{names[0]}", justify="right", style="bold")
+    pair = headline_pair(names)
+    if pair:
+        table.add_column(f"{pair[0]}/{pair[1]}", justify="right", style="bold")
     for label, key, ratio in SIM_ROWS:
-        base = policies[names[0]].get(key)
-        cells = []
-        for i, name in enumerate(names):
-            v = policies[name].get(key)
-            cells.append(fmt(v))
-            if i:
-                ok = ratio and isinstance(v, int | float) and isinstance(base, int | float) and base
-                cells.append(f"{v / base:.3f}x" if ok else "")
+        if all(policies[n].get(key) is None for n in names):
+            continue
+        cells = [fmt(policies[n].get(key)) for n in names]
+        if pair:
+            num, den = (policies[x].get(key) for x in pair)
+            cells.append(_ratio(num, den) if ratio else "")
         table.add_row(label, *cells)
+    if len(names) > 1:
+        base = reference_arm(names)
+        key = "output_tokens_per_s"
+        cells = [_ratio(policies[n].get(key), policies[base].get(key)) for n in names]
+        table.add_row(f"output tokens/s ÷ {base}", *cells, *([""] if pair else []), style="bold")
     return table
 
 
-def plot_policies(path: str | Path, title: str, policies: Mapping[str, Mapping[str, Any]]) -> None:
-    """Throughput and TTFT per policy, side by side (PNG)."""
-    import matplotlib
+def curves_table(curves: Mapping[str, Any]) -> Table:
+    """`limit / lookahead` output tokens/s at each point of the bench's curves."""
+    from hycache.sim.compare import BASELINE, HEADLINE
 
-    matplotlib.use("Agg")
+    table = Table(title=f"{HEADLINE} / {BASELINE} output tokens/s (simulated curves)")
+    table.add_column("over")
+    table.add_column("workload")
+    table.add_column("x: ratio")
+    for axis in ("output_tokens", "concurrency"):
+        for name, points in curves.get(axis, {}).items():
+            cells = "  ".join(f"{p['x']}: {p['ratio']:.3f}" for p in points)
+            table.add_row(axis.replace("_", " "), name, cells)
+    return table
+
+
+def _savefig(fig: Any, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
-    names = list(policies)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
-    ax1.bar(names, [policies[n]["output_tokens_per_s"] for n in names], color="tab:blue")
-    ax1.set_ylabel("output tokens/s")
-    ax1.set_title("throughput")
-    x = range(len(names))
-    ax2.bar([i - 0.2 for i in x], [policies[n]["ttft_p50_s"] for n in names], 0.4, label="p50")
-    ax2.bar([i + 0.2 for i in x], [policies[n]["ttft_p95_s"] for n in names], 0.4, label="p95")
-    ax2.set_xticks(list(x), names)
-    ax2.set_ylabel("seconds")
-    ax2.set_title("time to first token")
-    ax2.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_bench(path: str | Path, doc: Mapping[str, Any]) -> None:
-    """One panel per comparison: output tokens/s and TTFT p50 relative to `replay`."""
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_policies(path: str | Path, title: str, policies: Mapping[str, Mapping[str, Any]]) -> None:
+    """Throughput and TTFT per arm, side by side (PNG); throughput bars carry their ratio to
+    the baseline (`lookahead` when present)."""
+    from hycache.sim.compare import reference_arm
+
+    plt = _pyplot()
+    names = list(policies)
+    base = policies[reference_arm(names)]["output_tokens_per_s"] or 1.0
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    tput = [policies[n]["output_tokens_per_s"] for n in names]
+    ax1.bar(names, tput, color="tab:blue")
+    for i, v in enumerate(tput):
+        ax1.text(i, v, f"{v / base:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax1.set_ylabel("output tokens/s")
+    ax1.set_title(f"throughput (labels: ÷ {reference_arm(names)})")
+    ax1.tick_params(axis="x", labelsize=8)
+    x = range(len(names))
+    ax2.bar([i - 0.2 for i in x], [policies[n]["ttft_p50_s"] for n in names], 0.4, label="p50")
+    ax2.bar([i + 0.2 for i in x], [policies[n]["ttft_p95_s"] for n in names], 0.4, label="p95")
+    ax2.set_xticks(list(x), names, fontsize=8)
+    ax2.set_ylabel("seconds")
+    ax2.set_title("time to first token")
+    ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    _savefig(fig, path)
+
+
+def _bench_panels(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     panels: list[tuple[str, Mapping[str, Any]]] = []
     if "engine" in doc:
-        panels.append(("CPU engine (tiny)", doc["engine"]["policies"]))
+        panels.append(("CPU engine (tiny), median", doc["engine"]["policies"]))
     for name, part in doc.get("simulated", {}).items():
         panels.append((f"simulated: {name}", part["policies"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4), squeeze=False)
-    for ax, (title, pol) in zip(axes[0], panels, strict=True):
+    return panels
+
+
+def plot_bench(path: str | Path, doc: Mapping[str, Any]) -> None:
+    """Top row, one panel per table: each arm's output tokens/s and TTFT p50 over the baseline
+    (`lookahead`). Bottom row: `limit / lookahead` output tokens/s over output length and over
+    concurrency (system-prompt and family), when the document has curves."""
+    from hycache.sim.compare import BASELINE, HEADLINE, reference_arm
+
+    plt = _pyplot()
+    panels = _bench_panels(doc)
+    curves = doc.get("curves")
+    cols = max(len(panels), 2)
+    rows = 2 if curves else 1
+    fig = plt.figure(figsize=(3.3 * cols, 3.6 * rows))
+    grid = fig.add_gridspec(rows, cols * 2)
+    for k, (title, pol) in enumerate(panels):
+        ax = fig.add_subplot(grid[0, 2 * k : 2 * k + 2])
         names = list(pol)
-        base = pol.get("replay", pol[names[0]])
+        base = pol[reference_arm(names)]
         x = range(len(names))
         tput = [pol[n]["output_tokens_per_s"] / base["output_tokens_per_s"] for n in names]
         ttft = [
@@ -173,14 +246,39 @@ def plot_bench(path: str | Path, doc: Mapping[str, Any]) -> None:
         ax.bar([i - 0.2 for i in x], tput, 0.4, label="output tok/s")
         ax.bar([i + 0.2 for i in x], ttft, 0.4, label="TTFT p50")
         for i, v in enumerate(tput):
-            ax.text(i - 0.2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+            ax.text(i - 0.2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
         ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xticks(list(x), names)
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel("relative to replay")
-    axes[0][0].legend(fontsize=8)
+        ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=7)
+        ax.set_title(title, fontsize=9)
+        if k == 0:
+            ax.set_ylabel(f"relative to {reference_arm(names)}")
+            ax.legend(fontsize=7)
+    if curves:
+        for k, (axis, label) in enumerate(
+            (("output_tokens", "output tokens per request"), ("concurrency", "concurrency"))
+        ):
+            half = cols
+            ax = fig.add_subplot(grid[1, k * half : (k + 1) * half])
+            for name, points in curves[axis].items():
+                xs = [p["x"] for p in points]
+                ys = [p["ratio"] for p in points]
+                ax.plot(xs, ys, marker="o", label=name)
+                for xv, yv in zip(xs, ys, strict=True):
+                    ax.annotate(
+                        f"{yv:.2f}",
+                        (xv, yv),
+                        fontsize=6,
+                        xytext=(0, 4),
+                        textcoords="offset points",
+                        ha="center",
+                    )
+            ax.set_xscale("log", base=2)
+            ticks = sorted({p["x"] for pts in curves[axis].values() for p in pts})
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.axhline(1.0, color="gray", lw=0.8)
+            ax.set_xlabel(label)
+            ax.set_ylabel(f"{HEADLINE} / {BASELINE} output tok/s")
+            ax.set_title(f"{HEADLINE} / {BASELINE} over {label}", fontsize=9)
+            ax.legend(fontsize=7)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _savefig(fig, path)

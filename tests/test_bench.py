@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hycache.bench import EngineBench, SimBench, bench
+from hycache.bench import (
+    EngineBench,
+    SimBench,
+    SimJob,
+    _median_metrics,
+    _run_all,
+    bench,
+    engine_orders,
+)
 from hycache.cli import main
+from hycache.report import plot_bench
+from hycache.sim.compare import DEFAULT_ARMS
+from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape
 
 KEYS = {
     "output_tokens_per_s",
@@ -18,8 +30,10 @@ KEYS = {
     "hit_tokens",
     "token_hit_rate",
     "lost_reuse_tokens",
+    "junctions_observed",
     "extra_prefill_steps_max",
 }
+SIM_KEYS = KEYS | {"ssm_pages_stored", "ssm_snapshot_pages", "ssm_pages_peak", "num_blocks"}
 
 
 def toy() -> tuple[EngineBench, SimBench]:
@@ -31,48 +45,120 @@ def toy() -> tuple[EngineBench, SimBench]:
         output_tokens=4,
         num_requests=6,
         concurrency=3,
+        repeats=2,
+        num_blocks=256,
+        threads=1,
     )
     sim = SimBench(
         block_size=256,
         prefix_match_unit=16,
-        shared_prefix_tokens=3000,
-        suffix_tokens=400,
-        output_tokens=16,
-        num_requests=24,
         concurrency=8,
-        sessions=4,
-        turns=3,
-        user_tokens=300,
-        turn_output_tokens=20,
+        system_prompt=SystemPromptShape(24, 3000, 400, 16),
+        family=FamilyShape(4, (3, 5), (300, 3000), (20, 200), (4, 16)),
+        chat=ChatShape(4, (2, 3), 700, (20, 200), (4, 16)),
         trace_requests=40,
+        curve_output_tokens=(8, 32),
+        curve_concurrency=(1, 4),
+        curve_requests=16,
     )
     return engine, sim
 
 
-def test_bench_halves_share_the_policies_shape() -> None:
+@pytest.fixture(scope="module")
+def doc() -> dict[str, Any]:
     engine, sim = toy()
-    doc = bench(engine, sim, lambda _msg: None)
-    eng = doc["engine"]["policies"]
-    assert set(eng) == {"replay", "junction"}
-    assert set(eng["junction"]) >= KEYS
-    # junction resumes siblings one unit under the shared block: more hits, less prefill
-    assert eng["junction"]["hit_tokens"] > eng["replay"]["hit_tokens"]
-    assert eng["junction"]["prefill_tokens_computed"] < eng["replay"]["prefill_tokens_computed"]
-    assert eng["junction"]["extra_prefill_steps_max"] <= 2
+    messages: list[str] = []
+    out = bench(engine, sim, messages.append)
+    out["_messages"] = messages
+    return out
+
+
+def test_engine_part_alternates_lookahead_and_limit(doc: dict[str, Any]) -> None:
+    eng = doc["engine"]
+    assert list(eng["policies"]) == ["lookahead", "limit"]
+    assert eng["inputs"]["orders"] == [["lookahead", "limit"], ["limit", "lookahead"]]
+    assert all(len(v) == 2 for v in eng["runs"].values())
+    look, lim = eng["policies"]["lookahead"], eng["policies"]["limit"]
+    assert set(lim) >= KEYS
+    # siblings resume at the limit floor((150-1)/4)*4 = 148 under limit, the block (128) under
+    # lookahead: more hits, less prefill
+    assert 148 in lim["resume_points"] and 128 in look["resume_points"]
+    assert lim["hit_tokens"] > look["hit_tokens"]
+    assert lim["prefill_tokens_computed"] < look["prefill_tokens_computed"]
+    assert lim["extra_prefill_steps_max"] <= 2
+    assert eng["headline"]["name"] == "limit/lookahead"
+    assert any("repeat 2/2" in m for m in doc["_messages"])
+
+
+def test_simulated_tables_have_every_arm(doc: dict[str, Any]) -> None:
     simd = doc["simulated"]
-    assert set(simd) == {"system-prompt", "multi-turn", "trace"}
-    assert set(simd["system-prompt"]["policies"]) == {"tail", "replay", "junction"}
-    sp = simd["system-prompt"]["policies"]
-    assert sp["junction"]["output_tokens_per_s"] > sp["replay"]["output_tokens_per_s"]
-    for part in simd.values():
+    assert list(simd) == ["system-prompt", "family", "multi-turn", "trace"]
+    for name, part in simd.items():
+        assert list(part["policies"]) == list(DEFAULT_ARMS), name
         for metrics in part["policies"].values():
-            assert set(metrics) >= KEYS
+            assert set(metrics) >= SIM_KEYS
+        h = part["headline"]
+        assert h["output_tokens_per_s"] == pytest.approx(
+            part["policies"]["limit"]["output_tokens_per_s"]
+            / part["policies"]["lookahead"]["output_tokens_per_s"]
+        )
+    fam = simd["family"]["policies"]
+    assert fam["limit"]["hit_tokens"] > fam["lookahead"]["hit_tokens"]
+    assert fam["limit"]["junctions_observed"] > 0  # the family workload exercises junctions
+    assert simd["family"]["inputs"]["shape"]["families"] == 4
+    chat = simd["multi-turn"]["policies"]
+    assert chat["limit"]["ssm_snapshot_pages"] > 0 == chat["lookahead"]["ssm_snapshot_pages"]
+    trace = simd["trace"]["inputs"]
+    load = trace["offered_load"]
+    assert trace["open_loop"] and load["load"] == 0.75
+    assert load["request_rate_per_s"] == pytest.approx(0.75 * load["capacity_requests_per_s"])
+
+
+def test_curves_over_output_length_and_concurrency(doc: dict[str, Any]) -> None:
+    curves = doc["curves"]
+    for axis, xs in (("output_tokens", [8, 32]), ("concurrency", [1, 4])):
+        assert set(curves[axis]) == {"system-prompt", "family"}
+        for points in curves[axis].values():
+            assert [p["x"] for p in points] == xs
+            for p in points:
+                assert p["ratio"] == pytest.approx(
+                    p["limit_output_tokens_per_s"] / p["lookahead_output_tokens_per_s"]
+                )
+    conc = curves["concurrency"]["system-prompt"]
+    assert [p["num_requests"] for p in conc] == [16, 16]
+
+
+def test_bench_plot(doc: dict[str, Any], tmp_path: Path) -> None:
+    png = tmp_path / "b.png"
+    plot_bench(png, doc)
+    assert png.stat().st_size > 20_000
+
+
+def test_worker_processes_give_the_same_numbers() -> None:
+    _, sim = toy()
+    jobs = [
+        SimJob(sim, "family", ("lookahead", "limit"), "a"),
+        SimJob(sim, "system-prompt", ("limit",), "b"),
+    ]
+    here = _run_all(jobs, 1, lambda _m: None)
+    there = _run_all(jobs, 2, lambda _m: None)
+    assert here == there
+
+
+def test_engine_orders_and_medians() -> None:
+    assert engine_orders(["a", "b"], 3) == [["a", "b"], ["b", "a"], ["a", "b"]]
+    runs = [
+        {"x": 1.0, "n": 3, "r": [1]},
+        {"x": 5.0, "n": 1, "r": [2]},
+        {"x": 2.0, "n": 2, "r": [3]},
+    ]
+    assert _median_metrics(runs) == {"x": 2.0, "n": 2, "r": [1]}
 
 
 @pytest.mark.slow
 def test_bench_command_writes_json_and_png(tmp_path: Path) -> None:
     out, png = tmp_path / "b.json", tmp_path / "b.png"
-    assert main(["bench", "--quick", "--json", str(out), "--plot", str(png)]) == 0
+    assert main(["bench", "--quick", "--jobs", "1", "--json", str(out), "--plot", str(png)]) == 0
     doc = json.loads(out.read_text())
-    assert {"engine", "simulated"} <= set(doc)
+    assert {"engine", "simulated", "curves", "wall_s"} <= set(doc)
     assert png.stat().st_size > 10_000

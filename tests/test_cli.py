@@ -285,3 +285,159 @@ def test_trace_gen_writes_a_readable_trace(
         main(["simulate", "--trace", str(path), "--limit", "20", "--cost-model", "none", "--quiet"])
         == 0
     )
+
+
+# -- arms, new workloads, flags ------------------------------------------------------------------
+
+SMALL = ["--block-size", "256", "--prefix-match-unit", "16", "--quiet"]
+
+
+def test_explain_accepts_lookahead_and_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", *WORKED, "--policy", "lookahead", "--json"]) == 0
+    look = json.loads(capsys.readouterr().out)["policies"]["lookahead"]
+    assert look["siblings"][1:] == [57_408, 57_408]  # vLLM's default: the block grid
+    hinted = [*WORKED, "--policy", "limit", "--prefix-hint", "57600", "--json"]
+    assert main(["explain", *hinted]) == 0
+    lim = json.loads(capsys.readouterr().out)["policies"]["limit"]
+    assert lim["siblings"] == [57_536] * 3 == [lim["limit"]] * 3  # the hint: even sibling 1
+
+
+def test_simulate_compare_all_arms_on_the_family_workload(tmp_path: Path) -> None:
+    out = tmp_path / "fam.json"
+    arms = "eagle-off,replay,junction,lookahead,limit"
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "family",
+            "--families",
+            "4",
+            "--requests-per-family",
+            "3:5",
+            "--shared-prefix-tokens",
+            "300:3000",
+            "--suffix-tokens",
+            "20:200",
+            "--output-tokens",
+            "4:12",
+            "--concurrency",
+            "4",
+            "--compare",
+            arms,
+            "--json",
+            str(out),
+            *SMALL,
+        ]
+    )
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    pol = doc["policies"]
+    assert list(pol) == arms.split(",")
+    assert doc["headline"]["name"] == "limit/lookahead"
+    assert doc["inputs"]["workload"] == "family" and doc["inputs"]["concurrency"] == 4
+    assert pol["limit"]["hit_tokens"] > pol["lookahead"]["hit_tokens"]
+    assert all(p["junctions_observed"] >= 0 and p["ssm_pages_stored"] > 0 for p in pol.values())
+    assert pol["eagle-off"]["num_blocks"] > pol["limit"]["num_blocks"]  # no drafter in memory
+    assert 12 <= doc["inputs"]["num_requests"] <= 20
+
+
+def test_simulate_multi_turn_uses_the_system_prompt_and_hint(tmp_path: Path) -> None:
+    out = tmp_path / "mt.jsonl"
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "multi-turn",
+            "--sessions",
+            "4",
+            "--turns",
+            "2:3",
+            "--system-prompt-tokens",
+            "700",
+            "--user-tokens",
+            "20:100",
+            "--output-tokens",
+            "5:20",
+            "--prefix-hint",
+            "--compare",
+            "lookahead,limit",
+            "--json",
+            str(out),
+            *SMALL,
+        ]
+    )
+    assert rc == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    first = {
+        p: [r for r in rows if r.get("policy") == p and str(r.get("id")).endswith("t0")]
+        for p in ("lookahead", "limit")
+    }
+    assert all(r["prompt_tokens"] > 700 for r in first["limit"])
+    # the hint lets every session's first turn but the very first resume in the system prompt
+    assert sorted(r["hit_tokens"] for r in first["limit"]) == [0, 688, 688, 688]
+    assert all(r["hit_tokens"] <= 512 for r in first["lookahead"])  # lookahead: the block grid
+
+
+def test_simulate_trace_at_a_sustainable_rate(tmp_path: Path) -> None:
+    trace, out = tmp_path / "t.jsonl", tmp_path / "out.json"
+    write_trace(trace, trace_rows(8))
+    args = ["simulate", "--trace", str(trace), "--trace-block-tokens", "256", *SMALL]
+    rc = main([*args, "--request-rate", "auto", "--load", "0.5", "--json", str(out)])
+    assert rc == 0
+    load = json.loads(out.read_text())["inputs"]["offered_load"]
+    assert load["request_rate_per_s"] == pytest.approx(0.5 * load["capacity_requests_per_s"])
+    rc = main([*args, "--request-rate", "3", "--json", str(out), "--policy", "eagle-off"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["inputs"]["offered_load"]["request_rate_per_s"] == 3.0
+    assert list(doc["policies"]) == ["eagle-off"]
+    assert main([*args, "--closed-loop", "--concurrency", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["inputs"]["concurrency"] == 2 and doc["inputs"]["offered_load"] is None
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--output-tokens", "9:3"], "LO must not exceed HI"),
+        (["--user-tokens", "abc"], "LO:HI"),
+        (["--request-rate", "0"], "> 0"),
+        (["--request-rate", "fast"], "auto"),
+    ],
+)
+def test_simulate_bad_flag_values_exit_2(
+    extra: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--cost-model", "none", *extra])
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--compare", "lookahead,bogus"], "unknown arm 'bogus'"),
+        (["--compare", "limit,limit"], "twice"),
+        (["--policy", "fast"], "--policy"),
+        (["--workload", "system-prompt", "--shared-prefix-tokens", "10:20"], "one length"),
+        (["--workload", "multi-turn", "--request-rate", "2"], "closed loop"),
+        (["--workload", "family", "--requests-per-family", "0"], "requests_per_family"),
+        (["--workload", "trace", "--trace", "t.jsonl", "--prefix-hint"], "--prefix-hint"),
+        (["--workload", "family", "--load", "0"], "--load"),
+        (["--workload", "family", "--closed-loop"], "--closed-loop"),
+    ],
+)
+def test_simulate_bad_combinations_exit_2(
+    extra: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--cost-model", "none", *extra]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_explain_refuses_a_prompt_it_cannot_build(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--prompt-tokens 1000000000` used to hang building a billion tokens."""
+    argv = ["explain", "--block-size", "4416", "--prefix-match-unit", "64"]
+    rc = main([*argv, "--prompt-tokens", "1000000000", "--shared-prefix", "10"])
+    assert rc == 2
+    assert "prompt_tokens" in capsys.readouterr().err

@@ -59,6 +59,4 @@ def should_wait(
     # a hinted request also waits for the checkpoints its own hints name
     candidates += bounds.hint_stops(req.prefix_hints, hit.resume_point, req.num_prompt_tokens)
     top = req.hashes.num_hashed_tokens
-    return any(
-        hit.resume_point < p <= top and req.hashes.at(p) in promised for p in candidates
-    )
+    return any(hit.resume_point < p <= top and req.hashes.at(p) in promised for p in candidates)

@@ -1,20 +1,32 @@
-"""Run several checkpoint policies side by side on the identical request stream.
+"""Run comparison arms side by side on the identical request stream.
 
-This owns the comparison: one `Simulator` run per policy (same workload, same seed, same
-cost model), the summary per policy, the ratio to the first policy, and the extra prefill
-steps a policy spends relative to the first on the requests that observed a junction.
+This owns the comparison:
+
+* the arms: a checkpoint policy with the EAGLE drafter on (`tail`, `replay`, `junction`,
+  `lookahead`, `limit`), or `eagle-off` (`replay` with no drafter at all: no speculative
+  decoding, no EAGLE drop, a cost model without drafter passes, weights or KV);
+* one `Simulator` run per arm (same workload, same seed, same GPU and model), in
+  `compare_policies`, the one function that runs arms side by side;
+* the summary per arm, the ratios to the baseline `lookahead` (vLLM 0.33's default EAGLE
+  setup; the headline is `limit / lookahead`), and the extra prefill steps an arm spends
+  relative to the baseline on the requests that observed a junction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hycache.config import HycacheConfig, parse_policy
+from hycache.config import POLICY_NAMES, HycacheConfig, Policy
 from hycache.sim.costmodel import CostModel
 from hycache.sim.simulator import RequestRecord, SimResult, Simulator
 from hycache.sim.workloads import RequestSpec, SessionSpec
+
+EAGLE_OFF = "eagle-off"
+BASELINE = "lookahead"  # vLLM 0.33's default EAGLE setup: the arm to beat
+HEADLINE = "limit"  # hycache's own policy; the headline ratio is HEADLINE / BASELINE
+DEFAULT_ARMS: tuple[str, ...] = (EAGLE_OFF, "replay", "junction", BASELINE, HEADLINE)
 
 SUMMARY_KEYS = (
     "output_tokens_per_s",
@@ -27,11 +39,95 @@ SUMMARY_KEYS = (
     "hit_tokens",
     "token_hit_rate",
     "lost_reuse_tokens",
+    "junctions_observed",
     "extra_prefill_steps_max",
+    "ssm_pages_stored",
+    "ssm_snapshot_pages",
+    "ssm_pages_peak",
     "peak_blocks_used",
+    "num_blocks",
     "preemptions",
+    "requests",
     "makespan_s",
 )
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One column of a comparison: a checkpoint policy, with or without the drafter."""
+
+    name: str
+    policy: Policy
+    drafter: bool
+
+
+ARMS: dict[str, Arm] = {
+    EAGLE_OFF: Arm(EAGLE_OFF, Policy.REPLAY, drafter=False),
+    **{p: Arm(p, Policy(p), drafter=True) for p in POLICY_NAMES},
+}
+ARM_NAMES: tuple[str, ...] = tuple(ARMS)
+
+
+def parse_arms(value: str | Sequence[str]) -> tuple[str, ...]:
+    """Arm names from `a,b,c` (or a sequence): each known, none twice, at least one."""
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value)
+    names = [n for n in names if n]
+    if not names:
+        raise ValueError(f"no arm named; choose from {', '.join(ARM_NAMES)}")
+    for n in names:
+        if n not in ARMS:
+            raise ValueError(f"unknown arm {n!r}; choose from {', '.join(ARM_NAMES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"an arm is listed twice in {','.join(names)!r}")
+    return tuple(names)
+
+
+def arm_config(config: HycacheConfig, arm: Arm) -> HycacheConfig:
+    """`config` with the arm's policy; `eagle-off` also drops the drafter (k = 0)."""
+    cfg = replace(config, cache=replace(config.cache, policy=arm.policy))
+    if not arm.drafter:
+        spec = replace(config.speculative, num_speculative_tokens=0, eagle_drop=None)
+        cfg = replace(cfg, speculative=spec)
+    return cfg
+
+
+def arm_cost(cost: CostModel | None, arm: Arm) -> CostModel | None:
+    """The arm's cost model: `eagle-off` runs without drafter passes, weights and KV."""
+    if cost is None or arm.drafter or not cost.speculative:
+        return cost
+    return cost.without_drafter()
+
+
+def reference_arm(names: Sequence[str]) -> str:
+    """The arm ratios are taken against: the baseline when present, else the first."""
+    return BASELINE if BASELINE in names else names[0]
+
+
+def ratio(policies: Mapping[str, Mapping[str, Any]], key: str, num: str, den: str) -> float | None:
+    """`policies[num][key] / policies[den][key]`, or None when either is missing or zero."""
+    if num not in policies or den not in policies:
+        return None
+    a, b = policies[num].get(key), policies[den].get(key)
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    return a / b
+
+
+def headline(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The headline `limit / lookahead`: throughput and TTFT ratios, and the extra state pages
+    `limit` keyed and held (its price), or None when either arm is missing."""
+    if HEADLINE not in policies or BASELINE not in policies:
+        return None
+    h, b = policies[HEADLINE], policies[BASELINE]
+    return {
+        "name": f"{HEADLINE}/{BASELINE}",
+        "output_tokens_per_s": ratio(policies, "output_tokens_per_s", HEADLINE, BASELINE),
+        "ttft_p50_s": ratio(policies, "ttft_p50_s", HEADLINE, BASELINE),
+        "ttft_p95_s": ratio(policies, "ttft_p95_s", HEADLINE, BASELINE),
+        "extra_ssm_pages_stored": h.get("ssm_pages_stored", 0) - b.get("ssm_pages_stored", 0),
+        "extra_ssm_snapshot_pages": h.get("ssm_snapshot_pages", 0) - b.get("ssm_snapshot_pages", 0),
+        "extra_ssm_pages_peak": h.get("ssm_pages_peak", 0) - b.get("ssm_pages_peak", 0),
+    }
 
 
 @dataclass
@@ -71,31 +167,47 @@ def extra_prefill_steps(base: SimResult, other: SimResult) -> int:
 def compare_policies(
     workload: Workload,
     config: HycacheConfig,
-    policies: Sequence[str],
+    arms: Sequence[str],
     *,
     cost: CostModel | None,
     seed: int = 0,
     vocab_size: int = 32000,
+    size_cache: bool = False,
     on_finish: Callable[[str, RequestRecord], None] | None = None,
 ) -> dict[str, SimResult]:
-    """One simulation per policy on the same stream; summaries include the extra steps."""
+    """One simulation per arm on the same stream, in the order given.
+
+    `size_cache`: each arm's cache gets the pages its own memory holds
+    (`CostModel.num_blocks` of the arm's cost model: without a drafter, more); otherwise every
+    arm uses `config.cache.num_blocks`. Summaries gain `num_blocks` and
+    `extra_prefill_steps_max` (against the reference arm, see `reference_arm`).
+    """
+    names = parse_arms(arms)
     results: dict[str, SimResult] = {}
-    for name in policies:
-        cfg = replace(config, cache=replace(config.cache, policy=parse_policy(name)))
-        sim = Simulator(cfg, cost=cost, seed=seed, vocab_size=vocab_size)
+    for name in names:
+        arm = ARMS[name]
+        cfg = arm_config(config, arm)
+        arm_cm = arm_cost(cost, arm)
+        if size_cache and arm_cm is not None:
+            cfg = replace(
+                cfg, cache=replace(cfg.cache, num_blocks=arm_cm.num_blocks(cfg.cache.block_size))
+            )
+        sim = Simulator(cfg, cost=arm_cm, seed=seed, vocab_size=vocab_size)
         cb = (lambda rec, n=name: on_finish(n, rec)) if on_finish else None
-        results[name] = sim.run(
+        res = sim.run(
             workload.requests,
             sessions=workload.sessions,
             concurrency=workload.concurrency,
             sequential=workload.sequential,
             on_finish=cb,
         )
-    first = next(iter(results.values()), None)
+        res.summary["num_blocks"] = cfg.cache.num_blocks
+        results[name] = res
+    ref = results[reference_arm(names)]
     for res in results.values():
-        res.summary["extra_prefill_steps_max"] = extra_prefill_steps(first, res) if first else 0
+        res.summary["extra_prefill_steps_max"] = extra_prefill_steps(ref, res)
     return results
 
 
-def policies_json(results: dict[str, SimResult]) -> dict[str, dict[str, Any]]:
+def policies_json(results: Mapping[str, SimResult]) -> dict[str, dict[str, Any]]:
     return {name: {k: res.summary.get(k) for k in SUMMARY_KEYS} for name, res in results.items()}

@@ -162,6 +162,22 @@ class CostModel:
         self._flops_rate = gpu.peak_flops * self.compute_efficiency
         self._bytes_rate = gpu.hbm_bandwidth * self.bandwidth_efficiency
 
+    def without_drafter(self) -> CostModel:
+        """The same model, GPU and constants with speculative decoding off: no drafter passes,
+        no drafter weights or KV in memory (so more cache pages fit)."""
+        return CostModel(
+            self.model,
+            self.gpu,
+            compute_efficiency=self.compute_efficiency,
+            bandwidth_efficiency=self.bandwidth_efficiency,
+            step_overhead_s=self.step_overhead_s,
+            speculative=False,
+            num_speculative_tokens=0,
+            draft_pass_overhead_s=self.draft_pass_overhead_s,
+            block_size=self.block_size,
+            intermediate_state_writes=self.intermediate_state_writes,
+        )
+
     # --- memory sizing ------------------------------------------------------------------------
 
     @property

@@ -4,6 +4,11 @@ Each step advances the clock by the cost model's step time (or a fixed `dry_step
 cost model). Requests arrive open loop (trace timestamps), closed loop at a concurrency, one at
 a time (`sequential`), or as interleaved multi-turn sessions whose next prompt is the previous
 prompt + its output + a new user message.
+
+Besides per-request records, a run counts the SSM state pages the cache keyed (prompt
+checkpoints, junction states, decode snapshots) from the block pool's events: how many were
+stored over the run, how many of those were decode snapshots, and the most held at once. That
+is the memory price of a policy's extra checkpoints.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from hycache.config import HycacheConfig
+from hycache.cache.block_pool import BlockEvent
+from hycache.config import GroupKind, HycacheConfig
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor
 from hycache.sched.scheduler import Scheduler, SchedulerOutput
@@ -57,6 +63,9 @@ class SimResult:
     steps: int
     peak_blocks_used: int
     summary: dict[str, float] = field(default_factory=dict)
+    ssm_pages_stored: int = 0  # SSM state pages keyed over the run
+    ssm_pages_peak: int = 0  # most keyed SSM state pages held at once (cached or in use)
+    ssm_snapshot_pages: int = 0  # of the pages stored: decode snapshots (past the prompt)
 
     def by_id(self) -> dict[int | str, RequestRecord]:
         return {r.id: r for r in self.records}
@@ -78,6 +87,7 @@ def summarize(result: SimResult) -> dict[str, float]:
     ]
     return {
         "requests": len(recs),
+        "junctions_observed": sum(1 for r in recs if r.junction),
         "output_tokens": out_tokens,
         "output_tokens_per_s": out_tokens / span,
         "request_throughput": len(recs) / span,
@@ -92,6 +102,9 @@ def summarize(result: SimResult) -> dict[str, float]:
         "lost_reuse_tokens": sum(r.lost_reuse_tokens for r in recs),
         "preemptions": sum(r.preemptions for r in recs),
         "peak_blocks_used": result.peak_blocks_used,
+        "ssm_pages_stored": result.ssm_pages_stored,
+        "ssm_snapshot_pages": result.ssm_snapshot_pages,
+        "ssm_pages_peak": result.ssm_pages_peak,
         "makespan_s": result.makespan_s,
         "steps": result.steps,
     }
@@ -172,9 +185,17 @@ class Simulator:
             for r in requests
         )
         pending.extend(
-            _Item(f"s{s.session_id}t0", s.user_messages[0], s.output_tokens[0], None, s)
+            _Item(
+                f"s{s.session_id}t0",
+                s.user_messages[0],
+                s.output_tokens[0],
+                None,
+                s,
+                prefix_hints=s.prefix_hints,
+            )
             for s in sessions
         )
+        pages = _SSMPageCounter(cfg, sched)
         limit = 1 if sequential else (concurrency or 10**9)
         clock = 0.0
         in_flight: dict[str, tuple[_Item, float]] = {}
@@ -198,6 +219,7 @@ class Simulator:
             out = sched.schedule()
             sampling = [s.request.request_id for s in out.scheduled if s.samples]
             done = sched.update(out, ex.execute(out))
+            pages.attribute(done)
             clock += self.cost.step_time(step_work(out)) if self.cost else self.dry_step_s
             steps += 1
             peak = max(peak, sched.cache.pool.num_blocks - 1 - sched.cache.pool.num_free)
@@ -214,7 +236,9 @@ class Simulator:
                     pending.append(nxt)
         order = {item.key: i for i, item in enumerate(admitted)}
         records.sort(key=lambda r: order[r.id])
-        result = SimResult(records, clock, steps, peak)
+        result = SimResult(
+            records, clock, steps, peak, {}, pages.stored, pages.peak, pages.snapshots
+        )
         result.summary = summarize(result)
         return result
 
@@ -251,4 +275,55 @@ class Simulator:
         outputs = (*item.outputs, list(req.output_token_ids))
         t = item.turn + 1
         prompt = s.prompt_for_turn(t, [np.asarray(o) for o in outputs])
-        return _Item(f"s{s.session_id}t{t}", prompt, s.output_tokens[t], None, s, t, outputs)
+        return _Item(
+            f"s{s.session_id}t{t}",
+            prompt,
+            s.output_tokens[t],
+            None,
+            s,
+            t,
+            outputs,
+            prefix_hints=s.prefix_hints,
+        )
+
+
+class _SSMPageCounter:
+    """Counts keyed SSM state pages from the block pool's events (as `hycache explain` reads
+    checkpoints): one key per SSM page, so keys stored = pages stored. A page keyed in a step
+    at the prompt's end or past it, under the key of a request that finished in that step, is
+    that request's decode snapshot (`limit` keys it when the request lets go)."""
+
+    def __init__(self, config: HycacheConfig, sched: Scheduler) -> None:
+        self.groups = {i for i, g in enumerate(config.cache.groups) if g is GroupKind.SSM}
+        self.stored = 0
+        self.snapshots = 0
+        self.live = 0
+        self.peak = 0
+        self._step: list[BlockEvent] = []  # SSM keys stored since the last `attribute`
+        sched.cache.pool.subscribe(self.on_event)
+
+    def on_event(self, event: BlockEvent) -> None:
+        if event.key.group not in self.groups:
+            return
+        if event.kind == "stored":
+            self.stored += 1
+            self.live += 1
+            self.peak = max(self.peak, self.live)
+            self._step.append(event)
+        elif event.kind == "removed":
+            self.live -= 1
+
+    def attribute(self, finished: Sequence[Request]) -> None:
+        """Count the decode snapshots among this step's stored keys."""
+        events, self._step = self._step, []
+        if not finished:
+            return
+        for e in events:
+            for req in finished:
+                pos = e.position
+                if (
+                    req.num_prompt_tokens <= pos <= req.hashes.num_hashed_tokens
+                    and req.hashes.at(pos) == e.key.hash
+                ):
+                    self.snapshots += 1
+                    break

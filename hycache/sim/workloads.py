@@ -1,12 +1,19 @@
 """Synthetic workloads for the simulator: what requests arrive and what their prompts are.
 
 This module owns the request and session descriptions the simulator consumes
-(:class:`RequestSpec`, :class:`SessionSpec`) and the seeded generators of the two shapes the
-project measures: many requests behind one shared system prompt
-(:func:`system_prompt_workload`) and multi-turn chat (:func:`multi_turn_workload`). Everything
-is generated from a ``numpy`` Generator seeded by the caller, so the same arguments give the
-same token ids in every process; nothing is downloaded. Trace files live in
-:mod:`hycache.sim.trace`.
+(:class:`RequestSpec`, :class:`SessionSpec`), the ``LO:HI`` length ranges the command line
+accepts (:func:`parse_int_or_range`), and the seeded generators of the shapes the project
+measures:
+
+* :func:`system_prompt_workload`: many requests behind one shared system prompt;
+* :func:`family_workload`: families of requests, each family behind its own shared prefix of a
+  random length (so sharing ends mid-block), the families' requests interleaved;
+* :func:`multi_turn_workload`: multi-turn chat, optionally behind one shared system prompt.
+
+Where requests share a prefix, the first token after it differs between them, so sharing ends
+exactly where the workload says. Everything is generated from a ``numpy`` Generator seeded by
+the caller, so the same arguments give the same token ids in every process; nothing is
+downloaded. Trace files live in :mod:`hycache.sim.trace`.
 """
 
 from __future__ import annotations
@@ -21,10 +28,15 @@ __all__ = [
     "DEFAULT_VOCAB",
     "MAX_VOCAB",
     "TOKEN_DTYPE",
+    "ChatShape",
+    "FamilyShape",
     "IntOrRange",
     "RequestSpec",
     "SessionSpec",
+    "SystemPromptShape",
+    "family_workload",
     "multi_turn_workload",
+    "parse_int_or_range",
     "poisson_arrivals",
     "system_prompt_workload",
 ]
@@ -33,6 +45,24 @@ DEFAULT_VOCAB = 32000
 
 IntOrRange = int | tuple[int, int]
 """A fixed count, or an inclusive ``(low, high)`` range drawn uniformly per use."""
+
+
+def parse_int_or_range(text: str) -> IntOrRange:
+    """``"N"`` -> ``N``; ``"LO:HI"`` -> ``(LO, HI)`` (inclusive). Raises ``ValueError`` saying
+    what was expected; minimums are checked where the value is used."""
+    parts = text.strip().split(":")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"expected an integer N or a range LO:HI, got {text!r}") from None
+    if len(values) == 1:
+        return values[0]
+    if len(values) != 2:
+        raise ValueError(f"expected an integer N or a range LO:HI, got {text!r}")
+    lo, hi = values
+    if hi < lo:
+        raise ValueError(f"range {text!r}: LO must not exceed HI")
+    return (lo, hi)
 
 
 TOKEN_DTYPE = np.int32
@@ -90,6 +120,7 @@ class SessionSpec:
     session_id: int
     user_messages: tuple[np.ndarray, ...]  # one per turn
     output_tokens: tuple[int, ...]  # output length of each turn
+    prefix_hints: tuple[int, ...] = ()  # hints every turn names (e.g. the system prompt's end)
 
     def __post_init__(self) -> None:
         if not self.user_messages:
@@ -106,6 +137,7 @@ class SessionSpec:
             raise ValueError(f"session {self.session_id}: user messages must be non-empty 1-D")
         object.__setattr__(self, "user_messages", msgs)
         object.__setattr__(self, "output_tokens", tuple(int(n) for n in self.output_tokens))
+        object.__setattr__(self, "prefix_hints", tuple(int(h) for h in self.prefix_hints))
 
     @property
     def num_turns(self) -> int:
@@ -150,11 +182,15 @@ def system_prompt_workload(
     output_tokens: IntOrRange,
     seed: int,
     vocab: int = DEFAULT_VOCAB,
+    *,
+    prefix_hint: bool = False,
 ) -> list[RequestSpec]:
     """``num_requests`` requests behind one shared ``shared_prefix_tokens``-token prefix.
 
     Each request appends its own suffix (pairwise distinct whenever ``vocab ** suffix`` leaves
     room for that many) and generates ``output_tokens``. Arrivals are ``None`` (closed loop).
+    With ``prefix_hint`` every request names the shared prefix's length as a prefix hint (what a
+    chat API derives from the system message).
     """
     _check_common(seed, vocab)
     if num_requests < 0:
@@ -163,6 +199,7 @@ def system_prompt_workload(
         raise ValueError(f"shared_prefix_tokens must be >= 0, got {shared_prefix_tokens}")
     rng = np.random.default_rng(seed)
     prefix = rng.integers(0, vocab, shared_prefix_tokens, dtype=TOKEN_DTYPE)
+    hints = (shared_prefix_tokens,) if prefix_hint and shared_prefix_tokens else ()
     seen: set[bytes] = set()
     out: list[RequestSpec] = []
     for i in range(num_requests):
@@ -182,9 +219,70 @@ def system_prompt_workload(
                 prompt_token_ids=np.concatenate([prefix, suffix]),
                 max_tokens=n_out,
                 arrival_s=None,
+                prefix_hints=hints,
             )
         )
     return out
+
+
+def _distinct_tokens(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
+    """``n`` pairwise-distinct token ids when the vocabulary allows it (else plain draws)."""
+    if n <= vocab:
+        return rng.choice(vocab, n, replace=False).astype(TOKEN_DTYPE)
+    return rng.integers(0, vocab, n, dtype=TOKEN_DTYPE)
+
+
+def family_workload(
+    num_families: int,
+    requests_per_family: IntOrRange,
+    shared_prefix_tokens: IntOrRange,
+    suffix_tokens: IntOrRange,
+    output_tokens: IntOrRange,
+    seed: int,
+    vocab: int = DEFAULT_VOCAB,
+    *,
+    prefix_hint: bool = False,
+) -> list[RequestSpec]:
+    """``num_families`` families of requests; each family shares its own prefix.
+
+    Per family, ``shared_prefix_tokens`` (the length ``P``) and ``requests_per_family`` are
+    drawn once; per request, a ``suffix_tokens``-token suffix and ``output_tokens``. Sharing
+    ends exactly at ``P``: families start with distinct tokens, and within a family every
+    suffix starts with a distinct token (as long as ``vocab`` has room). A ``P`` drawn from a
+    range almost never falls on a block boundary, so siblings meet mid-block. The requests of
+    all families are shuffled (seeded) so the families interleave; request ids follow that
+    arrival order, and arrivals are ``None`` (closed loop). With ``prefix_hint`` every request
+    names its family's ``P`` as a prefix hint.
+    """
+    _check_common(seed, vocab)
+    if num_families < 0:
+        raise ValueError(f"num_families must be >= 0, got {num_families}")
+    rng = np.random.default_rng(seed)
+    heads = _distinct_tokens(rng, num_families, vocab)
+    drawn: list[tuple[np.ndarray, int, int]] = []  # prompt, output tokens, shared prefix
+    for f in range(num_families):
+        p_len = _draw(rng, shared_prefix_tokens, "shared_prefix_tokens", 1)
+        n_req = _draw(rng, requests_per_family, "requests_per_family", 1)
+        prefix = rng.integers(0, vocab, p_len, dtype=TOKEN_DTYPE)
+        prefix[0] = heads[f]
+        firsts = _distinct_tokens(rng, n_req, vocab)
+        for i in range(n_req):
+            n_suffix = _draw(rng, suffix_tokens, "suffix_tokens", 1)
+            suffix = rng.integers(0, vocab, n_suffix, dtype=TOKEN_DTYPE)
+            suffix[0] = firsts[i]
+            n_out = _draw(rng, output_tokens, "output_tokens", 1)
+            drawn.append((np.concatenate([prefix, suffix]), n_out, p_len))
+    order = rng.permutation(len(drawn))
+    return [
+        RequestSpec(
+            request_id=i,
+            prompt_token_ids=drawn[j][0],
+            max_tokens=drawn[j][1],
+            arrival_s=None,
+            prefix_hints=(drawn[j][2],) if prefix_hint else (),
+        )
+        for i, j in enumerate(order)
+    ]
 
 
 def multi_turn_workload(
@@ -195,12 +293,17 @@ def multi_turn_workload(
     seed: int,
     system_prompt_tokens: int = 0,
     vocab: int = DEFAULT_VOCAB,
+    *,
+    prefix_hint: bool = False,
 ) -> list[SessionSpec]:
     """``sessions`` chat sessions of ``turns`` turns each.
 
     Every user message has ``user_tokens`` fresh tokens and every turn generates
-    ``output_tokens``. With ``system_prompt_tokens > 0`` one system prompt, shared by all
-    sessions, is prepended to each session's first user message.
+    ``output_tokens`` (ranges are drawn per session, per message, per answer). With
+    ``system_prompt_tokens > 0`` one system prompt, shared by all sessions, is prepended to each
+    session's first user message, and the first user messages start with distinct tokens, so
+    sessions share exactly the system prompt. With ``prefix_hint`` (and a system prompt) every
+    turn names the system prompt's length as a prefix hint.
     """
     _check_common(seed, vocab)
     if sessions < 0:
@@ -209,6 +312,8 @@ def multi_turn_workload(
         raise ValueError(f"system_prompt_tokens must be >= 0, got {system_prompt_tokens}")
     rng = np.random.default_rng(seed)
     system = rng.integers(0, vocab, system_prompt_tokens, dtype=TOKEN_DTYPE)
+    heads = _distinct_tokens(rng, sessions, vocab) if system_prompt_tokens else None
+    hints = (system_prompt_tokens,) if prefix_hint and system_prompt_tokens else ()
     out: list[SessionSpec] = []
     for sid in range(sessions):
         n_turns = _draw(rng, turns, "turns", 1)
@@ -217,14 +322,73 @@ def multi_turn_workload(
         for t in range(n_turns):
             n_user = _draw(rng, user_tokens, "user_tokens", 1)
             msg = rng.integers(0, vocab, n_user, dtype=TOKEN_DTYPE)
-            if t == 0 and system_prompt_tokens:
+            if t == 0 and heads is not None:
+                msg[0] = heads[sid]
                 msg = np.concatenate([system, msg])
             msgs.append(msg)
             outs.append(_draw(rng, output_tokens, "output_tokens", 1))
         out.append(
-            SessionSpec(session_id=sid, user_messages=tuple(msgs), output_tokens=tuple(outs))
+            SessionSpec(
+                session_id=sid,
+                user_messages=tuple(msgs),
+                output_tokens=tuple(outs),
+                prefix_hints=hints,
+            )
         )
     return out
+
+
+@dataclass(frozen=True)
+class SystemPromptShape:
+    """The seed's shape (DESIGN §4): a 57,600-token system prompt and a 6,416-token suffix
+    (T = 64,016); 256 output tokens is the seed's simulated default."""
+
+    num_requests: int = 256
+    shared_prefix_tokens: int = 57_600
+    suffix_tokens: IntOrRange = 6_416
+    output_tokens: IntOrRange = 256
+
+
+@dataclass(frozen=True)
+class FamilyShape:
+    """Defaults of the random family workload, and why.
+
+    * shared prefix 2,000-40,000 tokens: from an assistant's system prompt with a few tool
+      schemas (a few thousand tokens) to a long shared document or codebase excerpt (tens of
+      thousands); uniform, so it lands anywhere inside a block (B = 4,416 on bamba-9b);
+    * 4-12 requests per family (8 on average): a prompt is reused a handful of times while it
+      stays cached, not hundreds;
+    * suffix 128-2,048 tokens: a question or an instruction after the shared part, up to a
+      pasted page;
+    * output 64-640 tokens: mean 352, about the median output of Mooncake's conversation trace
+      (350, the statistic `hycache trace-gen` reproduces).
+    """
+
+    families: int = 32
+    requests_per_family: IntOrRange = (4, 12)
+    shared_prefix_tokens: IntOrRange = (2_000, 40_000)
+    suffix_tokens: IntOrRange = (128, 2_048)
+    output_tokens: IntOrRange = (64, 640)
+
+
+@dataclass(frozen=True)
+class ChatShape:
+    """Defaults of the multi-turn chat workload, and why.
+
+    * one 3,000-token system prompt shared by every session: an assistant's instructions and a
+      few tool definitions are one to a few thousand tokens (the Mooncake-like generator's
+      system prompts have a median of 2,048); not a multiple of the unit, so sharing ends
+      mid-unit as well as mid-block;
+    * 2-10 turns per session (6 on average, the generator's mean conversation length);
+    * user messages 32-1,024 tokens: a short question up to a pasted page;
+    * answers 64-640 tokens: mean 352, Mooncake's median output (350).
+    """
+
+    sessions: int = 64
+    turns: IntOrRange = (2, 10)
+    system_prompt_tokens: int = 3_000
+    user_tokens: IntOrRange = (32, 1_024)
+    output_tokens: IntOrRange = (64, 640)
 
 
 def poisson_arrivals(

@@ -4,10 +4,14 @@ Block 0 is the null block (never allocated, never keyed). A block is either refe
 (ref_cnt > 0) or in the free queue; a free block may still carry keys (a cached block), and
 loses them only when it is reallocated (evicted).
 
-Free queue, head (next to reuse) on the left:
+Free blocks are reused in this order (head, next to reuse, on the left):
 
-    [unkeyed frees ...][keyed frees, least recently freed first ...]
-     ^ freed unkeyed blocks go to the head    freed keyed blocks go to the tail ^
+    [unkeyed frees ...] [low-priority keyed frees ...] [keyed frees, least recently freed first]
+     ^ freed unkeyed     ^ speculative pages (decode    ^ every other cached block: LRU
+       blocks             snapshots): FIFO, evicted
+                          before any other cached block
+
+A low-priority page that is hit and freed again joins the ordinary LRU queue.
 
 A block may carry several keys: one per registered position (a full-block key and mid-block
 keys). Every key is `(group_id, prefix hash)`.
@@ -58,6 +62,7 @@ class BlockPool:
         self.ref_cnt = [0] * num_blocks
         self.keys: list[list[tuple[CacheKey, int]]] = [[] for _ in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self._free_low: OrderedDict[int, None] = OrderedDict()
         self._key_to_block: dict[CacheKey, int] = {}
         self._subscribers: list[Callable[[BlockEvent], None]] = []
 
@@ -65,7 +70,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._free_low)
 
     @property
     def num_cached(self) -> int:
@@ -77,7 +82,7 @@ class BlockPool:
         return self._key_to_block.get(key)
 
     def is_free(self, block_id: int) -> bool:
-        return block_id in self._free
+        return block_id in self._free or block_id in self._free_low
 
     def subscribe(self, callback: Callable[[BlockEvent], None]) -> None:
         self._subscribers.append(callback)
@@ -86,11 +91,12 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """Take `n` blocks from the head of the free queue, evicting their keys."""
-        if n > len(self._free):
-            raise NoFreeBlocksError(f"need {n} blocks, {len(self._free)} free")
+        if n > self.num_free:
+            raise NoFreeBlocksError(f"need {n} blocks, {self.num_free} free")
         out = []
         for _ in range(n):
-            block_id, _ = self._free.popitem(last=False)
+            low = self._free_low and (not self._free or self.keys[next(iter(self._free))])
+            block_id, _ = (self._free_low if low else self._free).popitem(last=False)
             self._evict(block_id)
             self.ref_cnt[block_id] = 1
             out.append(block_id)
@@ -102,12 +108,13 @@ class BlockPool:
             if b == NULL_BLOCK:
                 continue
             if self.ref_cnt[b] == 0:
-                del self._free[b]
+                (self._free_low if b in self._free_low else self._free).pop(b)
             self.ref_cnt[b] += 1
 
-    def free(self, block_ids: Iterable[int]) -> None:
+    def free(self, block_ids: Iterable[int], low_priority: bool = False) -> None:
         """Drop one reference from each block, in the order given (pass a request's blocks tail
-        first, so its tail is evicted before its head)."""
+        first, so its tail is evicted before its head). `low_priority` cached blocks are
+        evicted before every other cached block (see the module diagram)."""
         for b in block_ids:
             if b == NULL_BLOCK:
                 continue
@@ -115,6 +122,9 @@ class BlockPool:
                 raise IntegrityError(f"block {b} freed with ref_cnt {self.ref_cnt[b]}")
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
+                if low_priority and self.keys[b]:
+                    self._free_low[b] = None
+                    continue
                 self._free[b] = None
                 if not self.keys[b]:
                     self._free.move_to_end(b, last=False)
@@ -154,15 +164,17 @@ class BlockPool:
                 raise IntegrityError(f"block {b} has ref_cnt {r}")
             if r > 0:
                 referenced += 1
-                if b in self._free:
+                if self.is_free(b):
                     raise IntegrityError(f"referenced block {b} is in the free queue")
-            elif b not in self._free:
-                raise IntegrityError(f"block {b} has no references and is not free")
-        if self.ref_cnt[NULL_BLOCK] != 0 or NULL_BLOCK in self._free:
+            elif (b in self._free) == (b in self._free_low):
+                raise IntegrityError(f"block {b} has no references and is not free exactly once")
+            elif b in self._free_low and not self.keys[b]:
+                raise IntegrityError(f"unkeyed block {b} is in the low-priority queue")
+        if self.ref_cnt[NULL_BLOCK] != 0 or self.is_free(NULL_BLOCK):
             raise IntegrityError("the null block was allocated")
-        if len(self._free) + referenced + 1 != self.num_blocks:
+        if self.num_free + referenced + 1 != self.num_blocks:
             raise IntegrityError(
-                f"free {len(self._free)} + referenced {referenced} + null != {self.num_blocks}"
+                f"free {self.num_free} + referenced {referenced} + null != {self.num_blocks}"
             )
         for key, b in self._key_to_block.items():
             if all(k != key for k, _ in self.keys[b]):

@@ -17,7 +17,8 @@ Decode snapshots (`limit`): a decoding request holds one more block S. Whenever 
 verifies a unit boundary, the runner copies the exact state at that position into S (from the
 verification's per-position states under speculative decoding). S is keyed only when the
 request releases its blocks, at the last position it holds, so the next chat turn resumes
-there: one extra state page per finished request, cached and evictable like any other.
+there: one extra state page per finished request, cached, and evicted before any other cached
+page (only a continuation of the conversation can use it).
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class SSMManager:
             pos = st.snapshot_pos
             if st.pending_dst is None and pos and pos <= hashes.num_hashed_tokens:
                 self.pool.add_key(st.snapshot, CacheKey(self.group, hashes.at(pos)), pos)
-            blocks.append(st.snapshot)
+            # speculative: only a continuation of this conversation can use it
+            self.pool.free([st.snapshot], low_priority=True)
         if st.pending_dst is not None and st.pending_dst != st.running:
             blocks.append(st.pending_dst)
         if st.src_held and st.src is not None:

@@ -74,3 +74,22 @@ def test_several_keys_per_block() -> None:
     pool.allocate(2)
     assert pool.lookup(key(1)) is None and pool.lookup(key(2)) is None
     pool.check_integrity()
+
+
+def test_low_priority_pages_are_evicted_after_unkeyed_and_before_other_cached_blocks() -> None:
+    pool = BlockPool(6)
+    cached, snap, hit_snap, unkeyed, _ = pool.allocate(5)
+    for i, b in enumerate((cached, snap, hit_snap)):
+        pool.add_key(b, key(i), i)
+    pool.free([cached])
+    pool.free([snap, hit_snap], low_priority=True)
+    pool.free([unkeyed])
+    pool.check_integrity()
+    pool.touch([hit_snap])  # a hit proves the page useful: it rejoins the ordinary LRU queue
+    pool.free([hit_snap])
+    pool.check_integrity()
+    assert pool.allocate(1) == [unkeyed]
+    assert pool.allocate(1) == [snap] and pool.lookup(key(1)) is None
+    assert pool.allocate(1) == [cached]
+    assert pool.allocate(1) == [hit_snap]
+    pool.check_integrity()

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from rich.text import Text
+
 from hycache.config import (
     POLICY_NAMES,
     CacheConfig,
@@ -389,15 +391,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if (args.prompt is None) == (args.prompt_token_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-token-ids 1,2,3")
     prompt = args.prompt if args.prompt is not None else parse_token_ids(args.prompt_token_ids)
-    llm = llm_from_args(args)
-    params = SamplingParams(
+    params = SamplingParams(  # validated before the model loads
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
-    (out,) = llm.generate([prompt], params)
+    hints = args.prefix_hint or []
+    if any(h < 0 for h in hints):
+        raise UserError(f"--prefix-hint: token counts must be >= 0, got {hints}")
+    llm = llm_from_args(args)
+    (out,) = llm.generate([prompt], params, prefix_hints=hints or None)
     if args.json:
         print(
             json.dumps(
@@ -648,6 +653,14 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument(
+        "--prefix-hint",
+        type=int,
+        action="append",
+        default=None,
+        metavar="N",
+        help="token count where a shared prefix of the prompt ends (repeatable; used by limit)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
 
@@ -690,7 +703,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (UserError, ValueError, FileNotFoundError, IsADirectoryError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        # the message may hold user text (paths): never read it as rich markup
+        err_console.print(Text.assemble(("error:", "red"), f" {exc}"), highlight=False)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -441,3 +441,30 @@ def test_explain_refuses_a_prompt_it_cannot_build(capsys: pytest.CaptureFixture[
     rc = main([*argv, "--prompt-tokens", "1000000000", "--shared-prefix", "10"])
     assert rc == 2
     assert "prompt_tokens" in capsys.readouterr().err
+
+
+def test_generate_takes_prefix_hints_and_checks_sampling_before_loading(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = ["generate", "--prompt-token-ids", ",".join(str(i) for i in range(1, 40))]
+    base += ["--max-model-len", "256", "--num-blocks", "64", "--max-tokens", "3", "--json"]
+    assert main([*base, "--prefix-hint", "30", "--prefix-hint", "500"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 3
+    assert main([*base, "--prefix-hint", "-1"]) == 2
+    assert "--prefix-hint" in capsys.readouterr().err
+    import hycache.engine.args as engine_args
+
+    def no_model(*_: object, **__: object) -> None:
+        raise AssertionError("the model was loaded before the sampling flags were checked")
+
+    monkeypatch.setattr(engine_args, "llm_from_args", no_model)
+    assert main([*base, "--temperature", "nan"]) == 2
+    assert "temperature" in capsys.readouterr().err
+
+
+def test_errors_print_user_text_verbatim(capsys: pytest.CaptureFixture[str]) -> None:
+    """A path holding rich markup (`[/bold]`, `[red]x[/red]`) is printed as given, never
+    parsed as markup (it used to crash or print the wrong path)."""
+    for name in ("a[/bold]b.jsonl", "[red]x[/red].jsonl"):
+        assert main(["simulate", "--trace", f"/nonexistent/{name}", "--cost-model", "none"]) == 2
+        assert name in capsys.readouterr().err

@@ -47,9 +47,6 @@ from hycache.sim.workloads import (
     ChatShape,
     FamilyShape,
     SystemPromptShape,
-    family_workload,
-    multi_turn_workload,
-    system_prompt_workload,
 )
 
 Progress = Callable[[str], None]
@@ -273,33 +270,11 @@ def sim_config(s: SimBench, w: Workload, cost: CostModel) -> HycacheConfig:
 def build_workload(s: SimBench, name: str) -> Workload:
     """A bench workload from its shape (seeded: the same in every process)."""
     if name == "system-prompt":
-        sp = s.system_prompt
-        reqs = system_prompt_workload(
-            sp.num_requests, sp.shared_prefix_tokens, sp.suffix_tokens, sp.output_tokens, s.seed
-        )
-        return Workload(name, reqs, concurrency=s.concurrency)
+        return Workload(name, s.system_prompt.build(s.seed), concurrency=s.concurrency)
     if name == "family":
-        f = s.family
-        reqs = family_workload(
-            f.families,
-            f.requests_per_family,
-            f.shared_prefix_tokens,
-            f.suffix_tokens,
-            f.output_tokens,
-            s.seed,
-        )
-        return Workload(name, reqs, concurrency=s.concurrency)
+        return Workload(name, s.family.build(s.seed), concurrency=s.concurrency)
     if name == "multi-turn":
-        c = s.chat
-        sessions = multi_turn_workload(
-            c.sessions,
-            c.turns,
-            c.user_tokens,
-            c.output_tokens,
-            s.seed,
-            system_prompt_tokens=c.system_prompt_tokens,
-        )
-        return Workload(name, sessions=sessions, concurrency=s.concurrency)
+        return Workload(name, sessions=s.chat.build(s.seed), concurrency=s.concurrency)
     if name == "trace":
         records = generate_mooncake_like(num_requests=s.trace_requests, seed=s.seed)
         return Workload(name, requests_from_records(records, seed=s.seed))

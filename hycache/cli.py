@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from rich.text import Text
@@ -148,14 +149,7 @@ def build_workload(args: argparse.Namespace) -> Any:
     (`SystemPromptShape`, `FamilyShape`, `ChatShape` in hycache.sim.workloads)."""
     from hycache.sim.compare import Workload
     from hycache.sim.trace import read_mooncake_trace
-    from hycache.sim.workloads import (
-        ChatShape,
-        FamilyShape,
-        SystemPromptShape,
-        family_workload,
-        multi_turn_workload,
-        system_prompt_workload,
-    )
+    from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape
 
     kind = args.workload or ("trace" if args.trace else "system-prompt")
     if args.trace and kind != "trace":
@@ -164,9 +158,6 @@ def build_workload(args: argparse.Namespace) -> Any:
         raise UserError("--prefix-hint: a trace names no shared prefix; use another workload")
     if args.closed_loop and kind != "trace":
         raise UserError(f"--closed-loop: only a trace has timestamps to ignore ({kind} is closed)")
-
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
 
     if kind == "trace":
         if not args.trace:
@@ -181,55 +172,29 @@ def build_workload(args: argparse.Namespace) -> Any:
                 raise UserError("--closed-loop and --request-rate: choose one")
             return Workload("trace", closed_loop(reqs), concurrency=args.concurrency or 64)
         return Workload("trace", reqs, concurrency=args.concurrency, sequential=args.sequential)
+    closed = {"concurrency": args.concurrency or 64, "sequential": args.sequential}
     if kind == "system-prompt":
-        sp = SystemPromptShape()
-        reqs = system_prompt_workload(
-            pick(args.num_requests, sp.num_requests),
-            _fixed(
-                pick(args.shared_prefix_tokens, sp.shared_prefix_tokens), "--shared-prefix-tokens"
-            ),
-            pick(args.suffix_tokens, sp.suffix_tokens),
-            pick(args.output_tokens, sp.output_tokens),
-            seed=args.seed,
-            prefix_hint=args.prefix_hint,
-        )
-        return Workload(
-            "system-prompt", reqs, concurrency=args.concurrency or 64, sequential=args.sequential
-        )
+        shape = _shape(args, SystemPromptShape(), "num_requests", "suffix_tokens", "output_tokens")
+        if args.shared_prefix_tokens is not None:
+            p = _fixed(args.shared_prefix_tokens, "--shared-prefix-tokens")
+            shape = replace(shape, shared_prefix_tokens=p)
+        return Workload(kind, shape.build(args.seed, args.prefix_hint), **closed)
     if kind == "family":
-        fam = FamilyShape()
-        reqs = family_workload(
-            pick(args.families, fam.families),
-            pick(args.requests_per_family, fam.requests_per_family),
-            pick(args.shared_prefix_tokens, fam.shared_prefix_tokens),
-            pick(args.suffix_tokens, fam.suffix_tokens),
-            pick(args.output_tokens, fam.output_tokens),
-            seed=args.seed,
-            prefix_hint=args.prefix_hint,
-        )
-        return Workload(
-            "family", reqs, concurrency=args.concurrency or 64, sequential=args.sequential
-        )
-    chat = ChatShape()
+        fields = ("families", "requests_per_family", "shared_prefix_tokens", "suffix_tokens")
+        shape = _shape(args, FamilyShape(), *fields, "output_tokens")
+        return Workload(kind, shape.build(args.seed, args.prefix_hint), **closed)
     if args.request_rate is not None:
         raise UserError(
             "--request-rate: multi-turn sessions are closed loop (each turn follows the last)"
         )
-    sessions = multi_turn_workload(
-        pick(args.sessions, chat.sessions),
-        pick(args.turns, chat.turns),
-        pick(args.user_tokens, chat.user_tokens),
-        pick(args.output_tokens, chat.output_tokens),
-        seed=args.seed,
-        system_prompt_tokens=pick(args.system_prompt_tokens, chat.system_prompt_tokens),
-        prefix_hint=args.prefix_hint,
-    )
-    return Workload(
-        "multi-turn",
-        sessions=sessions,
-        concurrency=args.concurrency or 64,
-        sequential=args.sequential,
-    )
+    fields = ("sessions", "turns", "user_tokens", "output_tokens", "system_prompt_tokens")
+    shape = _shape(args, ChatShape(), *fields)
+    return Workload(kind, sessions=shape.build(args.seed, args.prefix_hint), **closed)
+
+
+def _shape(args: argparse.Namespace, shape: Any, *fields: str) -> Any:
+    """`shape` with the fields the flags set (unset flags keep the shape's defaults)."""
+    return replace(shape, **{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
 
 
 def apply_request_rate(

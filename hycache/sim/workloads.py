@@ -348,6 +348,16 @@ class SystemPromptShape:
     suffix_tokens: IntOrRange = 6_416
     output_tokens: IntOrRange = 256
 
+    def build(self, seed: int, prefix_hint: bool = False) -> list[RequestSpec]:
+        return system_prompt_workload(
+            self.num_requests,
+            self.shared_prefix_tokens,
+            self.suffix_tokens,
+            self.output_tokens,
+            seed,
+            prefix_hint=prefix_hint,
+        )
+
 
 @dataclass(frozen=True)
 class FamilyShape:
@@ -370,6 +380,17 @@ class FamilyShape:
     suffix_tokens: IntOrRange = (128, 2_048)
     output_tokens: IntOrRange = (64, 640)
 
+    def build(self, seed: int, prefix_hint: bool = False) -> list[RequestSpec]:
+        return family_workload(
+            self.families,
+            self.requests_per_family,
+            self.shared_prefix_tokens,
+            self.suffix_tokens,
+            self.output_tokens,
+            seed,
+            prefix_hint=prefix_hint,
+        )
+
 
 @dataclass(frozen=True)
 class ChatShape:
@@ -389,6 +410,17 @@ class ChatShape:
     system_prompt_tokens: int = 3_000
     user_tokens: IntOrRange = (32, 1_024)
     output_tokens: IntOrRange = (64, 640)
+
+    def build(self, seed: int, prefix_hint: bool = False) -> list[SessionSpec]:
+        return multi_turn_workload(
+            self.sessions,
+            self.turns,
+            self.user_tokens,
+            self.output_tokens,
+            seed,
+            system_prompt_tokens=self.system_prompt_tokens,
+            prefix_hint=prefix_hint,
+        )
 
 
 def poisson_arrivals(

@@ -82,6 +82,17 @@ def parse_policies(args: argparse.Namespace) -> list[str]:
         raise UserError(f"{flag}: {exc}") from None
 
 
+def positive_int(text: str) -> int:
+    """argparse type for a count that must be >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def int_or_range(text: str) -> int | tuple[int, int]:
     """argparse type for `N` or `LO:HI` (a bad value exits with status 2 and says why)."""
     from hycache.sim.workloads import parse_int_or_range
@@ -526,7 +537,9 @@ def make_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--trace", help="Mooncake-format JSONL trace")
     g.add_argument("--trace-block-tokens", type=int, default=512, help="tokens per hash id")
-    g.add_argument("--limit", type=int, default=None, help="only the first N trace requests")
+    g.add_argument(
+        "--limit", type=positive_int, default=None, help="only the first N trace requests"
+    )
     g.add_argument(
         "--closed-loop",
         action="store_true",
@@ -550,10 +563,10 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="per request / answer (system-prompt 256, family and multi-turn 64:640)",
     )
-    g.add_argument("--num-requests", type=int, default=None, help="system-prompt (256)")
-    g.add_argument("--families", type=int, default=None, help="family: families (32)")
+    g.add_argument("--num-requests", type=positive_int, default=None, help="system-prompt (256)")
+    g.add_argument("--families", type=positive_int, default=None, help="family: families (32)")
     g.add_argument("--requests-per-family", type=int_or_range, default=None, help="family: (4:12)")
-    g.add_argument("--sessions", type=int, default=None, help="multi-turn: sessions (64)")
+    g.add_argument("--sessions", type=positive_int, default=None, help="multi-turn: sessions (64)")
     g.add_argument("--turns", type=int_or_range, default=None, help="multi-turn: (2:10)")
     g.add_argument("--user-tokens", type=int_or_range, default=None, help="multi-turn: (32:1024)")
     g.add_argument(
@@ -570,7 +583,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--concurrency",
-        type=int,
+        type=positive_int,
         default=None,
         help="requests in flight (closed loop; default 64, or the trace's own arrival times)",
     )
@@ -642,9 +655,11 @@ def make_parser() -> argparse.ArgumentParser:
         default=min(2, os.cpu_count() or 1),
         help="processes for the simulations (default: up to 2; the engine part runs alone)",
     )
-    p.add_argument("--engine-requests", type=int, default=None)
-    p.add_argument("--engine-repeats", type=int, default=None, help="alternating repeats (3)")
-    p.add_argument("--trace-requests", type=int, default=None)
+    p.add_argument("--engine-requests", type=positive_int, default=None)
+    p.add_argument(
+        "--engine-repeats", type=positive_int, default=None, help="alternating repeats (3)"
+    )
+    p.add_argument("--trace-requests", type=positive_int, default=None)
     p.set_defaults(func=cmd_bench)
 
     from hycache.engine.args import add_serve_args
@@ -655,7 +670,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("trace-gen", help="generate a Mooncake-like conversation trace")
     p.add_argument("--out", required=True)
-    p.add_argument("--num-requests", type=int, default=12_000)
+    p.add_argument("--num-requests", type=positive_int, default=12_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-tokens", type=int, default=512)
     p.set_defaults(func=cmd_trace_gen)

@@ -468,3 +468,48 @@ def test_errors_print_user_text_verbatim(capsys: pytest.CaptureFixture[str]) -> 
     for name in ("a[/bold]b.jsonl", "[red]x[/red].jsonl"):
         assert main(["simulate", "--trace", f"/nonexistent/{name}", "--cost-model", "none"]) == 2
         assert name in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["simulate", "--workload", "family", "--concurrency", "-3"], "--concurrency"),
+        (["simulate", "--workload", "family", "--families", "0"], "--families"),
+        (["bench", "--quick", "--engine-requests", "-3"], "--engine-requests"),
+        (["serve", "--port", "99999"], "--port"),
+        (["trace-gen", "--out", "x.jsonl", "--num-requests", "0"], "--num-requests"),
+    ],
+)
+def test_bad_counts_and_ports_are_refused_at_once(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each of these used to spin forever, crash with a traceback, or fail after starting."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        (
+            json.dumps(
+                {"timestamp": 0, "input_length": 9, "output_length": 2, "hash_ids": [1 << 63]}
+            ),
+            "2**63",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 1000000000, "output_length": 2, "hash_ids": [1]}',
+            "input_length",
+        ),
+    ],
+)
+def test_trace_lines_beyond_the_bounds_fail_with_their_line(
+    line: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(line + "\n")
+    assert main(["simulate", "--trace", str(trace), "--cost-model", "none"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "line 1" in err

@@ -35,11 +35,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
 
 
+def port_number(text: str) -> int:
+    """argparse type for a TCP port, 0-65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port lies in 0-65535, got {value}")
+    return value
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """The flags of `hycache serve`: the engine's, plus where to listen."""
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (0: any free one)")
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:

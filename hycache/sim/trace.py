@@ -115,6 +115,7 @@ def hash_block_tokens(
 # ---------------------------------------------------------------------------------------------
 
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+MAX_LENGTH = 4_000_000  # tokens per request: far beyond any context window, and still a few MB
 
 
 def _is_int(v: Any) -> bool:
@@ -147,8 +148,13 @@ def _parse(obj: Any, where: str, line: int, rid: int, block_tokens: int) -> Trac
     if not isinstance(ids, list):
         raise bad(f"field 'hash_ids' must be a list of integers, got {type(ids).__name__}")
     for j, h in enumerate(ids):
-        if not _is_int(h) or h < 0:
-            raise bad(f"field 'hash_ids'[{j}] must be a non-negative integer, got {h!r}")
+        if not _is_int(h) or not 0 <= h < 2**63:
+            raise bad(f"field 'hash_ids'[{j}] must be an integer in [0, 2**63), got {h!r}")
+    for key in ("input_length", "output_length"):
+        if obj[key] > MAX_LENGTH:
+            raise bad(
+                f"field '{key}' is {obj[key]:,}, above the {MAX_LENGTH:,} tokens a request may have"
+            )
     need = -(-obj["input_length"] // block_tokens)
     if len(ids) < need:
         raise bad(

@@ -109,7 +109,7 @@ def test_blank_lines_and_backward_timestamps(tmp_path: Path) -> None:
         (json.dumps(rec(-1, 8, 1, [1])), "'timestamp' must not be negative"),
         (json.dumps(rec("soon", 8, 1, [1])), "'timestamp' must be a number"),
         (json.dumps({**rec(0, 8, 1, [1]), "hash_ids": 3}), "'hash_ids' must be a list"),
-        (json.dumps(rec(0, 8, 1, [1, "x"])), "'hash_ids'[1] must be a non-negative integer"),
+        (json.dumps(rec(0, 8, 1, [1, "x"])), "'hash_ids'[1] must be an integer in [0, 2**63)"),
         (json.dumps(rec(0, 17, 1, [1, 2])), "needs 3 hash_ids at 8 tokens per block, got 2"),
     ],
 )

@@ -23,7 +23,14 @@ from hycache.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from hycache.report import console, err_console, jsonl, write_atomic
+from hycache.report import (
+    check_writable,
+    console,
+    err_console,
+    jsonl,
+    progress_reporter,
+    write_atomic,
+)
 
 
 class UserError(Exception):
@@ -257,6 +264,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     if not 0 < args.load <= 1.5:
         raise UserError(f"--load: must lie in (0, 1.5], got {args.load}")
+    check_writable(args.json, "--json")
+    check_writable(args.plot, "--plot")
     policies = parse_policies(args)
     workload = build_workload(args)
     if not workload.size:
@@ -343,6 +352,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_trace_gen(args: argparse.Namespace) -> int:
     from hycache.sim.trace import trace_gen
 
+    check_writable(args.out, "--out")
     stats = trace_gen(args.out, args.num_requests, args.seed, args.block_tokens)
     print(json.dumps(stats, indent=2))
     return 0
@@ -444,6 +454,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from hycache.bench import EngineBench, SimBench, bench
     from hycache.report import curves_table, plot_bench, policy_table
 
+    check_writable(args.json, "--json")
+    check_writable(args.plot, "--plot")
     engine = None if args.skip_engine else EngineBench()
     sim = None if args.skip_simulated else SimBench()
     if args.quick:
@@ -454,14 +466,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         engine = replace(engine, repeats=args.engine_repeats)
     if sim is not None and args.trace_requests:
         sim = replace(sim, trace_requests=args.trace_requests)
-    with err_console.status("benchmarking") as status:
-        doc = bench(
-            engine,
-            sim,
-            lambda msg: status.update(f"benchmarking: {msg}"),
-            curves=not args.skip_curves,
-            workers=args.jobs,
-        )
+    with progress_reporter("benchmarking") as progress:
+        doc = bench(engine, sim, progress, curves=not args.skip_curves, workers=args.jobs)
     if "engine" in doc:
         e = doc["engine"]["inputs"]
         title = (

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +21,52 @@ if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 
 err_console = Console(stderr=True)
 
 
+@contextlib.contextmanager
+def progress_reporter(what: str) -> Iterator[Callable[[str], None]]:
+    """A callback that reports progress on stderr: a live status line on a terminal, plain
+    timestamped lines otherwise (a piped or logged run is never silent)."""
+    if err_console.is_terminal:
+        with err_console.status(what) as status:
+            yield lambda msg: status.update(f"{what}: {msg}")
+        return
+    start = time.monotonic()
+
+    def line(msg: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f} s] {what}: {msg}", file=sys.stderr, flush=True)
+
+    yield line
+
+
+def check_writable(path: str | Path | None, flag: str) -> None:
+    """Fail now, with `flag` in the message, when `path` could not be written later (checked
+    before a long run, never after it): its folder is missing and cannot be made, is a file,
+    or is read-only; or the path is a folder."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag}: {path} is a folder; give a file path")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: cannot write {path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}: cannot write {path}: {parent} is not writable")
+
+
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write the whole file or nothing: a failure leaves no partial output behind."""
+    """Write the whole file or nothing: a failure leaves no partial output behind. The file
+    gets the usual permissions (0666 less the umask), not the temporary file's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -513,3 +514,44 @@ def test_trace_lines_beyond_the_bounds_fail_with_their_line(
     assert main(["simulate", "--trace", str(trace), "--cost-model", "none"]) == 2
     err = capsys.readouterr().err
     assert needle in err and "line 1" in err
+
+
+@pytest.mark.parametrize("kind", ["under-a-file", "read-only", "a-folder"])
+def test_output_paths_are_checked_before_the_run(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--json file/x.json`, `--json ro/x.json`, `--out FOLDER`: refused at once, with the
+    flag named, before any work (a trace-gen or bench would otherwise run and then fail)."""
+    (tmp_path / "file").write_text("x")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    target = {"under-a-file": "file/x.json", "read-only": "ro/x.json", "a-folder": "ro"}[kind]
+    if kind == "read-only" and os.access(ro, os.W_OK):
+        pytest.skip("running as a user that can write read-only folders")
+    path = str(tmp_path / target)
+    argv = ["bench", "--quick", "--json", path]
+    assert main(argv) == 2
+    assert "--json" in capsys.readouterr().err
+    assert main(["trace-gen", "--out", path, "--num-requests", "5"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_written_files_honour_the_umask(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    old = os.umask(0o022)
+    try:
+        assert main(["trace-gen", "--out", str(out), "--num-requests", "5"]) == 0
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o644
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_bench_reports_progress_on_stderr_when_piped(capsys: pytest.CaptureFixture[str]) -> None:
+    from hycache.report import progress_reporter
+
+    with progress_reporter("benchmarking") as progress:
+        progress("engine · limit")
+    err = capsys.readouterr().err
+    assert "benchmarking: engine · limit" in err

@@ -266,12 +266,16 @@ def read_mooncake_trace(
 
 
 def write_trace(records: Iterable[Mapping[str, Any]], path: str | Path) -> None:
-    """Write records (dicts with the four Mooncake fields) as JSONL."""
-    with open(path, "w", encoding="utf-8") as f:
-        for rec in records:
-            row = {k: rec[k] for k in _FIELDS}
-            row["hash_ids"] = [int(h) for h in row["hash_ids"]]
-            f.write(json.dumps(row) + "\n")
+    """Write records (dicts with the four Mooncake fields) as JSONL: the whole file or
+    nothing (an interrupted write leaves no truncated trace)."""
+    from hycache.report import jsonl, write_atomic
+
+    rows = []
+    for rec in records:
+        row = {k: rec[k] for k in _FIELDS}
+        row["hash_ids"] = [int(h) for h in row["hash_ids"]]
+        rows.append(row)
+    write_atomic(path, jsonl(rows))
 
 
 def _ordered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

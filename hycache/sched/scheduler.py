@@ -228,6 +228,8 @@ class Scheduler:
         return len(drafts) + (k if end == req.num_tokens else 0)
 
     def _chunk_end(self, req: Request, start: int, budget: int) -> int:
+        if not self.cache.config.enable_prefix_caching:
+            return min(req.num_tokens, start + budget)  # nothing is kept: no stop to make
         stops = self.bounds.prefill_stops(start, req.num_prompt_tokens, req.junction_stops)
         return chunk_end(start, req.num_tokens, budget, stops, self.bounds.block_size)
 

@@ -117,3 +117,17 @@ def test_a_request_larger_than_the_cache_fails_loudly_instead_of_spinning() -> N
     sched.add_request(req(cfg, "huge", list(range(1, 400)), max_tokens=1))
     with pytest.raises(RuntimeError, match="cannot be scheduled"):
         run_to_completion(sched, DryRunExecutor())
+
+
+def test_without_prefix_caching_prefill_is_one_pass_per_budget() -> None:
+    """Nothing is kept, so no checkpoint stop splits the prefill (issue #11: 512 tokens ran as
+    448 / 48 / 16)."""
+    from tests.helpers import make_config, run_sequential
+
+    cfg = make_config(block_size=64, unit=16, prefix_caching=False, budget=8192)
+    sched, _ = run_sequential(cfg, [list(range(1, 513))])
+    ends = [end for _, end, _ in sched.recorder.chunks["r0"]]  # type: ignore[attr-defined]
+    assert ends[0] == 512
+    cfg = make_config(block_size=64, unit=16, prefix_caching=False, budget=200)
+    sched, _ = run_sequential(cfg, [list(range(1, 513))])
+    assert [end for _, end, _ in sched.recorder.chunks["r0"]][:3] == [200, 400, 512]  # type: ignore[attr-defined]

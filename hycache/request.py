@@ -64,7 +64,7 @@ class Request:
     sampling: SamplingParams
     hashes: PrefixHashes
     arrival: int = 0
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -92,7 +92,7 @@ class Request:
         hash_seed: int = 0,
         extra_keys: bytes = b"",
         arrival: int = 0,
-        eos_token_id: int | None = None,
+        eos_token_ids: Sequence[int] = (),
         lookahead: bool = False,
         prefix_hints: Sequence[int] = (),
     ) -> Request:
@@ -107,7 +107,7 @@ class Request:
         hashes = PrefixHashes(unit, hash_seed, extra_keys, lookahead)
         hashes.extend(arr)
         tokens = arr.tolist()
-        req = cls(request_id, tokens, sampling, hashes, arrival, eos_token_id)
+        req = cls(request_id, tokens, sampling, hashes, arrival, tuple(eos_token_ids))
         req.prefix_hints = hints
         return req
 
@@ -140,7 +140,7 @@ class Request:
         new: list[int] = []
         for t in token_ids[:room]:
             new.append(t)
-            if t in sp.stop_token_ids or (not sp.ignore_eos and t == self.eos_token_id):
+            if t in sp.stop_token_ids or (not sp.ignore_eos and t in self.eos_token_ids):
                 return new, RequestStatus.FINISHED_STOPPED
         if self.num_output_tokens + len(new) >= sp.max_tokens:
             return new, RequestStatus.FINISHED_LENGTH

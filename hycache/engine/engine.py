@@ -55,13 +55,23 @@ def block_bytes(mc: BambaConfig, block_size: int, dtype: torch.dtype, drafter: b
     return kv + mc.num_mamba_layers * (conv + ssm)
 
 
-def eos_token_id(model: str) -> int | None:
-    """The checkpoint's `eos_token_id` (config.json), or None (presets have none)."""
-    path = Path(model) / "config.json"
-    if not path.is_file():
-        return None
-    eos = json.loads(path.read_text()).get("eos_token_id")
-    return eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
+def eos_token_ids(model: str) -> tuple[int, ...]:
+    """Every end-of-sequence id the checkpoint names: `eos_token_id` in `config.json` and in
+    `generation_config.json`, each an int or a list (presets have none)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = Path(model) / name
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a broken file is the loader's to report; it names no EOS here
+        eos = doc.get("eos_token_id") if isinstance(doc, dict) else None
+        for t in eos if isinstance(eos, list) else [eos]:
+            if isinstance(t, int) and not isinstance(t, bool) and t >= 0:
+                ids.add(t)
+    return tuple(sorted(ids))
 
 
 PrefixHints = Sequence[int] | Sequence[Sequence[int]] | None
@@ -176,7 +186,7 @@ class LLM:
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._streamed: dict[str, int] = {}  # output tokens already streamed, per request
-        self.eos_token_id = eos_token_id(model)
+        self.eos_token_ids = eos_token_ids(model)
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -227,7 +237,7 @@ class LLM:
             ids,
             params,
             extra_keys=extra_key_bytes(cache_salt),
-            eos_token_id=self.eos_token_id,
+            eos_token_ids=self.eos_token_ids,
             prefix_hints=prefix_hints,
         )
         self.scheduler.add_request(req)

@@ -91,7 +91,7 @@ class Scheduler:
         **kw: Any,
     ) -> Request:
         """A request hashed with this cache's unit, seed and key scheme (`Request.new` keywords
-        such as `extra_keys`, `eos_token_id`, `prefix_hints` pass through)."""
+        such as `extra_keys`, `eos_token_ids`, `prefix_hints` pass through)."""
         c = self.config.cache
         return Request.new(
             request_id,

@@ -68,3 +68,22 @@ def test_each_token_is_streamed_once_across_preemptions() -> None:
     assert len(final) == 8
     for rid, tokens in final.items():
         assert len(tokens) == 120 and streamed[rid] == tokens
+
+
+def test_every_eos_id_of_the_checkpoint_stops_a_request(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`eos_token_id: [2, 131]` used to stop on 2 only; generation_config.json counts too."""
+    import json
+
+    from hycache.engine.engine import eos_token_ids
+    from hycache.request import Request, RequestStatus
+
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [2, 131]}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 5}))
+    assert eos_token_ids(str(tmp_path)) == (2, 5, 131)
+    assert eos_token_ids("tiny") == ()
+    req = Request.new("r", [1, 2, 3], SamplingParams(max_tokens=8), unit=4, eos_token_ids=(2, 131))
+    assert req.accept_tokens([9, 131, 4]) == ([9, 131], RequestStatus.FINISHED_STOPPED)
+    ignore = Request.new(
+        "i", [1], SamplingParams(max_tokens=8, ignore_eos=True), unit=4, eos_token_ids=(2,)
+    )
+    assert ignore.accept_tokens([2, 2]) == ([2, 2], None)

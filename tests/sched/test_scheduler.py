@@ -20,7 +20,7 @@ def req(cfg, rid: str, prompt: list[int], **sp: object) -> Request:  # type: ign
         prompt,
         SamplingParams(**sp),
         unit=cfg.cache.unit,
-        eos_token_id=7,
+        eos_token_ids=(7,),
         lookahead=Boundaries.from_config(cfg.cache, cfg.speculative).lookahead,
     )
 

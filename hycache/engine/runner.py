@@ -64,7 +64,8 @@ class ModelRunner:
             seed = params.seed
             if seed is None:
                 seed = xxhash.xxh64_intdigest(rid.encode(), self.seed) % 2**62
-            gen = self._gens[rid] = torch.Generator().manual_seed(seed)
+            # on the model's device: torch.multinomial takes a generator of its tensor's device
+            gen = self._gens[rid] = torch.Generator(self.model.device).manual_seed(seed)
         return gen
 
     def release(self, request_id: str) -> None:

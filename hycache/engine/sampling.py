@@ -65,7 +65,7 @@ def verify(
     for i, d in enumerate(drafts):
         q = draft_probs[i] if draft_probs is not None else None
         qd = float(q[d]) if q is not None else 1.0
-        u = float(torch.rand((), generator=gen, dtype=torch.float64))
+        u = float(torch.rand((), generator=gen, dtype=torch.float64, device=gen.device))
         if qd > 0 and u < min(1.0, float(p[i, d]) / qd):
             out.append(d)
             continue

@@ -82,3 +82,20 @@ def test_non_finite_or_negative_temperature_is_refused_up_front(value: float) ->
     """`--temperature nan` used to pass validation and crash mid-generation."""
     with pytest.raises(ValueError, match=r"^temperature:"):
         SamplingParams(temperature=value)
+
+
+def test_generators_live_on_the_models_device() -> None:
+    """torch.multinomial needs a generator of its tensor's device (a CPU generator fails on a
+    GPU at temperature > 0)."""
+    llm = LLM("tiny", max_model_len=256, num_blocks=64)
+    gen = llm.runner._gen("r", SamplingParams(temperature=0.8, seed=3))
+    assert gen.device == llm.model.device
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_temperature_sampling_and_verification_run_on_cuda() -> None:
+    sp = SamplingParams(max_tokens=8, temperature=0.8, seed=1, ignore_eos=True)
+    for k in (0, 2):
+        llm = LLM("tiny", device="cuda", max_model_len=256, num_blocks=64, num_speculative_tokens=k)
+        (out,) = llm.generate([[1, 2, 3, 4, 5]], sp)
+        assert len(out.token_ids) == 8

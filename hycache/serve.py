@@ -13,7 +13,12 @@ This file owns the HTTP layer and everything between it and the engine:
   that open streams close instead of holding the shutdown up.
 - `add_serve_args` / `run_serve`: the `serve` command's flags and entry point.
 
-Bad input answers HTTP 400 `{"error": {"message": ...}}` and disturbs no other request.
+Bad input answers HTTP 400 `{"error": {"message": ...}}` and disturbs no other request. OpenAI
+fields hycache does not implement (`n`, `best_of`, `logprobs`, `echo`, `stop` strings, `suffix`,
+penalties, `logit_bias`) are refused with a 400 unless left at their unused value, never
+answered with other semantics. A body over `MAX_BODY_BYTES` is refused (413) before it is read
+whole. Responses name the served model (`--served-model-name`, else the model path's last
+component), never a path.
 
 Extensions to the OpenAI completions body: `token_ids` in each choice, `stop_token_ids`,
 `ignore_eos`, and `prefix_hints` (token counts where the prompt's shared prefixes end, e.g. the
@@ -43,6 +48,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -60,6 +66,20 @@ log = logging.getLogger("hycache.serve")
 MIN_TEMPERATURE = 1e-6  # below this (but > 0) softmax(logits / t) overflows to NaN
 MAX_SEED = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
 MAX_PREFIX_HINTS = 16  # per request; a prompt has few shared-prefix boundaries worth keeping
+MAX_BODY_BYTES = 8 * 2**20  # a request body; a 128k-token prompt as JSON ids is about 1 MB
+# OpenAI completions fields hycache does not implement, with the value that means "unused":
+# any other value is refused (400) instead of silently answered with other semantics
+UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "n": 1,
+    "best_of": 1,
+    "logprobs": None,
+    "echo": False,
+    "stop": None,
+    "suffix": None,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logit_bias": None,
+}
 
 
 # ---------------------------------------------------------------------------------- worker
@@ -423,6 +443,39 @@ def _stats(llm: LLM) -> dict[str, Any]:
     }
 
 
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it is known to exceed `limit` bytes (read no further:
+    one huge body must not stall every other client)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _refuse_unsupported(raw: bytes) -> None:
+    """Raise ValueError naming the first OpenAI field set to something hycache does not do."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return  # the model validation reports malformed JSON
+    if not isinstance(doc, dict):
+        return
+    for key, unused in UNSUPPORTED_FIELDS.items():
+        value = doc.get(key, unused)
+        if value != unused and value not in ([], {}, ""):
+            raise ValueError(
+                f"{key}: not supported by hycache (got {value!r}); leave it out"
+                + ("; use stop_token_ids for token ids" if key == "stop" else "")
+            )
+
+
 async def _wait_for_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -477,8 +530,12 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
+        raw = await _read_body(request, MAX_BODY_BYTES)
+        if raw is None:
+            return error_response(413, f"request body over {MAX_BODY_BYTES:,} bytes")
         try:
-            body = CompletionBody.model_validate_json(await request.body())
+            _refuse_unsupported(raw)
+            body = CompletionBody.model_validate_json(raw)
             params = body.sampling_params()
         except ValidationError as e:
             return error_response(400, _validation_message(e))
@@ -613,6 +670,11 @@ def _usage(out: RequestOutput) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- command
+def served_model_name(args: argparse.Namespace) -> str:
+    """`--served-model-name`, else the model's last path component (never a full path)."""
+    return args.served_model_name or Path(str(args.model).rstrip("/")).name or str(args.model)
+
+
 def build_llm(args: argparse.Namespace) -> LLM:
     return llm_from_args(args)
 
@@ -624,7 +686,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"hycache serve: {e}", file=sys.stderr)
         return 2
-    app = create_app(llm, model_name=args.model)
+    app = create_app(llm, model_name=served_model_name(args))
     # At shutdown the worker is drained first; a handler still busy after the grace period is
     # cancelled (aborting its request), then the lifespan stops the worker thread.
     config = uvicorn.Config(

@@ -261,6 +261,10 @@ def test_prefix_hint_lets_the_first_sibling_resume_at_the_limit() -> None:
 
 BAD_BODIES: list[tuple[str, Any]] = [
     ("text prompt, no tokenizer", {"prompt": "hello"}),
+    ("n > 1 (unsupported)", {"prompt": [1, 2], "n": 2}),
+    ("logprobs (unsupported)", {"prompt": [1, 2], "logprobs": 3}),
+    ("stop strings (unsupported)", {"prompt": [1, 2], "stop": ["\n"]}),
+    ("echo (unsupported)", {"prompt": [1, 2], "echo": True}),
     ("empty prompt", {"prompt": []}),
     ("id above vocab", {"prompt": [1, 2, VOCAB]}),
     ("negative id", {"prompt": [-1, 2]}),
@@ -497,3 +501,31 @@ def test_cache_salt_isolates_tenants_on_the_server(client: httpx.Client) -> None
     assert cached("A") > 0
     bad = client.post("/v1/completions", json={"prompt": ids, "cache_salt": ""})
     assert bad.status_code == 400
+
+
+def test_openai_fields_at_their_unused_values_are_accepted(client: httpx.Client) -> None:
+    body = {"prompt": [1, 2, 3], "max_tokens": 2, "n": 1, "stop": None, "echo": False}
+    r = client.post("/v1/completions", json={**body, "logprobs": None, "model": "anything"})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "tiny"  # the served name, whatever the client sent
+
+
+def test_an_oversized_body_is_refused_without_stalling_others(client: httpx.Client) -> None:
+    from hycache.serve import MAX_BODY_BYTES
+
+    huge = b'{"prompt": [' + b"1," * (MAX_BODY_BYTES // 2) + b"1]}"
+    r = client.post("/v1/completions", content=huge, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    ok = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_the_served_model_name_is_never_a_path() -> None:
+    from hycache.serve import served_model_name
+
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    assert served_model_name(p.parse_args(["--model", "/data/ckpts/bamba-9b/"])) == "bamba-9b"
+    assert served_model_name(p.parse_args([])) == "tiny"
+    named = p.parse_args(["--model", "/x/y", "--served-model-name", "ibm/bamba"])
+    assert served_model_name(named) == "ibm/bamba"

@@ -51,6 +51,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (0: any free one)")
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name responses report (default: the model's last path component)",
+    )
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:

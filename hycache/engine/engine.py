@@ -43,16 +43,28 @@ DTYPES = {
 }
 
 
+def state_bytes(mc: BambaConfig, dtype: torch.dtype) -> int:
+    """Bytes of one conv + SSM state slot over every Mamba layer (SSM state in float32, or
+    float64 for a float64 model)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    state_item = 8 if dtype == torch.float64 else 4
+    conv = mc.mamba_conv_dim * (mc.mamba_d_conv - 1) * item
+    ssm = mc.mamba_n_heads * mc.mamba_d_head * mc.mamba_d_state * state_item
+    return mc.num_mamba_layers * (conv + ssm)
+
+
 def block_bytes(mc: BambaConfig, block_size: int, dtype: torch.dtype, drafter: bool) -> int:
     """Bytes behind one block id: its K/V rows in every attention cache (the drafter's too)
     and one conv + SSM state slot (the pool's ids index every cache)."""
     item = torch.empty((), dtype=dtype).element_size()
-    state_item = 8 if dtype == torch.float64 else 4
     kv_layers = mc.num_attention_layers + (1 if drafter else 0)
     kv = kv_layers * 2 * block_size * mc.num_key_value_heads * mc.head_dim * item
-    conv = mc.mamba_conv_dim * (mc.mamba_d_conv - 1) * item
-    ssm = mc.mamba_n_heads * mc.mamba_d_head * mc.mamba_d_state * state_item
-    return kv + mc.num_mamba_layers * (conv + ssm)
+    return kv + state_bytes(mc, dtype)
+
+
+def scratch_bytes(mc: BambaConfig, dtype: torch.dtype, max_num_seqs: int, k: int) -> int:
+    """Speculative scratch: one state slot per verified position of every sequence."""
+    return max_num_seqs * (k + 1) * state_bytes(mc, dtype) if k else 0
 
 
 def eos_token_ids(model: str) -> tuple[int, ...]:
@@ -163,9 +175,18 @@ class LLM:
             groups.append(GroupKind.SSM)
         if drafter is not None:
             groups.append(GroupKind.ATTENTION)
-        if num_blocks is None:
+        budget = int(cache_memory_gb * 2**30)
+        scratch = scratch_bytes(mc, torch_dtype, max_num_seqs, num_speculative_tokens)
+        if scratch >= budget:
+            raise ValueError(
+                f"cache_memory_gb: {cache_memory_gb} GiB cannot hold the speculative scratch "
+                f"states ({max_num_seqs} sequences x {num_speculative_tokens + 1} positions = "
+                f"{scratch / 2**30:.2f} GiB); lower num_speculative_tokens or max_num_seqs, or "
+                "raise cache_memory_gb"
+            )
+        if num_blocks is None:  # the scratch states come out of the same budget
             per_block = block_bytes(mc, block_size, torch_dtype, drafter is not None)
-            num_blocks = int(cache_memory_gb * 2**30) // per_block
+            num_blocks = (budget - scratch) // per_block
         self.config = HycacheConfig(
             CacheConfig(
                 block_size=block_size,

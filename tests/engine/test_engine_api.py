@@ -87,3 +87,20 @@ def test_every_eos_id_of_the_checkpoint_stops_a_request(tmp_path) -> None:  # ty
         "i", [1], SamplingParams(max_tokens=8, ignore_eos=True), unit=4, eos_token_ids=(2,)
     )
     assert ignore.accept_tokens([2, 2]) == ([2, 2], None)
+
+
+def test_speculative_scratch_comes_out_of_the_cache_budget() -> None:
+    """`--num-speculative-tokens 500` used to allocate ~17 GB of scratch states outside any
+    budget (killed by the OOM killer); it is refused now, and smaller k shrink the pool."""
+    import pytest
+
+    from hycache.engine.engine import block_bytes, scratch_bytes, state_bytes
+
+    with pytest.raises(ValueError, match=r"^cache_memory_gb:.*scratch"):
+        LLM("tiny", num_speculative_tokens=500, max_model_len=256)
+    spec = LLM("tiny", max_model_len=256, cache_memory_gb=0.25, num_speculative_tokens=3)
+    mc, dtype = spec.model_config, spec.model.dtype
+    scratch = scratch_bytes(mc, dtype, 64, 3)
+    assert scratch == 64 * 4 * state_bytes(mc, dtype)
+    per_block = block_bytes(mc, 64, dtype, drafter=True)
+    assert spec.config.cache.num_blocks == (2**28 - scratch) // per_block

@@ -6,25 +6,36 @@ This file owns the HTTP layer and everything between it and the engine:
   put commands on a thread-safe inbox and get results back on per-request asyncio queues
   (filled with `loop.call_soon_threadsafe`). The worker sleeps on the inbox while nothing is
   unfinished and steps the engine while anything is.
-- `create_app`: the FastAPI app (`GET /health`, `POST /v1/completions` with optional SSE
-  streaming, `GET /v1/stats`); its lifespan starts the worker and, on shutdown, stops it and
-  aborts whatever is still unfinished.
+- `create_app`: the FastAPI app (`GET /health`, `POST /v1/completions` and
+  `POST /v1/chat/completions` with optional SSE streaming, `GET /v1/models`, `GET /v1/stats`,
+  `GET /metrics` in Prometheus text format, see `hycache.metrics`); its lifespan starts the
+  worker and, on shutdown, stops it and aborts whatever is still unfinished. With an API key
+  every `/v1/*` route wants `Authorization: Bearer KEY` (401 otherwise); `/health` and
+  `/metrics` stay open.
 - `HycacheServer`: uvicorn's server, which at shutdown first ends in-flight requests (503) so
   that open streams close instead of holding the shutdown up.
 - `add_serve_args` / `run_serve`: the `serve` command's flags and entry point.
 
-Bad input answers HTTP 400 `{"error": {"message": ...}}` and disturbs no other request. OpenAI
-fields hycache does not implement (`n`, `best_of`, `logprobs`, `echo`, `stop` strings, `suffix`,
-penalties, `logit_bias`) are refused with a 400 unless left at their unused value, never
-answered with other semantics. A body over `MAX_BODY_BYTES` is refused (413) before it is read
-whole. Responses name the served model (`--served-model-name`, else the model path's last
-component), never a path.
+Bad input answers HTTP 400 `{"error": {"message", "type", "param", "code"}}` and disturbs no
+other request. OpenAI fields hycache does not implement (`n`, `best_of`, `logprobs`, `echo`,
+`stop` strings, `suffix`, penalties, `logit_bias`; for chat also tools, `response_format`, ...)
+are refused with a 400 unless left at their unused value, never answered with other semantics
+(the request bodies and these tables live in `hycache.protocol`). A body over
+`MAX_BODY_BYTES` is refused (413) before it is read whole. Responses name the served model
+(`--served-model-name`, else the model path's last component), never a path.
 
 Extensions to the OpenAI completions body: `token_ids` in each choice, `stop_token_ids`,
 `ignore_eos`, and `prefix_hints` (token counts where the prompt's shared prefixes end, e.g. the
 end of a system prompt: under the `limit` policy the first request of a family already
 checkpoints there, so the next one resumes at its limit). `usage.prompt_tokens_details.
 cached_tokens` (and, for older clients, `usage.cached_tokens`) is the request's resume point.
+
+Chat: messages are rendered with the checkpoint's chat template (`hycache.chat`; the
+`--chat-template` file overrides it) and tokenized without extra special tokens; a model with no
+template or no tokenizer answers 400. The end of the last system message is passed as a prefix
+hint, so under `limit` the first chat of a system-prompt family already checkpoints for it.
+`max_completion_tokens` (else `max_tokens`, else the room left in `max_model_len`),
+`stream_options.include_usage` (a last chunk with empty `choices` and the usage) are honoured.
 
 Tenants: requests with different `cache_salt` strings never share cache entries, so
 `cached_tokens` tells a client nothing about another tenant's prompts. Without a salt the cache
@@ -54,32 +65,28 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hycache.chat import ChatTemplate, ChatTemplateError, load_chat_template
 from hycache.engine.args import add_serve_args, llm_from_args
 from hycache.engine.engine import LLM, RequestOutput, StreamEvent
+from hycache.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics, engine_snapshot
+from hycache.protocol import (
+    CHAT_UNSUPPORTED_FIELDS,
+    UNSUPPORTED_FIELDS,
+    ApiKeyMiddleware,
+    ChatBody,
+    CompletionBody,
+    error_response,
+    refuse_unsupported,
+    validation_message,
+)
 from hycache.request import SamplingParams
 
 log = logging.getLogger("hycache.serve")
 
-MIN_TEMPERATURE = 1e-6  # below this (but > 0) softmax(logits / t) overflows to NaN
-MAX_SEED = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
-MAX_PREFIX_HINTS = 16  # per request; a prompt has few shared-prefix boundaries worth keeping
 MAX_BODY_BYTES = 8 * 2**20  # a request body; a 128k-token prompt as JSON ids is about 1 MB
-# OpenAI completions fields hycache does not implement, with the value that means "unused":
-# any other value is refused (400) instead of silently answered with other semantics
-UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "n": 1,
-    "best_of": 1,
-    "logprobs": None,
-    "echo": False,
-    "stop": None,
-    "suffix": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
-}
 
 
 # ---------------------------------------------------------------------------------- worker
@@ -344,52 +351,6 @@ class EngineWorker:
 
 
 # ---------------------------------------------------------------------------------- HTTP API
-class CompletionBody(BaseModel):
-    """The body of `POST /v1/completions`; unknown fields (`model`, ...) are ignored."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    prompt: str | list[int]
-    max_tokens: int = 16
-    temperature: float = Field(0.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, allow_inf_nan=False)
-    seed: int | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    stream: bool = False
-    # token counts where shared prefixes of the prompt end (hints past the prompt are ignored)
-    prefix_hints: list[NonNegativeInt] = Field(default_factory=list, max_length=MAX_PREFIX_HINTS)
-    # requests with different salts never share cache entries; without one the cache is shared
-    cache_salt: str | None = Field(None, min_length=1, max_length=256)
-
-    def sampling_params(self) -> SamplingParams:
-        """Raises ValueError on values the engine would choke on mid-step."""
-        if 0 < self.temperature < MIN_TEMPERATURE:
-            raise ValueError(f"temperature: must be 0 (greedy) or >= {MIN_TEMPERATURE}")
-        if self.seed is not None and not 0 <= self.seed < MAX_SEED:
-            raise ValueError("seed: must lie in [0, 2**64)")
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
-            stop_token_ids=tuple(self.stop_token_ids),
-            ignore_eos=self.ignore_eos,
-        )
-
-
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
-
-
-def _validation_message(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"])
-        parts.append(f"{loc}: {err['msg']}" if loc else str(err["msg"]))
-    return "; ".join(parts)
-
-
 def _sse(payload: Any) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
@@ -459,23 +420,6 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _refuse_unsupported(raw: bytes) -> None:
-    """Raise ValueError naming the first OpenAI field set to something hycache does not do."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return  # the model validation reports malformed JSON
-    if not isinstance(doc, dict):
-        return
-    for key, unused in UNSUPPORTED_FIELDS.items():
-        value = doc.get(key, unused)
-        if value != unused and value not in ([], {}, ""):
-            raise ValueError(
-                f"{key}: not supported by hycache (got {value!r}); leave it out"
-                + ("; use stop_token_ids for token ids" if key == "stop" else "")
-            )
-
-
 async def _wait_for_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -483,22 +427,43 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def _collect(items: asyncio.Queue[_Item]) -> RequestOutput | _Failed:
+async def _collect(
+    items: asyncio.Queue[_Item], timer: RequestTimer | None = None
+) -> RequestOutput | _Failed:
     while True:
         item = await items.get()
         if isinstance(item, _Failed):
             return item
-        if isinstance(item, StreamEvent) and item.finished and item.output is not None:
-            return item.output
+        if isinstance(item, StreamEvent):
+            if timer is not None:
+                timer.tokens(len(item.new_token_ids))
+            if item.finished and item.output is not None:
+                return item.output
 
 
-def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
+def _prefix_hint(offsets: Sequence[tuple[int, int]], end: int) -> int:
+    """How many of the prompt's tokens lie wholly within its first `end` characters (0 when
+    `end` is 0: no system message)."""
+    return sum(1 for _, stop in offsets if stop <= end) if end > 0 else 0
+
+
+def create_app(
+    llm: LLM,
+    *,
+    model_name: str = "hycache",
+    chat_template: ChatTemplate | None = None,
+    api_key: str | None = None,
+) -> FastAPI:
     """The HTTP app over `llm`. Its lifespan runs the engine worker (`app.state.worker`):
     the worker starts with the app and, at shutdown, is stopped with unfinished requests
     aborted. Only the worker touches `llm` while the app runs. (Under Starlette's TestClient,
-    use it as a context manager so that the lifespan runs; otherwise requests get 503.)"""
+    use it as a context manager so that the lifespan runs; otherwise requests get 503.)
+    `chat_template` renders `/v1/chat/completions` prompts (none: that route answers 400);
+    with `api_key`, every `/v1/*` route wants `Authorization: Bearer <api_key>`."""
     worker = EngineWorker(llm)
     counter = itertools.count()
+    metrics = ServerMetrics(model_name)
+    started = int(time.time())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -511,6 +476,9 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
     app = FastAPI(title="hycache", lifespan=lifespan)
     app.state.worker = worker
     app.state.llm = llm
+    app.state.metrics = metrics
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -528,26 +496,56 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
             return error_response(503, str(e))
         return {"model": model_name, **snapshot}
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(request: Request) -> Response:
+    def _model_card() -> dict[str, Any]:
+        return {
+            "id": model_name,
+            "object": "model",
+            "created": started,
+            "owned_by": "hycache",
+            "max_model_len": llm.config.cache.max_model_len,
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card()]}
+
+    @app.get("/v1/models/{name:path}", response_model=None)
+    async def model(name: str) -> dict[str, Any] | JSONResponse:
+        if name != model_name:
+            return error_response(404, f"model {name!r} not found", "model_not_found")
+        return _model_card()
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        try:
+            snapshot = await asyncio.wrap_future(worker.call(engine_snapshot))
+        except ServerClosed as e:
+            return error_response(503, str(e))
+        return Response(metrics.render(snapshot), media_type=CONTENT_TYPE)
+
+    async def _parse(request: Request, fields: dict[str, Any], model: type[Any]) -> Any:
+        """The validated body, or an error response."""
         raw = await _read_body(request, MAX_BODY_BYTES)
         if raw is None:
             return error_response(413, f"request body over {MAX_BODY_BYTES:,} bytes")
         try:
-            _refuse_unsupported(raw)
-            body = CompletionBody.model_validate_json(raw)
-            params = body.sampling_params()
+            refuse_unsupported(raw, fields)
+            return model.model_validate_json(raw)
         except ValidationError as e:
-            return error_response(400, _validation_message(e))
+            return error_response(400, validation_message(e))
         except ValueError as e:
             return error_response(400, str(e))
 
-        request_id = f"cmpl-{uuid.uuid4().hex[:16]}-{next(counter)}"
-        created = int(time.time())
+    async def _submit(
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        hints: Sequence[int],
+        salt: str | None,
+    ) -> asyncio.Queue[_Item] | Response:
+        """Queue the request; its item queue once the engine accepted it, else the error."""
         try:
-            items = worker.submit(
-                request_id, body.prompt, params, body.prefix_hints, body.cache_salt
-            )
+            items = worker.submit(request_id, prompt, params, hints, salt)
         except ServerClosed as e:
             return error_response(503, str(e))
         try:
@@ -557,15 +555,13 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
             raise
         if isinstance(first, _Failed):
             return error_response(first.status, first.message)
+        return items
 
-        if body.stream:
-            return StreamingResponse(
-                _stream(request_id, created, items),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-
-        collect = asyncio.ensure_future(_collect(items))
+    async def _result(
+        request: Request, request_id: str, items: asyncio.Queue[_Item], timer: RequestTimer
+    ) -> RequestOutput | Response:
+        """Wait for the whole output; abort the request if the client hangs up first."""
+        collect = asyncio.ensure_future(_collect(items, timer))
         disconnect = asyncio.ensure_future(_wait_for_disconnect(request))
         try:
             await asyncio.wait({collect, disconnect}, return_when=asyncio.FIRST_COMPLETED)
@@ -579,6 +575,60 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
         result = collect.result()
         if isinstance(result, _Failed):
             return error_response(result.status, result.message)
+        metrics.finished(result)
+        return result
+
+    def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
+        return StreamingResponse(
+            body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        arrival = time.monotonic()
+        body = await _parse(request, UNSUPPORTED_FIELDS, CompletionBody)
+        if isinstance(body, Response):
+            return body
+        try:
+            params = body.sampling_params()
+        except ValueError as e:
+            return error_response(400, str(e))
+        request_id = f"cmpl-{uuid.uuid4().hex[:16]}-{next(counter)}"
+        created = int(time.time())
+        items = await _submit(request_id, body.prompt, params, body.prefix_hints, body.cache_salt)
+        if isinstance(items, Response):
+            return items
+        timer = metrics.timer(arrival)
+        if body.stream:
+            text = _TextDelta(llm)
+
+            def chunks(event: StreamEvent) -> list[dict[str, Any]]:
+                out = event.output if event.finished else None
+                chunk: dict[str, Any] = {
+                    "id": request_id,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model_name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": text.push(event.new_token_ids, event.finished),
+                            "token_ids": event.new_token_ids,
+                            "finish_reason": out.finish_reason if out is not None else None,
+                        }
+                    ],
+                }
+                if out is not None:
+                    chunk["usage"] = _usage(out)
+                return [chunk]
+
+            return _streaming(_stream(request_id, items, timer, chunks))
+
+        result = await _result(request, request_id, items, timer)
+        if isinstance(result, Response):
+            return result
         return JSONResponse(
             {
                 "id": request_id,
@@ -597,14 +647,103 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
             }
         )
 
-    async def _stream(
-        request_id: str, created: int, items: asyncio.Queue[_Item]
-    ) -> AsyncIterator[str]:
-        """SSE chunks; if the client goes away (the generator is cancelled or closed before
-        the last token), the request is aborted in the engine."""
-        done = False
-        text = _TextDelta(llm)
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        arrival = time.monotonic()
+        body = await _parse(request, CHAT_UNSUPPORTED_FIELDS, ChatBody)
+        if isinstance(body, Response):
+            return body
+        if chat_template is None or llm.tokenizer is None:
+            missing = "tokenizer (tokenizer.json)" if llm.tokenizer is None else "chat template"
+            return error_response(
+                400,
+                f"this model has no {missing}, so chat is unavailable; pass --chat-template FILE "
+                "(and a checkpoint with a tokenizer) or use /v1/completions with token ids",
+            )
         try:
+            messages = [m.as_template_input() for m in body.messages]
+            text, system_end = chat_template.render(messages)
+            encoding = llm.tokenizer.encode(text, add_special_tokens=False)
+            ids = list(encoding.ids)
+            hint = _prefix_hint(encoding.offsets, system_end)
+            default_max = max(llm.config.cache.max_model_len - len(ids), 1)
+            params = body.sampling_params(default_max)
+        except ValueError as e:  # ChatTemplateError included
+            return error_response(400, str(e))
+        hints = [hint] if 0 < hint < len(ids) else []
+        request_id = f"chatcmpl-{uuid.uuid4().hex[:16]}-{next(counter)}"
+        created = int(time.time())
+        items = await _submit(request_id, ids, params, hints, body.cache_salt)
+        if isinstance(items, Response):
+            return items
+        timer = metrics.timer(arrival)
+
+        def envelope(choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
+            return {
+                "id": request_id,
+                "object": obj,
+                "created": created,
+                "model": model_name,
+                "choices": choices,
+            }
+
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            delta = _TextDelta(llm)
+            head = envelope(
+                [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+                "chat.completion.chunk",
+            )
+
+            def chunks(event: StreamEvent) -> list[dict[str, Any]]:
+                out = event.output if event.finished else None
+                choice = {
+                    "index": 0,
+                    "delta": {"content": delta.push(event.new_token_ids, event.finished)},
+                    "token_ids": event.new_token_ids,
+                    "logprobs": None,
+                    "finish_reason": out.finish_reason if out is not None else None,
+                }
+                chunk = envelope([choice], "chat.completion.chunk")
+                if out is None or not include_usage:
+                    return [chunk]
+                return [chunk, {**envelope([], "chat.completion.chunk"), "usage": _usage(out)}]
+
+            return _streaming(_stream(request_id, items, timer, chunks, head))
+
+        result = await _result(request, request_id, items, timer)
+        if isinstance(result, Response):
+            return result
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": result.text},
+            "token_ids": result.token_ids,
+            "logprobs": None,
+            "finish_reason": result.finish_reason,
+        }
+        return JSONResponse({**envelope([choice], "chat.completion"), "usage": _usage(result)})
+
+    async def _stream(
+        request_id: str,
+        items: asyncio.Queue[_Item],
+        timer: RequestTimer,
+        chunks: Callable[[StreamEvent], list[dict[str, Any]]],
+        head: dict[str, Any] | None = None,
+    ) -> AsyncIterator[str]:
+        """SSE: `head`, then `chunks(event)` per engine event, then `[DONE]`; if the client goes
+        away (the generator is cancelled or closed before the last token), the request is
+        aborted in the engine."""
+        done = False
+        try:
+            if head is not None:
+                yield _sse(head)
             while True:
                 item = await items.get()
                 if isinstance(item, _Failed):
@@ -613,26 +752,13 @@ def create_app(llm: LLM, *, model_name: str = "hycache") -> FastAPI:
                     break
                 if not isinstance(item, StreamEvent):
                     continue
-                out = item.output if item.finished else None
-                chunk: dict[str, Any] = {
-                    "id": request_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model_name,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": text.push(item.new_token_ids, item.finished),
-                            "token_ids": item.new_token_ids,
-                            "finish_reason": out.finish_reason if out is not None else None,
-                        }
-                    ],
-                }
-                if out is not None:
-                    chunk["usage"] = _usage(out)
-                yield _sse(chunk)
+                timer.tokens(len(item.new_token_ids))
+                for chunk in chunks(item):
+                    yield _sse(chunk)
                 if item.finished:
                     done = True
+                    if item.output is not None:
+                        metrics.finished(item.output)
                     break
             yield "data: [DONE]\n\n"
         finally:
@@ -686,7 +812,16 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"hycache serve: {e}", file=sys.stderr)
         return 2
-    app = create_app(llm, model_name=served_model_name(args))
+    try:
+        template = None
+        if args.chat_template is not None or Path(args.model).is_dir():
+            template = load_chat_template(args.model, args.chat_template)
+    except ChatTemplateError as e:
+        print(f"hycache serve: {e}", file=sys.stderr)
+        return 2
+    app = create_app(
+        llm, model_name=served_model_name(args), chat_template=template, api_key=args.api_key
+    )
     # At shutdown the worker is drained first; a handler still busy after the grace period is
     # cancelled (aborting its request), then the lifespan stops the worker thread.
     config = uvicorn.Config(
@@ -705,6 +840,10 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 __all__ = [
+    "CHAT_UNSUPPORTED_FIELDS",
+    "UNSUPPORTED_FIELDS",
+    "ApiKeyMiddleware",
+    "ChatBody",
     "CompletionBody",
     "EngineWorker",
     "HycacheServer",

@@ -529,3 +529,287 @@ def test_the_served_model_name_is_never_a_path() -> None:
     assert served_model_name(p.parse_args([])) == "tiny"
     named = p.parse_args(["--model", "/x/y", "--served-model-name", "ibm/bamba"])
     assert served_model_name(named) == "ibm/bamba"
+
+
+# ------------------------------------------------------------ OpenAI drop-in: chat, models, auth
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL = ["<s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+API_KEY = "sk-hycache-test"
+SYSTEM_WORDS = 45  # rendered: <s> <|system|> 45 words <|end|> = 48 tokens before the user turn
+
+
+def chat_tokenizer() -> Any:
+    """A word-level tokenizer over the tiny vocabulary: `w0`..`w499` and the template's
+    special tokens (ids 500-504)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(VOCAB - 12)}
+    vocab.update({t: VOCAB - 12 + i for i, t in enumerate(SPECIAL)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece()
+    tok.add_special_tokens(SPECIAL)
+    return tok
+
+
+def words(seed: int, n: int) -> str:
+    return " ".join(f"w{i % (VOCAB - 12)}" for i in prompt(seed, n))
+
+
+@pytest.fixture(scope="module")
+def chat_server() -> Iterator[str]:
+    """`limit` with an EAGLE drafter (k = 2, B = 16, u = 4), a tokenizer, a chat template and
+    an API key: the `/v1` base URL."""
+    from hycache.chat import ChatTemplate
+
+    llm = LLM(
+        "tiny",
+        policy="limit",
+        num_speculative_tokens=2,
+        block_size=16,
+        prefix_match_unit=4,
+        num_blocks=300,
+        max_model_len=256,
+    )
+    llm.tokenizer = chat_tokenizer()
+    template = ChatTemplate(CHAT_TEMPLATE, bos_token="<s>", eos_token="<|end|>")
+    app = create_app(llm, model_name="tiny-chat", chat_template=template, api_key=API_KEY)
+    with serving(app) as (url, _, _):
+        yield f"{url}/v1"
+
+
+@pytest.fixture
+def oai(chat_server: str) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=chat_server, api_key=API_KEY, max_retries=0, timeout=30)
+
+
+def test_openai_client_completions(server: tuple[str, LLM], reference: LLM) -> None:
+    """The official client, non-streaming and streaming, gets the engine's greedy tokens."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0)
+    ids = prompt(41, 80)
+    want = expected(reference, ids, 6)
+    r = client.completions.create(model="tiny", prompt=ids, max_tokens=6)
+    assert r.model == "tiny" and r.object == "text_completion"
+    assert r.choices[0].model_extra["token_ids"] == want
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage is not None and r.usage.completion_tokens == 6
+    assert r.usage.prompt_tokens_details is not None
+    stream = client.completions.create(model="tiny", prompt=ids, max_tokens=6, stream=True)
+    chunks = list(stream)
+    assert [t for c in chunks for t in c.choices[0].model_extra["token_ids"]] == want
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_openai_client_chat_and_system_prompt_reuse(oai: Any, chat_server: str) -> None:
+    """Two chats sharing a 45-word system message: the rendered prompts share 49 tokens
+    (<s> <|system|> 45 words <|end|> <|user|>) and the system part, 48 tokens, is passed as a
+    prefix hint, so the *first* chat already checkpoints for its family and the second
+    reports the limit floor((49-1)/4)*4 = 48 cached tokens. The same conversation shape
+    without a system message (no hint) gets nothing cached on its first sibling. Streaming
+    returns the same text as non-streaming."""
+    system = {"role": "system", "content": words(50, SYSTEM_WORDS)}
+    first = oai.chat.completions.create(
+        model="tiny-chat",
+        messages=[system, {"role": "user", "content": words(51, 20)}],
+        max_tokens=4,
+    )
+    assert first.object == "chat.completion" and first.model == "tiny-chat"
+    assert first.id.startswith("chatcmpl-")
+    msg = first.choices[0].message
+    assert msg.role == "assistant" and isinstance(msg.content, str) and msg.content
+    assert first.choices[0].finish_reason == "length"
+    assert first.usage is not None
+    assert first.usage.prompt_tokens == 1 + 1 + SYSTEM_WORDS + 1 + 1 + 20 + 1 + 1
+    assert first.usage.completion_tokens == 4
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+
+    user = [system, {"role": "user", "content": words(52, 11)}]
+    second = oai.chat.completions.create(model="tiny-chat", messages=user, max_tokens=4)
+    assert second.usage.prompt_tokens_details.cached_tokens == 48
+
+    def unhinted(seed: int) -> int:  # a shared first user turn is no hint
+        shared = {"role": "user", "content": words(53, SYSTEM_WORDS)}
+        turns = [shared, {"role": "assistant", "content": "w1"}]
+        turns.append({"role": "user", "content": words(seed, 20 if seed == 54 else 11)})
+        r = oai.chat.completions.create(model="tiny-chat", messages=turns, max_tokens=2)
+        return int(r.usage.prompt_tokens_details.cached_tokens)
+
+    assert [unhinted(54), unhinted(55)] == [0, 0]
+
+    stream = oai.chat.completions.create(
+        model="tiny-chat",
+        messages=user,
+        max_completion_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == second.choices[0].message.content  # greedy: the same answer
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == "length" and set(finals[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 4
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    # without include_usage no usage chunk is sent
+    plain = list(
+        oai.chat.completions.create(model="tiny-chat", messages=user, stream=True, max_tokens=2)
+    )
+    assert all(c.choices for c in plain)
+
+
+CHAT_BAD: list[tuple[str, dict[str, Any]]] = [
+    ("n > 1", {"n": 2}),
+    ("logprobs", {"logprobs": True}),
+    ("stop strings", {"stop": ["w1"]}),
+    ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("json mode", {"response_format": {"type": "json_object"}}),
+    ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+    ("no messages", {"messages": []}),
+    ("max_tokens 0", {"max_tokens": 0}),
+    ("too long", {"max_tokens": 10_000}),
+]
+
+
+@pytest.mark.parametrize(("what", "extra"), CHAT_BAD, ids=[w for w, _ in CHAT_BAD])
+def test_chat_refuses_what_it_does_not_do(chat_server: str, what: str, extra: dict) -> None:
+    body = {"messages": [{"role": "user", "content": "w1 w2"}], **extra}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    r = httpx.post(f"{chat_server}/chat/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 400, (what, r.text)
+    assert r.json()["error"]["message"]
+
+
+def test_chat_without_template_or_tokenizer_is_400(client: httpx.Client) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400
+    assert "chat" in r.json()["error"]["message"]
+
+
+def test_api_key_guards_v1_only(chat_server: str, oai: Any) -> None:
+    import openai
+
+    base = chat_server.removesuffix("/v1")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        r = httpx.get(f"{chat_server}/models", headers=headers)
+        assert r.status_code == 401, headers
+        assert r.json()["error"]["code"] == "invalid_api_key"
+        body = {"prompt": [1, 2], "max_tokens": 1}
+        assert (
+            httpx.post(f"{chat_server}/completions", json=body, headers=headers).status_code == 401
+        )
+    assert httpx.get(f"{base}/health").status_code == 200
+    assert httpx.get(f"{base}/metrics").status_code == 200
+    bad = openai.OpenAI(base_url=chat_server, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    ok = httpx.get(f"{chat_server}/models", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert ok.status_code == 200
+
+
+def test_models_lists_the_served_name(oai: Any, client: httpx.Client) -> None:
+    assert [m.id for m in oai.models.list()] == ["tiny-chat"]
+    assert oai.models.retrieve("tiny-chat").owned_by == "hycache"
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [(m["id"], m["object"]) for m in body["data"]] == [("tiny", "model")]
+    assert client.get("/v1/models/other").status_code == 404
+
+
+def scrape(client: httpx.Client) -> dict[str, float]:
+    """`/metrics` parsed by prometheus_client: sample name -> value (labels dropped)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                continue
+            assert s.labels.get("model_name") == "tiny", s
+            samples[s.name] = s.value
+    return samples
+
+
+def test_metrics_parse_and_move(client: httpx.Client) -> None:
+    wait_idle(client)
+    before = scrape(client)
+    for name in (
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "hycache:lost_reuse_tokens_total",
+        "hycache:junctions_observed_total",
+        "hycache:ssm_state_pages",
+    ):
+        assert name in before, name
+    ids = prompt(60, 200)
+    for _ in range(2):
+        r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 5})
+        assert r.status_code == 200
+    with client.stream("POST", "/v1/completions", json={**{"prompt": ids}, "stream": True}) as r:
+        assert sse_events(r.iter_lines())[-1] == "[DONE]"
+    wait_idle(client)
+    after = scrape(client)
+    grew = {k for k in before if after[k] > before[k]}
+    assert {
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+    } <= grew
+    assert after["vllm:time_to_first_token_seconds_count"] == (
+        before["vllm:time_to_first_token_seconds_count"] + 3
+    )
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+    assert after["vllm:kv_cache_usage_perc"] == 0
+    assert after["hycache:ssm_state_pages"] > 0  # the tiny preset has Mamba layers
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    assert 0 < hits <= after["vllm:prefix_cache_queries_total"]
+
+
+def test_chat_template_from_checkpoint_config(tmp_path: Any) -> None:
+    from hycache.chat import ChatTemplateError, load_chat_template
+
+    assert load_chat_template(tmp_path) is None  # no tokenizer_config.json
+    config = {
+        "chat_template": CHAT_TEMPLATE,
+        "bos_token": {"content": "<s>", "lstrip": False},
+        "eos_token": "<|end|>",
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    template = load_chat_template(tmp_path)
+    assert template is not None and template.bos_token == "<s>"
+    messages = [{"role": "system", "content": "w1"}, {"role": "user", "content": "w2"}]
+    text, system_end = template.render(messages)
+    assert text == "<s><|system|> w1 <|end|> <|user|> w2 <|end|> <|assistant|>"
+    assert text[:system_end] == "<s><|system|> w1 <|end|> "
+    assert template.render(messages[1:])[1] == 0  # no system message: no hint
+    override = tmp_path / "t.jinja"
+    override.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert load_chat_template(tmp_path, override).render(messages)[0] == "w1w2"  # type: ignore[union-attr]
+    override.write_text("{% for %}")
+    with pytest.raises(ChatTemplateError):
+        load_chat_template(tmp_path, override)
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    a = p.parse_args(["--chat-template", str(override), "--api-key", "k"])
+    assert (a.chat_template, a.api_key) == (str(override), "k")
+    assert p.parse_args([]).api_key is None

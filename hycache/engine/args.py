@@ -56,6 +56,19 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the model name responses report (default: the model's last path component)",
     )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a jinja2 chat template for /v1/chat/completions (default: the checkpoint's "
+        "tokenizer_config.json chat_template)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on every /v1/* route (/health, /metrics stay "
+        "open)",
+    )
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:

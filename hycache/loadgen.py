@@ -1,0 +1,592 @@
+"""`hycache bench serve`: a load generator for an OpenAI-style completions server.
+
+In the manner of `vllm bench serve`: it sends token-id prompts to `POST /v1/completions`
+with `"stream": true` (so it can time the first token and the gaps between tokens), either
+open loop (`request_rate`: seeded Poisson arrivals, or a trace's own timestamps) or closed loop
+(`concurrency` requests in flight), and reports requests ok/failed, request and output
+throughput, TTFT / inter-token / end-to-end latency percentiles and the mean
+`usage.prompt_tokens_details.cached_tokens`.
+
+Workloads come from the simulator's shapes (:mod:`hycache.sim.workloads`), scaled down so
+that prompts fit a small model (`SERVE_SHAPES`), with token ids drawn below `vocab`:
+
+* `system-prompt` and `family`: independent requests behind shared prefixes;
+* `multi-turn`: sessions whose turn k + 1 is turn k's prompt + the answer's token ids (as
+  streamed back in `choices[].token_ids`, a hycache extension that vLLM also offers) + a new
+  user message; a session's turns run one after another, sessions side by side;
+* `trace`: a Mooncake-format trace through :func:`hycache.sim.trace.read_mooncake_trace`.
+
+Failures (connection refused, timeouts, HTTP errors, error events in a stream, a stream
+whose token count disagrees with its `usage`) are counted per request and never raised;
+only a server that cannot be reached before the run starts raises :class:`LoadgenError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hycache.sim.workloads import (
+    ChatShape,
+    FamilyShape,
+    IntOrRange,
+    SessionSpec,
+    SystemPromptShape,
+    family_workload,
+    multi_turn_workload,
+    system_prompt_workload,
+)
+
+if TYPE_CHECKING:
+    import httpx
+    from rich.table import Table
+
+__all__ = [
+    "SERVE_SHAPES",
+    "WORKLOADS",
+    "BenchRequest",
+    "LoadgenError",
+    "Plan",
+    "RequestResult",
+    "RunOptions",
+    "build_plan",
+    "completions_url",
+    "results_table",
+    "run_bench",
+    "summarize",
+]
+
+WORKLOADS = ("system-prompt", "family", "multi-turn", "trace")
+DEFAULT_VOCAB = 512  # the tiny preset's vocabulary
+DEFAULT_CONCURRENCY = 8
+
+# The simulator's shapes at a size a small model serves in seconds (max_model_len 1024 fits).
+SERVE_SHAPES: dict[str, Any] = {
+    "system-prompt": SystemPromptShape(
+        num_requests=32, shared_prefix_tokens=512, suffix_tokens=64, output_tokens=32
+    ),
+    "family": FamilyShape(
+        families=4,
+        requests_per_family=(2, 4),
+        shared_prefix_tokens=(128, 512),
+        suffix_tokens=(16, 64),
+        output_tokens=(16, 32),
+    ),
+    "multi-turn": ChatShape(
+        sessions=8,
+        turns=(2, 4),
+        system_prompt_tokens=256,
+        user_tokens=(16, 64),
+        output_tokens=(16, 32),
+    ),
+}
+
+
+class LoadgenError(ValueError):
+    """The run cannot start (bad URL, unreachable server, missing httpx): one line."""
+
+
+# ---------------------------------------------------------------------------------- workload
+@dataclass(frozen=True)
+class BenchRequest:
+    """One single-shot request of the plan."""
+
+    index: int
+    prompt: list[int]
+    max_tokens: int
+    prefix_hints: tuple[int, ...] = ()
+
+
+@dataclass
+class Plan:
+    """What to send: independent `requests`, or multi-turn `sessions` (one job each), and
+    for open loop the start time of each job in seconds (None: closed loop)."""
+
+    workload: str
+    requests: list[BenchRequest] = field(default_factory=list)
+    sessions: list[SessionSpec] = field(default_factory=list)
+    arrivals_s: list[float] | None = None
+
+    @property
+    def num_jobs(self) -> int:
+        return len(self.sessions) if self.sessions else len(self.requests)
+
+    @property
+    def num_requests(self) -> int:
+        if self.sessions:
+            return sum(s.num_turns for s in self.sessions)
+        return len(self.requests)
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def build_plan(
+    workload: str,
+    *,
+    seed: int = 0,
+    vocab: int = DEFAULT_VOCAB,
+    prefix_hint: bool = False,
+    num_requests: int | None = None,
+    shared_prefix_tokens: IntOrRange | None = None,
+    suffix_tokens: IntOrRange | None = None,
+    output_tokens: IntOrRange | None = None,
+    families: int | None = None,
+    requests_per_family: IntOrRange | None = None,
+    sessions: int | None = None,
+    turns: IntOrRange | None = None,
+    user_tokens: IntOrRange | None = None,
+    system_prompt_tokens: int | None = None,
+    trace: str | Path | None = None,
+    trace_block_tokens: int = 512,
+    limit: int | None = None,
+    max_prompt_tokens: int | None = None,
+) -> Plan:
+    """The requests of `workload`; unset sizes take `SERVE_SHAPES`' values (a trace keeps its
+    own lengths unless `output_tokens` replaces every output length and `max_prompt_tokens`
+    cuts every prompt to its first tokens, which keeps what prompts share). Arrivals are not set
+    here (see :func:`with_arrivals`); a trace's own timestamps are kept in `arrivals_s`."""
+    if workload not in WORKLOADS:
+        raise LoadgenError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    if workload == "trace":
+        from hycache.sim.trace import read_mooncake_trace
+
+        if trace is None:
+            raise LoadgenError("--workload trace needs --trace FILE.jsonl")
+        specs = read_mooncake_trace(trace, trace_block_tokens, vocab, seed=seed, limit=limit)
+        if isinstance(output_tokens, tuple):
+            raise LoadgenError("--output-tokens: a trace takes one length, not a range")
+        cut = max_prompt_tokens
+        reqs = [
+            BenchRequest(i, s.prompt_token_ids[:cut].tolist(), _pick(output_tokens, s.max_tokens))
+            for i, s in enumerate(specs)
+        ]
+        t0 = (specs[0].arrival_s or 0.0) if specs else 0.0
+        return Plan(workload, reqs, arrivals_s=[(s.arrival_s or 0.0) - t0 for s in specs])
+    if trace is not None:
+        raise LoadgenError(f"--trace replays a trace; it does not go with --workload {workload}")
+    shape = SERVE_SHAPES[workload]
+    if workload == "system-prompt":
+        prefix = _pick(shared_prefix_tokens, shape.shared_prefix_tokens)
+        if isinstance(prefix, tuple):
+            raise LoadgenError("--shared-prefix-tokens: system-prompt takes one length")
+        specs = system_prompt_workload(
+            _pick(num_requests, shape.num_requests),
+            prefix,
+            _pick(suffix_tokens, shape.suffix_tokens),
+            _pick(output_tokens, shape.output_tokens),
+            seed,
+            vocab,
+            prefix_hint=prefix_hint,
+        )
+    elif workload == "family":
+        specs = family_workload(
+            _pick(families, shape.families),
+            _pick(requests_per_family, shape.requests_per_family),
+            _pick(shared_prefix_tokens, shape.shared_prefix_tokens),
+            _pick(suffix_tokens, shape.suffix_tokens),
+            _pick(output_tokens, shape.output_tokens),
+            seed,
+            vocab,
+            prefix_hint=prefix_hint,
+        )
+    else:
+        chats = multi_turn_workload(
+            _pick(sessions, shape.sessions),
+            _pick(turns, shape.turns),
+            _pick(user_tokens, shape.user_tokens),
+            _pick(output_tokens, shape.output_tokens),
+            seed,
+            system_prompt_tokens=_pick(system_prompt_tokens, shape.system_prompt_tokens),
+            vocab=vocab,
+            prefix_hint=prefix_hint,
+        )
+        return Plan(workload, sessions=chats)
+    reqs = [
+        BenchRequest(i, s.prompt_token_ids.tolist(), s.max_tokens, s.prefix_hints)
+        for i, s in enumerate(specs)
+    ]
+    return Plan(workload, reqs)
+
+
+def poisson_times(n: int, rate_per_s: float, seed: int) -> list[float]:
+    """`n` seeded Poisson arrival times at `rate_per_s`, the first at 0."""
+    if n == 0:
+        return []
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps).tolist()
+
+
+# ---------------------------------------------------------------------------------- results
+@dataclass
+class RequestResult:
+    """One request's outcome; times in seconds, `start_s` from the run's start."""
+
+    index: int
+    ok: bool = False
+    error: str | None = None
+    session: int | None = None
+    turn: int | None = None
+    start_s: float = 0.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0  # streamed
+    completion_tokens: int | None = None  # from usage
+    cached_tokens: int | None = None  # from usage
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)  # gaps between token-bearing chunks
+    token_ids: list[int] | None = None  # streamed ids (None: the server sent text only)
+
+    def line(self) -> dict[str, Any]:
+        """The JSON line of this request (without its token ids)."""
+        return {
+            "index": self.index,
+            "session": self.session,
+            "turn": self.turn,
+            "ok": self.ok,
+            "error": self.error,
+            "start_s": round(self.start_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1e3, 3),
+            "e2e_ms": None if self.e2e_s is None else round(self.e2e_s * 1e3, 3),
+            "itl_ms": [round(x * 1e3, 3) for x in self.itl_s],
+        }
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to send: where, how fast, and which optional fields."""
+
+    url: str
+    concurrency: int | None = None  # closed loop (or, with request_rate, a cap in flight)
+    request_rate: float | None = None  # open loop, Poisson arrivals (jobs/s)
+    replay_timestamps: bool = False  # open loop at the plan's own arrivals (a trace)
+    api_key: str | None = None
+    model: str | None = None
+    prefix_hint: bool = False
+    ignore_eos: bool = True
+    timeout_s: float = 300.0
+    seed: int = 0
+
+
+def completions_url(url: str) -> str:
+    """`url` as the completions endpoint: a base (`http://h:p`), `.../v1` or the endpoint."""
+    u = url.strip().rstrip("/")
+    if not u.startswith(("http://", "https://")):
+        raise LoadgenError(f"--url: expected http://HOST:PORT, got {url!r}")
+    if u.endswith("/v1/completions"):
+        return u
+    if u.endswith("/v1"):
+        return u + "/completions"
+    return u + "/v1/completions"
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _http_error(status: int, raw: bytes) -> str:
+    try:
+        doc = json.loads(raw)
+        message = doc["error"]["message"] if isinstance(doc.get("error"), dict) else doc["error"]
+    except (ValueError, KeyError, TypeError):
+        message = raw.decode("utf-8", errors="replace")
+    return _one_line(f"HTTP {status}: {message}")
+
+
+async def send_one(
+    client: httpx.AsyncClient,
+    endpoint: str,
+    opts: RunOptions,
+    index: int,
+    prompt: list[int],
+    max_tokens: int,
+    prefix_hints: Sequence[int],
+    t0: float,
+) -> RequestResult:
+    """Send one streaming request and time it; every failure ends up in the result."""
+    import httpx
+
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": opts.ignore_eos,
+    }
+    if opts.model:
+        body["model"] = opts.model
+    if opts.prefix_hint and prefix_hints:
+        body["prefix_hints"] = list(prefix_hints)
+    res = RequestResult(index, prompt_tokens=len(prompt))
+    start = time.perf_counter()
+    res.start_s = start - t0
+    last: float | None = None
+    ids: list[int] | None = []
+    done = False
+    try:
+        async with client.stream("POST", endpoint, json=body) as resp:
+            if resp.status_code != 200:
+                res.error = _http_error(resp.status_code, await resp.aread())
+                return res
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if chunk.get("error"):
+                    err = chunk["error"]
+                    message = err.get("message", err) if isinstance(err, dict) else err
+                    res.error = _one_line(f"stream error: {message}")
+                    return res
+                now = time.perf_counter()
+                new = 0
+                for choice in chunk.get("choices") or []:
+                    tok = choice.get("token_ids")
+                    if tok is not None:
+                        new += len(tok)
+                        if ids is not None:
+                            ids.extend(int(t) for t in tok)
+                    elif choice.get("text"):
+                        new += 1  # a text-only server: count a chunk as one token
+                        ids = None
+                if new:
+                    if last is None:
+                        res.ttft_s = now - start
+                    else:
+                        res.itl_s.append(now - last)
+                    last = now
+                    res.output_tokens += new
+                usage = chunk.get("usage")
+                if isinstance(usage, dict):
+                    res.completion_tokens = usage.get("completion_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    cached = details.get("cached_tokens", usage.get("cached_tokens"))
+                    res.cached_tokens = None if cached is None else int(cached)
+    except httpx.HTTPError as exc:
+        res.error = _one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return res
+    except (ValueError, TypeError, AttributeError) as exc:
+        res.error = _one_line(f"bad response: {exc}")
+        return res
+    res.e2e_s = time.perf_counter() - start
+    res.token_ids = ids
+    if not done:
+        res.error = "stream ended before [DONE]"
+    elif res.completion_tokens is not None and res.completion_tokens != res.output_tokens:
+        res.error = f"streamed {res.output_tokens} tokens but usage says {res.completion_tokens}"
+    else:
+        res.ok = True
+    return res
+
+
+async def check_reachable(client: httpx.AsyncClient, endpoint: str) -> None:
+    """Raise LoadgenError when nothing answers at `endpoint` (any HTTP answer will do)."""
+    import httpx
+
+    try:
+        await client.get(endpoint, timeout=10)
+    except httpx.HTTPError as exc:
+        reason = str(exc) or type(exc).__name__
+        raise LoadgenError(f"cannot reach {endpoint}: {_one_line(reason)}") from None
+
+
+async def _run_async(
+    plan: Plan, opts: RunOptions, on_done: Callable[[RequestResult], None]
+) -> tuple[list[RequestResult], float]:
+    import httpx
+
+    endpoint = completions_url(opts.url)
+    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
+    cap = opts.concurrency
+    limits = httpx.Limits(
+        max_connections=cap or max(plan.num_jobs, 1), max_keepalive_connections=64
+    )
+    timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
+    results: list[RequestResult] = []
+
+    async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) as client:
+        await check_reachable(client, endpoint)
+        t0 = time.perf_counter()
+
+        def finish(res: RequestResult) -> None:
+            results.append(res)
+            on_done(res)
+
+        async def run_request(req: BenchRequest) -> None:
+            finish(
+                await send_one(
+                    client,
+                    endpoint,
+                    opts,
+                    req.index,
+                    req.prompt,
+                    req.max_tokens,
+                    req.prefix_hints,
+                    t0,
+                )
+            )
+
+        async def run_session(job: int) -> None:
+            s = plan.sessions[job]
+            base = sum(x.num_turns for x in plan.sessions[:job])
+            outputs: list[np.ndarray] = []
+            for turn in range(s.num_turns):
+                if len(outputs) < turn:  # an earlier turn failed or gave no token ids
+                    res = RequestResult(base + turn, session=job, turn=turn)
+                    res.error = "not sent: an earlier turn of the session failed"
+                    finish(res)
+                    continue
+                prompt = s.prompt_for_turn(turn, outputs).tolist()
+                res = await send_one(
+                    client,
+                    endpoint,
+                    opts,
+                    base + turn,
+                    prompt,
+                    s.output_tokens[turn],
+                    s.prefix_hints,
+                    t0,
+                )
+                res.session, res.turn = job, turn
+                if res.ok and res.token_ids is None:
+                    res.ok = False
+                    res.error = "multi-turn needs token_ids in the stream (text only came back)"
+                if res.ok:
+                    outputs.append(np.asarray(res.token_ids, dtype=np.int64))
+                finish(res)
+
+        async def job(i: int) -> None:
+            if plan.sessions:
+                await run_session(i)
+            else:
+                await run_request(plan.requests[i])
+
+        if opts.request_rate is not None or opts.replay_timestamps:
+            if opts.request_rate is not None:
+                times = poisson_times(plan.num_jobs, opts.request_rate, opts.seed)
+            else:
+                times = list(plan.arrivals_s or [0.0] * plan.num_jobs)
+            gate = asyncio.Semaphore(cap) if cap else None
+
+            async def gated(i: int) -> None:
+                if gate is None:
+                    await job(i)
+                    return
+                async with gate:
+                    await job(i)
+
+            tasks: list[asyncio.Task[None]] = []
+            for i, at in enumerate(times):
+                delay = t0 + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(gated(i)))
+            await asyncio.gather(*tasks)
+        else:
+            pending = iter(range(plan.num_jobs))
+
+            async def worker() -> None:
+                for i in pending:
+                    await job(i)
+
+            n = min(cap or DEFAULT_CONCURRENCY, max(plan.num_jobs, 1))
+            await asyncio.gather(*(worker() for _ in range(n)))
+        duration = time.perf_counter() - t0
+    results.sort(key=lambda r: r.index)
+    return results, duration
+
+
+def run_bench(
+    plan: Plan, opts: RunOptions, on_done: Callable[[RequestResult], None] | None = None
+) -> tuple[list[RequestResult], float]:
+    """Run the plan against the server; the results (by index) and the run's wall time."""
+    try:
+        import httpx  # noqa: F401
+    except ImportError:
+        raise LoadgenError("hycache bench serve needs httpx: pip install httpx") from None
+    completions_url(opts.url)  # a bad URL fails before anything else
+    return asyncio.run(_run_async(plan, opts, on_done or (lambda _r: None)))
+
+
+# ---------------------------------------------------------------------------------- summary
+def _dist(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean and p50 / p95 / p99 of `values` (seconds) in milliseconds; None when empty."""
+    if not values:
+        return {"mean": None, "p50": None, "p95": None, "p99": None}
+    a = np.asarray(values, dtype=float) * 1e3
+    p50, p95, p99 = np.percentile(a, [50, 95, 99]).tolist()
+    return {"mean": float(a.mean()), "p50": p50, "p95": p95, "p99": p99}
+
+
+def summarize(results: Sequence[RequestResult], duration_s: float) -> dict[str, Any]:
+    """The run's figures: counts, throughputs, latency distributions, cached tokens."""
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    dur = max(duration_s, 1e-9)
+    return {
+        "requests": len(results),
+        "ok": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration_s,
+        "request_throughput_per_s": len(ok) / dur,
+        "output_throughput_tok_per_s": out_tokens / dur,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": out_tokens,
+        "mean_cached_tokens": float(np.mean(cached)) if cached else None,
+        "cached_token_ratio": sum(cached) / prompt_tokens if cached and prompt_tokens else None,
+        "ttft_ms": _dist([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "itl_ms": _dist([x for r in ok for x in r.itl_s]),
+        "e2e_ms": _dist([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "errors": dict(Counter(r.error for r in results if r.error).most_common()),
+    }
+
+
+def results_table(title: str, summary: dict[str, Any]) -> Table:
+    """The summary as a rich table."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def num(v: float | None, fmt: str = ".2f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("requests ok / failed", f"{summary['ok']} / {summary['failed']}")
+    t.add_row("duration (s)", num(summary["duration_s"]))
+    t.add_row("request throughput (req/s)", num(summary["request_throughput_per_s"]))
+    t.add_row("output throughput (tok/s)", num(summary["output_throughput_tok_per_s"], ".1f"))
+    t.add_row("prompt / output tokens", f"{summary['prompt_tokens']} / {summary['output_tokens']}")
+    t.add_row("mean cached tokens", num(summary["mean_cached_tokens"], ".1f"))
+    ratio = summary["cached_token_ratio"]
+    t.add_row("cached / prompt tokens", "-" if ratio is None else f"{ratio:.1%}")
+    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        d = summary[key]
+        t.add_row(
+            f"{name} ms p50 / p95 / p99",
+            " / ".join(num(d[p]) for p in ("p50", "p95", "p99")),
+        )
+    for message, count in list(summary["errors"].items())[:5]:
+        t.add_row(Text(f"failed x{count}", style="red"), Text(message))
+    return t

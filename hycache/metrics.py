@@ -1,0 +1,171 @@
+"""Prometheus metrics for `hycache serve` (`GET /metrics`), on a per-app `CollectorRegistry`.
+
+Names follow vLLM where a counterpart exists, so its dashboards work unchanged (each sample is
+labelled `model_name`):
+
+- `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits`: prompt tokens looked up in / taken
+  from the prefix cache (counters, exposed with `_total`);
+- `vllm:prompt_tokens` / `vllm:generation_tokens`: prompt and output tokens (counters);
+- `vllm:num_requests_running` / `vllm:num_requests_waiting` (gauges);
+- `vllm:kv_cache_usage_perc`: the fraction of cache blocks in use, 0-1 (gauge);
+- `vllm:time_to_first_token_seconds` / `vllm:inter_token_latency_seconds` (histograms, measured
+  by the HTTP layer from the request's arrival).
+
+hycache's own: `hycache:lost_reuse_tokens` (tokens attention matched that the joint hit did not
+reach), `hycache:junctions_observed` (finished requests whose first lookup observed a junction)
+and `hycache:ssm_state_pages` (cache blocks holding a keyed SSM state).
+
+Engine values are read on the engine's worker thread (`engine_snapshot`, through
+`EngineWorker.call`) and handed to the collector just before the registry is rendered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from hycache.engine.engine import LLM, RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+def engine_snapshot(llm: LLM) -> dict[str, float]:
+    """The engine-side values (run on the worker thread)."""
+    sched = llm.scheduler
+    cache = sched.cache
+    cs = cache.stats()
+    ssm_groups = {m.group for m in cache.ssm}
+    ssm_pages = sum(
+        1 for keys in cache.pool.keys if any(key.group in ssm_groups for key, _ in keys)
+    )
+    usable = max(cs.num_blocks - 1, 1)  # block 0 is the null block
+    return {
+        "running": len(sched.running),
+        "waiting": len(sched.waiting),
+        "query_tokens": cs.query_tokens,
+        "hit_tokens": cs.hit_tokens,
+        "lost_reuse_tokens": cs.lost_reuse_tokens,
+        "kv_usage": cs.used_blocks / usable,
+        "ssm_pages": ssm_pages,
+        "prompt_tokens": llm.stats.prompt_tokens,
+        "output_tokens": llm.stats.output_tokens,
+    }
+
+
+class _EngineCollector(Collector):
+    """Yields the engine's counters and gauges from the snapshot last handed to it."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.snapshot: dict[str, float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snapshot
+        labels = ["model_name"]
+
+        def counter(name: str, doc: str, key: str) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric([self.model_name], float(s.get(key, 0)))
+            return family
+
+        def gauge(name: str, doc: str, key: str) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric([self.model_name], float(s.get(key, 0)))
+            return family
+
+        yield counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", "query_tokens"
+        )
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", "hit_tokens")
+        yield counter("vllm:prompt_tokens", "Prompt tokens processed.", "prompt_tokens")
+        yield counter("vllm:generation_tokens", "Generation tokens produced.", "output_tokens")
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", "running")
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", "waiting")
+        yield gauge("vllm:kv_cache_usage_perc", "Cache block usage, 0-1 (1: full).", "kv_usage")
+        yield counter(
+            "hycache:lost_reuse_tokens",
+            "Prompt tokens attention matched that the joint (attention + SSM) hit did not reach.",
+            "lost_reuse_tokens",
+        )
+        yield gauge(
+            "hycache:ssm_state_pages", "Cache blocks holding a keyed SSM state.", "ssm_pages"
+        )
+
+
+class ServerMetrics:
+    """The registry behind `/metrics` and the instruments the HTTP layer feeds."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.engine = _EngineCollector(model_name)
+        self.registry.register(self.engine)
+        labels = ["model_name"]
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time from a request's arrival to its first output token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between successive output chunks of a request.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self.junctions = Counter(
+            "hycache:junctions_observed",
+            "Finished requests whose first cache lookup observed a junction.",
+            labels,
+            registry=self.registry,
+        ).labels(model_name)
+
+    def render(self, snapshot: dict[str, float]) -> bytes:
+        """The exposition text, with `snapshot` (from `engine_snapshot`) as engine values."""
+        self.engine.snapshot = snapshot
+        return generate_latest(self.registry)
+
+    def finished(self, out: RequestOutput) -> None:
+        if out.junction:
+            self.junctions.inc()
+
+    def timer(self, arrival: float) -> RequestTimer:
+        return RequestTimer(self, arrival)
+
+
+class RequestTimer:
+    """Observes one request's TTFT and inter-token latencies as its tokens arrive."""
+
+    def __init__(self, metrics: ServerMetrics, arrival: float) -> None:
+        self.metrics = metrics
+        self.last: float | None = None
+        self.arrival = arrival
+
+    def tokens(self, n: int) -> None:
+        """`n` new output tokens arrived now."""
+        if n <= 0:
+            return
+        now = time.monotonic()
+        if self.last is None:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            self.metrics.itl.observe(now - self.last)
+        self.last = now
+
+
+__all__ = ["CONTENT_TYPE", "RequestTimer", "ServerMetrics", "engine_snapshot"]

@@ -1,0 +1,253 @@
+"""The OpenAI-compatible request side of `hycache serve`: request bodies, the fields hycache
+refuses, the error shape and API-key auth.
+
+- `CompletionBody` / `ChatBody`: pydantic bodies of `POST /v1/completions` and
+  `POST /v1/chat/completions` (strict types; unknown fields such as `model` are ignored).
+- `UNSUPPORTED_FIELDS` / `CHAT_UNSUPPORTED_FIELDS` and `refuse_unsupported`: OpenAI fields
+  hycache does not implement are refused (400) unless null, empty or at their unused value,
+  never answered with other semantics.
+- `error_response`: OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+- `ApiKeyMiddleware`: Bearer auth on `/v1/*`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from hycache.request import SamplingParams
+
+MIN_TEMPERATURE = 1e-6  # below this (but > 0) softmax(logits / t) overflows to NaN
+MAX_SEED = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
+MAX_PREFIX_HINTS = 16  # per request; a prompt has few shared-prefix boundaries worth keeping
+# OpenAI completions fields hycache does not implement, with the value that means "unused":
+# any other value is refused (400) instead of silently answered with other semantics
+UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "n": 1,
+    "best_of": 1,
+    "logprobs": None,
+    "echo": False,
+    "stop": None,
+    "suffix": None,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logit_bias": None,
+}
+# the same for chat completions (`stop` strings, tools, structured output, logprobs, ...)
+CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "n": 1,
+    "logprobs": False,
+    "top_logprobs": None,
+    "stop": None,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logit_bias": None,
+    "tools": None,
+    "tool_choice": "none",
+    "functions": None,
+    "function_call": "none",
+    "response_format": {"type": "text"},
+    "prediction": None,
+    "audio": None,
+    "modalities": ["text"],
+    "web_search_options": None,
+}
+
+
+def _sampling_params(
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    stop_token_ids: list[int],
+    ignore_eos: bool,
+) -> SamplingParams:
+    """Raises ValueError on values the engine would choke on mid-step."""
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature: must be 0 (greedy) or >= {MIN_TEMPERATURE}")
+    if seed is not None and not 0 <= seed < MAX_SEED:
+        raise ValueError("seed: must lie in [0, 2**64)")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        stop_token_ids=tuple(stop_token_ids),
+        ignore_eos=ignore_eos,
+    )
+
+
+class CompletionBody(BaseModel):
+    """The body of `POST /v1/completions`; unknown fields (`model`, ...) are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    prompt: str | list[int]
+    max_tokens: int = 16
+    temperature: float = Field(0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, allow_inf_nan=False)
+    seed: int | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    stream: bool = False
+    # token counts where shared prefixes of the prompt end (hints past the prompt are ignored)
+    prefix_hints: list[NonNegativeInt] = Field(default_factory=list, max_length=MAX_PREFIX_HINTS)
+    # requests with different salts never share cache entries; without one the cache is shared
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+
+    def sampling_params(self) -> SamplingParams:
+        """Raises ValueError on values the engine would choke on mid-step."""
+        return _sampling_params(
+            self.max_tokens,
+            self.temperature,
+            self.top_p,
+            self.seed,
+            self.stop_token_ids,
+            self.ignore_eos,
+        )
+
+
+class ChatMessage(BaseModel):
+    """One chat message; extra fields (`name`, ...) reach the template as they are."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    role: str = Field(min_length=1)
+    content: str | list[dict[str, Any]] | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as the template sees it: text parts joined into one string."""
+        doc = self.model_dump(exclude_none=False)
+        if isinstance(self.content, list):
+            texts = []
+            for part in self.content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(
+                        f"messages: content part of type {part.get('type')!r} is not supported "
+                        "(only text)"
+                    )
+                texts.append(part["text"])
+            doc["content"] = "".join(texts)
+        return doc
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    include_usage: bool = False
+
+
+class ChatBody(BaseModel):
+    """The body of `POST /v1/chat/completions`; unknown fields (`model`, `user`, ...) are
+    ignored, OpenAI fields hycache does not implement are refused before this is parsed."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float = Field(0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, allow_inf_nan=False)
+    seed: int | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """`max_completion_tokens`, else `max_tokens`, else `default_max_tokens`."""
+        max_tokens = self.max_completion_tokens
+        if max_tokens is None:
+            max_tokens = self.max_tokens if self.max_tokens is not None else default_max_tokens
+        return _sampling_params(
+            max_tokens,
+            self.temperature,
+            self.top_p,
+            self.seed,
+            self.stop_token_ids,
+            self.ignore_eos,
+        )
+
+
+def error_response(
+    status: int, message: str, code: str | None = None, param: str | None = None
+) -> JSONResponse:
+    """OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 401:
+        kind = "authentication_error"
+    body = {"message": message, "type": kind, "param": param, "code": code}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+def validation_message(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else str(err["msg"]))
+    return "; ".join(parts)
+
+
+def refuse_unsupported(raw: bytes, fields: dict[str, Any] = UNSUPPORTED_FIELDS) -> None:
+    """Raise ValueError naming the first OpenAI field in `fields` set to something hycache does
+    not do (null, an empty value or the field's unused value pass)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return  # the model validation reports malformed JSON
+    if not isinstance(doc, dict):
+        return
+    for key, unused in fields.items():
+        value = doc.get(key, unused)
+        if value is not None and value != unused and value not in ([], {}, ""):
+            raise ValueError(
+                f"{key}: not supported by hycache (got {value!r}); leave it out"
+                + ("; use stop_token_ids for token ids" if key == "stop" else "")
+            )
+
+
+class ApiKeyMiddleware:
+    """Bearer-token auth on every `/v1/*` route (ASGI, so request bodies and disconnects pass
+    through untouched); anything else (`/health`, `/metrics`) stays open."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and str(scope.get("path", "")).startswith("/v1/"):
+            given = b""
+            for name, value in scope.get("headers", []):
+                if name == b"authorization":
+                    given = value
+                    break
+            if not hmac.compare_digest(given, self.expected):
+                response = error_response(
+                    401, "invalid or missing API key (Authorization: Bearer KEY)", "invalid_api_key"
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+__all__ = [
+    "CHAT_UNSUPPORTED_FIELDS",
+    "MAX_PREFIX_HINTS",
+    "MAX_SEED",
+    "MIN_TEMPERATURE",
+    "UNSUPPORTED_FIELDS",
+    "ApiKeyMiddleware",
+    "ChatBody",
+    "ChatMessage",
+    "CompletionBody",
+    "StreamOptions",
+    "error_response",
+    "refuse_unsupported",
+    "validation_message",
+]

@@ -13,6 +13,7 @@ refuses, the error shape and API-key auth.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 from typing import Any
 
@@ -236,6 +237,52 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+def _host_name(value: str) -> str:
+    """The host of a Host header or an Origin's authority: `name`, `name:port`, `[v6]:port`."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a host (with or without a port) names this machine: localhost or a loopback IP."""
+    name = _host_name(host)
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class LoopbackGuardMiddleware:
+    """For a server listening on loopback only: refuse (403) a request whose `Host` is not a
+    loopback name (DNS rebinding: a web page's own domain resolving to 127.0.0.1) or that
+    carries a foreign `Origin` (a cross-site post from a browser). Clients on this machine,
+    which send `Host: 127.0.0.1:PORT` or `localhost:PORT` and no foreign Origin, pass."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = {k: v.decode("latin-1") for k, v in scope.get("headers", [])}
+            host = headers.get(b"host", "")
+            origin = headers.get(b"origin")
+            bad = None
+            if not is_loopback(host):
+                bad = f"Host {host!r} is not a loopback name; this server serves this machine only"
+            elif origin is not None and origin != "null":
+                authority = origin.split("://", 1)[-1].split("/", 1)[0]
+                if not is_loopback(authority):
+                    bad = f"Origin {origin!r} is not allowed (cross-site request)"
+            if bad is not None:
+                await error_response(403, bad, "forbidden_host")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 __all__ = [
     "CHAT_UNSUPPORTED_FIELDS",
     "MAX_PREFIX_HINTS",
@@ -246,8 +293,10 @@ __all__ = [
     "ChatBody",
     "ChatMessage",
     "CompletionBody",
+    "LoopbackGuardMiddleware",
     "StreamOptions",
     "error_response",
+    "is_loopback",
     "refuse_unsupported",
     "validation_message",
 ]

@@ -78,7 +78,9 @@ from hycache.protocol import (
     ApiKeyMiddleware,
     ChatBody,
     CompletionBody,
+    LoopbackGuardMiddleware,
     error_response,
+    is_loopback,
     refuse_unsupported,
     validation_message,
 )
@@ -453,13 +455,15 @@ def create_app(
     model_name: str = "hycache",
     chat_template: ChatTemplate | None = None,
     api_key: str | None = None,
+    loopback_only: bool = False,
 ) -> FastAPI:
     """The HTTP app over `llm`. Its lifespan runs the engine worker (`app.state.worker`):
     the worker starts with the app and, at shutdown, is stopped with unfinished requests
     aborted. Only the worker touches `llm` while the app runs. (Under Starlette's TestClient,
     use it as a context manager so that the lifespan runs; otherwise requests get 503.)
     `chat_template` renders `/v1/chat/completions` prompts (none: that route answers 400);
-    with `api_key`, every `/v1/*` route wants `Authorization: Bearer <api_key>`."""
+    with `api_key`, every `/v1/*` route wants `Authorization: Bearer <api_key>`; with
+    `loopback_only` (serving on 127.0.0.1), a foreign `Host` or `Origin` is refused (403)."""
     worker = EngineWorker(llm)
     counter = itertools.count()
     metrics = ServerMetrics(model_name)
@@ -479,6 +483,8 @@ def create_app(
     app.state.metrics = metrics
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if loopback_only:
+        app.add_middleware(LoopbackGuardMiddleware)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -820,7 +826,11 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"hycache serve: {e}", file=sys.stderr)
         return 2
     app = create_app(
-        llm, model_name=served_model_name(args), chat_template=template, api_key=args.api_key
+        llm,
+        model_name=served_model_name(args),
+        chat_template=template,
+        api_key=args.api_key,
+        loopback_only=is_loopback(args.host),  # the default: guard against DNS rebinding
     )
     # At shutdown the worker is drained first; a handler still busy after the grace period is
     # cancelled (aborting its request), then the lifespan stops the worker thread.

@@ -813,3 +813,25 @@ def test_chat_template_from_checkpoint_config(tmp_path: Any) -> None:
     a = p.parse_args(["--chat-template", str(override), "--api-key", "k"])
     assert (a.chat_template, a.api_key) == (str(override), "k")
     assert p.parse_args([]).api_key is None
+
+
+def test_a_loopback_server_refuses_foreign_hosts_and_origins() -> None:
+    """DNS rebinding (a page's own domain resolving to 127.0.0.1) and cross-site posts: a
+    server listening on loopback answers 403 to a foreign Host or Origin; local clients pass."""
+    from hycache.protocol import is_loopback
+
+    assert is_loopback("127.0.0.1:8000") and is_loopback("localhost") and is_loopback("[::1]:80")
+    assert not is_loopback("127.0.0.1.evil.example") and not is_loopback("evil.example:8000")
+    app = create_app(make_llm(), model_name="tiny", loopback_only=True)
+    with serving(app) as (url, _, _), httpx.Client(base_url=url, timeout=30) as c:
+        body = {"prompt": [1, 2, 3], "max_tokens": 2}
+        assert c.post("/v1/completions", json=body).status_code == 200
+        port = url.rsplit(":", 1)[1]
+        local = {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}
+        assert c.post("/v1/completions", json=body, headers=local).status_code == 200
+        rebound = c.post("/v1/completions", json=body, headers={"Host": "evil.example"})
+        assert rebound.status_code == 403
+        assert "Host" in rebound.json()["error"]["message"]
+        cross = {"Origin": "https://evil.example"}
+        assert c.post("/v1/completions", json=body, headers=cross).status_code == 403
+        assert c.get("/health", headers={"Host": "evil.example"}).status_code == 403

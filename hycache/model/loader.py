@@ -114,7 +114,13 @@ def _checkpoint_files(path: Path) -> list[Path]:
         weight_map = json.loads(index.read_text()).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index}: no 'weight_map' dict")
-        files = [path / name for name in sorted(set(weight_map.values()))]
+        names = sorted(set(weight_map.values()))
+        root = path.resolve()
+        for name in names:
+            # an index must not reach outside its checkpoint (`../../etc/x`, absolute paths)
+            if not isinstance(name, str) or not (path / name).resolve().is_relative_to(root):
+                raise ValueError(f"{index}: shard {name!r} lies outside the checkpoint directory")
+        files = [path / name for name in names]
         for f in files:
             if not f.is_file():
                 raise FileNotFoundError(f"{f} (listed in {index.name}) does not exist")

@@ -270,3 +270,18 @@ def test_tiny_preset_is_deterministic() -> None:
         c.state_dict()["model.embed_tokens.weight"].float(),
         a.state_dict()["model.embed_tokens.weight"],
     )
+
+
+@pytest.mark.parametrize("escape", ["../outside.safetensors", "/etc/passwd"])
+def test_index_entries_may_not_leave_the_checkpoint(tmp_path: Path, escape: str) -> None:
+    import json
+
+    path = tmp_path / "sharded"
+    _save_hf(path, max_shard_size="20KB")
+    index = path / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    first = next(iter(doc["weight_map"]))
+    doc["weight_map"][first] = escape
+    index.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="outside the checkpoint"):
+        load_model(str(path))

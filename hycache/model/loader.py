@@ -97,21 +97,38 @@ def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     stored in an unsupported dtype."""
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as fh:
-            for key in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
-                if key in tensors:
-                    raise ValueError(f"tensor {key!r} appears in more than one file ({f.name})")
-                t = fh.get_tensor(key)
-                if t.dtype not in _LOADABLE_DTYPES:
-                    raise ValueError(f"tensor {key!r} has unsupported dtype {t.dtype}")
-                tensors[key] = t
+        try:
+            fh_cm = safe_open(str(f), framework="pt", device="cpu")
+            with fh_cm as fh:
+                for key in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    if key in tensors:
+                        raise ValueError(f"tensor {key!r} appears in more than one file ({f.name})")
+                    t = fh.get_tensor(key)
+                    if t.dtype not in _LOADABLE_DTYPES:
+                        raise ValueError(f"tensor {key!r} has unsupported dtype {t.dtype}")
+                    tensors[key] = t
+        except ValueError:
+            raise
+        except Exception as exc:  # safetensors' own error for a corrupt or truncated file
+            raise ValueError(f"{f}: not a readable safetensors file ({exc})") from None
     return tensors
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object; ValueError naming the file otherwise."""
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    return doc
 
 
 def _checkpoint_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index}: no 'weight_map' dict")
         names = sorted(set(weight_map.values()))
@@ -135,7 +152,7 @@ def _index_check(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
     index = path / "model.safetensors.index.json"
     if not index.is_file():
         return
-    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    weight_map: dict[str, str] = read_json_object(index)["weight_map"]
     listed_missing = sorted(k for k in weight_map if k not in tensors)
     if listed_missing:
         raise ValueError(f"{index.name} lists tensors that no shard holds: {listed_missing}")
@@ -147,8 +164,7 @@ def load_config(path: str | Path) -> BambaConfig:
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} not found")
-    d: dict[str, Any] = json.loads(cfg_path.read_text())
-    return BambaConfig.from_hf_dict(d)
+    return BambaConfig.from_hf_dict(read_json_object(cfg_path))
 
 
 def load_model(
@@ -201,7 +217,10 @@ def load_model(
     if tok_path.is_file():
         if Tokenizer is None:  # pragma: no cover
             raise ImportError("tokenizer.json found but the `tokenizers` package is missing")
-        tokenizer = Tokenizer.from_file(str(tok_path))
+        try:
+            tokenizer = Tokenizer.from_file(str(tok_path))
+        except Exception as exc:  # the tokenizers library raises a bare Exception
+            raise ValueError(f"{tok_path}: not a readable tokenizer ({exc})") from None
     return model, config, tokenizer
 
 

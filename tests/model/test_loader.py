@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -285,3 +286,28 @@ def test_index_entries_may_not_leave_the_checkpoint(tmp_path: Path, escape: str)
     index.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="outside the checkpoint"):
         load_model(str(path))
+
+
+@pytest.mark.parametrize("damage", ["config-list", "garbage-weights", "garbage-tokenizer"])
+def test_a_damaged_checkpoint_is_a_one_line_error_naming_the_file(
+    tmp_path: Path, damage: str
+) -> None:
+    """These used to escape as tracebacks (AttributeError, SafetensorError, Exception)."""
+    from hycache.model.bamba import BambaForCausalLM
+
+    save_model(BambaForCausalLM.random(preset_config("tiny"), seed=0), tmp_path)
+    name = {"config-list": "config.json", "garbage-weights": "model.safetensors"}.get(
+        damage, "tokenizer.json"
+    )
+    (tmp_path / name).write_text("[1, 2]" if damage == "config-list" else "{garbage")
+    with pytest.raises(ValueError, match=re.escape(name)):
+        load_model(str(tmp_path))
+
+
+def test_a_garbage_draft_model_is_a_one_line_error(tmp_path: Path) -> None:
+    from hycache.model.eagle import EagleHead
+
+    bad = tmp_path / "draft.safetensors"
+    bad.write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match=r"draft\.safetensors"):
+        EagleHead.load(bad, preset_config("tiny"))

@@ -737,6 +737,22 @@ def add_bench_serve_parser(bench: argparse.ArgumentParser) -> None:
 # -- parser ----------------------------------------------------------------------------------------
 
 
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's help names its default (sub-commands included)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                show_defaults(sub)
+            continue
+        default, text = action.default, action.help or ""
+        if (
+            action.option_strings
+            and not any(default is x for x in (None, False, argparse.SUPPRESS))
+            and "%(default)" not in text
+        ):
+            action.help = f"{text} (default: %(default)s)".strip()
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hycache",
@@ -910,6 +926,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-tokens", type=int, default=512)
     p.set_defaults(func=cmd_trace_gen)
+    show_defaults(parser)
     return parser
 
 

@@ -555,3 +555,14 @@ def test_bench_reports_progress_on_stderr_when_piped(capsys: pytest.CaptureFixtu
         progress("engine · limit")
     err = capsys.readouterr().err
     assert "benchmarking: engine · limit" in err
+
+
+@pytest.mark.parametrize(
+    "argv", [["explain"], ["simulate"], ["generate"], ["bench"], ["bench", "serve"], ["serve"]]
+)
+def test_every_flag_shows_its_default(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    out = capsys.readouterr().out
+    assert "(default: " in out
+    assert "--max-num-seqs MAX_NUM_SEQS" not in out or "(default: 64)" in out

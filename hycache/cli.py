@@ -937,7 +937,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (UserError, ValueError, FileNotFoundError, IsADirectoryError) as exc:
         # the message may hold user text (paths): never read it as rich markup
-        err_console.print(Text.assemble(("error:", "red"), f" {exc}"), highlight=False)
+        # one line, also when piped (no wrapping at the console width)
+        err_console.print(
+            Text.assemble(("error:", "red"), f" {exc}"), highlight=False, soft_wrap=True
+        )
         return 2
     except KeyboardInterrupt:
         return 130

@@ -566,3 +566,12 @@ def test_every_flag_shows_its_default(argv: list[str], capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "(default: " in out
     assert "--max-num-seqs MAX_NUM_SEQS" not in out or "(default: 64)" in out
+
+
+def test_a_long_error_stays_one_line_when_piped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = tmp_path / ("a-very-long-directory-name-" * 6) / "trace.jsonl"
+    assert main(["simulate", "--trace", str(long), "--cost-model", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(long) in err

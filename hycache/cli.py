@@ -28,6 +28,7 @@ from hycache.report import (
     console,
     err_console,
     jsonl,
+    progress_bar,
     progress_reporter,
     write_atomic,
 )
@@ -257,8 +258,6 @@ def build_cost(args: argparse.Namespace) -> Any:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from hycache.report import plot_policies, policy_table
     from hycache.sim.compare import compare_policies, headline, policies_json
 
@@ -281,15 +280,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         per_req = -(-max_len // args.block_size) + 4
         num_blocks = max(args.max_num_seqs, 1) * per_req * 2 + 16
     config = build_config(args, policy="replay", max_model_len=max_len, num_blocks=num_blocks)
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=args.quiet or workload.size < 50,
-    ) as progress:
+    with progress_bar(disable=args.quiet or workload.size < 50) as progress:
         offered = apply_request_rate(args, workload, config, cost, sized)
         tasks = {
             p: progress.add_task(f"{workload.name} · {p}", total=workload.size) for p in policies
@@ -530,13 +521,6 @@ def positive_float(text: str) -> float:
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     """`hycache bench serve`: load a running completions server (hycache.loadgen)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
 
     from hycache.loadgen import (
         LoadgenError,
@@ -591,15 +575,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         seed=args.seed,
     )
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=args.quiet,
-    ) as progress:
+    with progress_bar(disable=args.quiet) as progress:
         task = progress.add_task(f"{plan.workload} requests", total=plan.num_requests)
         try:
             results, duration = run_bench(plan, opts, on_done=lambda _r: progress.advance(task))

@@ -13,12 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 console = Console(stderr=False)
 if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
     console = Console(stderr=False, width=120)
 err_console = Console(stderr=True)
+
+
+def progress_bar(disable: bool = False) -> Progress:
+    """The command line's progress bar on stderr: description, bar, done / total, elapsed."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=disable,
+    )
 
 
 @contextlib.contextmanager

@@ -60,57 +60,46 @@ CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
 }
 
 
-def _sampling_params(
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-    stop_token_ids: list[int],
-    ignore_eos: bool,
-) -> SamplingParams:
-    """Raises ValueError on values the engine would choke on mid-step."""
-    if 0 < temperature < MIN_TEMPERATURE:
-        raise ValueError(f"temperature: must be 0 (greedy) or >= {MIN_TEMPERATURE}")
-    if seed is not None and not 0 <= seed < MAX_SEED:
-        raise ValueError("seed: must lie in [0, 2**64)")
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        stop_token_ids=tuple(stop_token_ids),
-        ignore_eos=ignore_eos,
-    )
-
-
-class CompletionBody(BaseModel):
-    """The body of `POST /v1/completions`; unknown fields (`model`, ...) are ignored."""
+class _GenerationBody(BaseModel):
+    """The fields both generation routes share: sampling, streaming and the cache salt."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    prompt: str | list[int]
-    max_tokens: int = 16
     temperature: float = Field(0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, allow_inf_nan=False)
     seed: int | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     stream: bool = False
-    # token counts where shared prefixes of the prompt end (hints past the prompt are ignored)
-    prefix_hints: list[NonNegativeInt] = Field(default_factory=list, max_length=MAX_PREFIX_HINTS)
     # requests with different salts never share cache entries; without one the cache is shared
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
-    def sampling_params(self) -> SamplingParams:
+    def _sampling(self, max_tokens: int) -> SamplingParams:
         """Raises ValueError on values the engine would choke on mid-step."""
-        return _sampling_params(
-            self.max_tokens,
-            self.temperature,
-            self.top_p,
-            self.seed,
-            self.stop_token_ids,
-            self.ignore_eos,
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature: must be 0 (greedy) or >= {MIN_TEMPERATURE}")
+        if self.seed is not None and not 0 <= self.seed < MAX_SEED:
+            raise ValueError("seed: must lie in [0, 2**64)")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop_token_ids=tuple(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
         )
+
+
+class CompletionBody(_GenerationBody):
+    """The body of `POST /v1/completions`; unknown fields (`model`, ...) are ignored."""
+
+    prompt: str | list[int]
+    max_tokens: int = 16
+    # token counts where shared prefixes of the prompt end (hints past the prompt are ignored)
+    prefix_hints: list[NonNegativeInt] = Field(default_factory=list, max_length=MAX_PREFIX_HINTS)
+
+    def sampling_params(self) -> SamplingParams:
+        return self._sampling(self.max_tokens)
 
 
 class ChatMessage(BaseModel):
@@ -143,37 +132,21 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatBody(BaseModel):
+class ChatBody(_GenerationBody):
     """The body of `POST /v1/chat/completions`; unknown fields (`model`, `user`, ...) are
     ignored, OpenAI fields hycache does not implement are refused before this is parsed."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    temperature: float = Field(0.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, allow_inf_nan=False)
-    seed: int | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    stream: bool = False
     stream_options: StreamOptions | None = None
-    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """`max_completion_tokens`, else `max_tokens`, else `default_max_tokens`."""
         max_tokens = self.max_completion_tokens
         if max_tokens is None:
             max_tokens = self.max_tokens if self.max_tokens is not None else default_max_tokens
-        return _sampling_params(
-            max_tokens,
-            self.temperature,
-            self.top_p,
-            self.seed,
-            self.stop_token_ids,
-            self.ignore_eos,
-        )
+        return self._sampling(max_tokens)
 
 
 def error_response(

@@ -167,7 +167,7 @@ def build_workload(args: argparse.Namespace) -> Any:
     """The workload the flags describe; unset flags take the workload's shape defaults
     (`SystemPromptShape`, `FamilyShape`, `ChatShape` in hycache.sim.workloads)."""
     from hycache.sim.compare import Workload
-    from hycache.sim.trace import read_mooncake_trace
+    from hycache.sim.trace import lazy_mooncake_trace
     from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape
 
     kind = args.workload or ("trace" if args.trace else "system-prompt")
@@ -181,7 +181,9 @@ def build_workload(args: argparse.Namespace) -> Any:
     if kind == "trace":
         if not args.trace:
             raise UserError("--workload trace needs --trace FILE.jsonl")
-        reqs = read_mooncake_trace(
+        # prompts are expanded as the simulator admits each request (a 12k-request trace
+        # holds 135M prompt tokens)
+        reqs = lazy_mooncake_trace(
             args.trace, args.trace_block_tokens, seed=args.seed, limit=args.limit
         )
         if args.closed_loop:

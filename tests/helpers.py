@@ -1,15 +1,22 @@
-"""Shared builders for the cache and scheduler tests."""
+"""Shared builders for the cache, scheduler and engine tests."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hycache.cache.boundaries import Boundaries
 from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
-from hycache.sched.scheduler import Scheduler
+from hycache.sched.scheduler import ScheduledRequest, Scheduler, SchedulerOutput, StepResult
+
+if TYPE_CHECKING:
+    import torch
+
+    from hycache.engine.engine import LLM
 
 
 def make_config(
@@ -90,3 +97,103 @@ def run_sequential(
         run_to_completion(sched, ex, check=True)
         reqs.append(r)
     return sched, reqs
+
+
+# ---------------------------------------------------------------------------------------------
+# Oracle drafts for the real engine
+# ---------------------------------------------------------------------------------------------
+
+
+def oracle_schedule(k: int) -> list[int]:
+    """Drafts to accept per verify step, cycled: k, none, and values in between."""
+    return list(dict.fromkeys([k, 0, k - 1, 1, k // 2, k]))
+
+
+@dataclass(frozen=True)
+class VerifyStep:
+    """One verification of drafts: what the oracle planned and what the runner accepted."""
+
+    request_id: str
+    verified: int  # drafts in the step (the scheduler may verify fewer than k)
+    planned: int  # correct drafts the oracle proposed
+    accepted: int  # StepResult.num_accepted_drafts
+
+
+class OracleDrafter:
+    """Replaces an `LLM`'s EAGLE proposals with the target's own greedy continuation, so that
+    greedy verification accepts a known number of drafts per step.
+
+    `answers` maps a prompt (tuple of token ids) to its plain greedy continuation (see
+    `learn`). The n-th proposal the runner makes (over all requests, in scheduling order) keeps
+    the first `schedule[n % len(schedule)]` drafts and corrupts the others, so a correct engine
+    accepts exactly that many (fewer when fewer are verified). The drafter's own KV and hidden
+    passes still run: only the proposed ids are replaced (greedy verification reads no draft
+    distributions). `steps` records every verification."""
+
+    def __init__(self, llm: LLM, schedule: Sequence[int], vocab: int) -> None:
+        runner = llm.runner
+        assert runner.drafter is not None and runner.k > 0
+        self.k = runner.k
+        self.vocab = vocab
+        self.schedule = list(schedule)
+        self.answers: dict[tuple[int, ...], list[int]] = {}
+        self.steps: list[VerifyStep] = []
+        self._proposals = 0
+        self._planned: dict[str, int] = {}
+        draft, execute = runner._draft, runner.execute
+
+        def oracle_draft(
+            sched: list[ScheduledRequest],
+            hidden: torch.Tensor,
+            starts: list[int],
+            new_tokens: list[list[int]],
+            results: dict[str, StepResult],
+        ) -> None:
+            draft(sched, hidden, starts, new_tokens, results)
+            for s, new in zip(sched, new_tokens, strict=True):
+                if s.samples:
+                    rid = s.request.request_id
+                    at = s.request.num_output_tokens + len(new)  # not yet appended
+                    old = results[rid]
+                    drafts = self._propose(rid, tuple(s.request.prompt_token_ids), at)
+                    results[rid] = StepResult(
+                        old.sampled_token_ids, old.num_accepted_drafts, drafts
+                    )
+
+        def recording_execute(out: SchedulerOutput) -> dict[str, StepResult]:
+            planned = dict(self._planned)  # this step's drafts; execute plans the next ones
+            results = execute(out)
+            for s in out.scheduled:
+                if s.draft_token_ids:
+                    rid = s.request.request_id
+                    self.steps.append(
+                        VerifyStep(
+                            rid,
+                            len(s.draft_token_ids),
+                            planned[rid],
+                            results[rid].num_accepted_drafts,
+                        )
+                    )
+            return results
+
+        runner._draft = oracle_draft  # type: ignore[method-assign]
+        runner.execute = recording_execute  # type: ignore[method-assign]
+
+    def _propose(self, request_id: str, prompt: tuple[int, ...], at: int) -> list[int]:
+        good = self.schedule[self._proposals % len(self.schedule)]
+        self._proposals += 1
+        self._planned[request_id] = good
+        # a finishing request's drafts are never verified: pad past the answer's end
+        want = self.answers[prompt][at : at + self.k]
+        want += [0] * (self.k - len(want))
+        return [t if i < good else (t + 1) % self.vocab for i, t in enumerate(want)]
+
+    def learn(self, plain: LLM, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:
+        """Plain greedy continuations of `prompts` from `plain` (no drafter), `max_tokens + k`
+        long: the last drafts a request still verifies reach that far."""
+        sp = SamplingParams(max_tokens=max_tokens + self.k, ignore_eos=True)
+        for p, out in zip(prompts, plain.generate(list(prompts), sp), strict=True):
+            self.answers[tuple(p)] = out.token_ids
+
+    def accepted_values(self) -> set[int]:
+        return {s.accepted for s in self.steps}

@@ -129,13 +129,51 @@ class _Item:
     """Something waiting to be admitted: a request spec, or a session's next turn."""
 
     key: int | str
-    prompt: np.ndarray | list[int]
+    prompt: np.ndarray | list[int] | None  # None: read `spec.prompt_token_ids` at admission
     max_tokens: int
     arrival_s: float | None
     session: SessionSpec | None = None
     turn: int = 0
     outputs: tuple[list[int], ...] = ()
     prefix_hints: tuple[int, ...] = ()
+    spec: RequestSpec | None = None
+
+
+class _Pending:
+    """What waits to be admitted, in order: the request stream, then sessions' turns.
+
+    The stream is read one request ahead (its arrival decides when it is admitted) and its
+    prompt only at admission, so a lazy stream (e.g. `hycache.sim.trace.TraceRequest`s)
+    has the prompts of the requests in flight in memory, not the whole trace's."""
+
+    def __init__(self, requests: Iterable[RequestSpec], turns: Iterable[_Item]) -> None:
+        self._stream = iter(requests)
+        self._next: _Item | None = None
+        self._turns: deque[_Item] = deque(turns)
+        self._advance()
+
+    def _advance(self) -> None:
+        r = next(self._stream, None)
+        self._next = None
+        if r is not None:
+            hints = r.prefix_hints
+            self._next = _Item(r.request_id, None, r.max_tokens, r.arrival_s, None, 0, (), hints, r)
+
+    def __bool__(self) -> bool:
+        return self._next is not None or bool(self._turns)
+
+    def peek(self) -> _Item:
+        return self._next if self._next is not None else self._turns[0]
+
+    def pop(self) -> _Item:
+        item = self._next
+        if item is None:
+            return self._turns.popleft()
+        self._advance()
+        return item
+
+    def append(self, item: _Item) -> None:
+        self._turns.append(item)
 
 
 class Simulator:
@@ -174,26 +212,19 @@ class Simulator:
             acceptance_rate=spec.acceptance_rate,
             seed=self.seed,
         )
-        pending: deque[_Item] = deque(
-            _Item(
-                r.request_id,
-                r.prompt_token_ids,
-                r.max_tokens,
-                r.arrival_s,
-                prefix_hints=r.prefix_hints,
-            )
-            for r in requests
-        )
-        pending.extend(
-            _Item(
-                f"s{s.session_id}t0",
-                s.user_messages[0],
-                s.output_tokens[0],
-                None,
-                s,
-                prefix_hints=s.prefix_hints,
-            )
-            for s in sessions
+        pending = _Pending(
+            requests,
+            (
+                _Item(
+                    f"s{s.session_id}t0",
+                    s.user_messages[0],
+                    s.output_tokens[0],
+                    None,
+                    s,
+                    prefix_hints=s.prefix_hints,
+                )
+                for s in sessions
+            ),
         )
         pages = _SSMPageCounter(cfg, sched)
         limit = 1 if sequential else (concurrency or 10**9)
@@ -202,23 +233,26 @@ class Simulator:
         records: list[RequestRecord] = []
         first_token: dict[str, float] = {}
         steps = peak = 0
-        admitted: list[_Item] = []
+        order: dict[int | str, int] = {}  # key -> admission index (the last one, if a key repeats)
+        admitted = 0
         while pending or in_flight:
             while pending and len(in_flight) < limit:
-                item = pending[0]
+                item = pending.peek()
                 if not sequential and item.arrival_s is not None and item.arrival_s > clock:
                     break
-                pending.popleft()
-                admitted.append(item)
+                pending.pop()
+                order[item.key] = admitted
+                admitted += 1
                 req = self._request(sched, item)
                 in_flight[req.request_id] = (item, clock)
                 sched.add_request(req)
             if not sched.has_unfinished():
-                clock = max(clock, pending[0].arrival_s or clock)
+                clock = max(clock, pending.peek().arrival_s or clock)
                 continue
             out = sched.schedule()
             sampling = [s.request.request_id for s in out.scheduled if s.samples]
             done = sched.update(out, ex.execute(out))
+            sched.finished.clear()  # nobody inspects them here; they hold whole prompts
             pages.attribute(done)
             clock += self.cost.step_time(step_work(out)) if self.cost else self.dry_step_s
             steps += 1
@@ -234,7 +268,6 @@ class Simulator:
                 nxt = self._next_turn(item, req)
                 if nxt is not None:
                     pending.append(nxt)
-        order = {item.key: i for i, item in enumerate(admitted)}
         records.sort(key=lambda r: order[r.id])
         result = SimResult(
             records, clock, steps, peak, {}, pages.stored, pages.peak, pages.snapshots
@@ -245,7 +278,11 @@ class Simulator:
     @staticmethod
     def _request(sched: Scheduler, item: _Item) -> Request:
         sp = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
-        return sched.new_request(str(item.key), item.prompt, sp, prefix_hints=item.prefix_hints)
+        prompt = item.prompt
+        if prompt is None:
+            assert item.spec is not None
+            prompt = item.spec.prompt_token_ids  # a lazy request expands its prompt here
+        return sched.new_request(str(item.key), prompt, sp, prefix_hints=item.prefix_hints)
 
     @staticmethod
     def _record(

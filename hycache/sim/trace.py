@@ -6,6 +6,10 @@ This module owns the trace side of the simulator's inputs:
   ``input_length``, ``output_length``, ``hash_ids``) into :class:`RequestSpec` objects, expanding
   every hash id into ``block_tokens`` deterministic token ids, so requests that share hash ids
   share prompt tokens. Malformed input raises :class:`TraceFormatError` naming the line.
+* :func:`lazy_mooncake_trace` reads the same trace as :class:`TraceRequest` objects, which keep
+  only the hash ids and expand the prompt each time it is read: the simulator reads it when it
+  admits the request, so a 12,000-request trace (135M prompt tokens) never has all its prompts
+  in memory at once. The whole file is still validated before the first request is returned.
 * :func:`generate_mooncake_like` synthesises a trace with the published statistics of
   Mooncake's conversation trace (request count, input/output medians, arrival rate, and an
   unbounded token hit ceiling of about 40%); :func:`write_trace` saves it;
@@ -36,9 +40,11 @@ __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
     "TraceFormatError",
     "TraceRecord",
+    "TraceRequest",
     "generate_mooncake_like",
     "hash_block_tokens",
     "iter_mooncake_trace",
+    "lazy_mooncake_trace",
     "read_mooncake_records",
     "read_mooncake_trace",
     "token_hit_ceiling",
@@ -193,6 +199,83 @@ def read_mooncake_records(
     return records
 
 
+@dataclass(frozen=True)
+class TraceRequest:
+    """A trace request that keeps its hash ids and expands its prompt on every read.
+
+    It has the attributes of a :class:`RequestSpec` (``request_id``, ``prompt_token_ids``,
+    ``prompt_len``, ``max_tokens``, ``arrival_s``, ``prefix_hints``) and survives
+    ``dataclasses.replace`` (new arrival times) without expanding anything. Nothing caches the
+    prompt: read it once where it is needed and let it go.
+    """
+
+    request_id: int
+    hash_ids: tuple[int, ...]  # exactly the ceil(input_length / block_tokens) ids used
+    input_length: int
+    max_tokens: int
+    arrival_s: float | None
+    block_tokens: int
+    vocab: int
+    seed: int = 0
+    prefix_hints: tuple[int, ...] = ()
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_length
+
+    @property
+    def prompt_token_ids(self) -> np.ndarray:
+        """The prompt (read-only int32), computed now from the hash ids."""
+        prompt = hash_block_tokens(self.hash_ids, self.block_tokens, self.vocab, self.seed)
+        prompt = prompt[: self.input_length]
+        prompt.setflags(write=False)
+        return prompt
+
+    def expand(self) -> RequestSpec:
+        """The same request with its prompt in memory."""
+        return RequestSpec(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            max_tokens=self.max_tokens,
+            arrival_s=self.arrival_s,
+            prefix_hints=self.prefix_hints,
+        )
+
+
+def lazy_mooncake_trace(
+    path: str | Path,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    vocab: int = DEFAULT_VOCAB,
+    *,
+    seed: int = 0,
+    limit: int | None = None,
+) -> list[TraceRequest]:
+    """The requests of :func:`read_mooncake_trace`, prompts not expanded (see
+    :class:`TraceRequest`): a few hundred bytes per request instead of 4 per prompt token.
+
+    The whole file is validated first (a :class:`TraceFormatError` names the bad line before
+    any request is returned); sorting by timestamp needs every line anyway.
+    """
+    if not 1 <= vocab <= MAX_VOCAB or seed < 0:
+        raise ValueError(f"need 1 <= vocab <= {MAX_VOCAB} and seed >= 0")
+    records = read_mooncake_records(path, block_tokens)
+    if limit is not None:
+        records = records[: max(limit, 0)]
+    return [
+        TraceRequest(
+            request_id=r.request_id,
+            hash_ids=r.hash_ids,
+            input_length=r.input_length,
+            max_tokens=r.output_length,
+            arrival_s=r.timestamp_ms / 1000.0,
+            block_tokens=block_tokens,
+            vocab=vocab,
+            seed=seed,
+        )
+        for r in records
+    ]
+
+
 def iter_mooncake_trace(
     path: str | Path,
     block_tokens: int = MOONCAKE_BLOCK_TOKENS,
@@ -206,10 +289,8 @@ def iter_mooncake_trace(
     The whole file is validated before the first request is yielded; a long trace's tokens
     (about 135M for the default generated trace) are then never all in memory at once.
     """
-    records = read_mooncake_records(path, block_tokens)
-    if limit is not None:
-        records = records[: max(limit, 0)]
-    return _expand(records, block_tokens, vocab, seed)
+    lazy = lazy_mooncake_trace(path, block_tokens, vocab, seed=seed, limit=limit)
+    return (r.expand() for r in lazy)
 
 
 def requests_from_records(

@@ -1,7 +1,9 @@
-"""Mooncake traces: reader round trip, every error with its line, generator statistics."""
+"""Mooncake traces: reader round trip, every error with its line, generator statistics, and
+lazy prompts (expanded when the simulator admits a request)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,11 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+import hycache.sim.trace as trace_module
+from hycache.sim.load import closed_loop
+from hycache.sim.simulator import Simulator
 from hycache.sim.trace import (
     TraceFormatError,
+    TraceRequest,
     generate_mooncake_like,
     hash_block_tokens,
     iter_mooncake_trace,
+    lazy_mooncake_trace,
     read_mooncake_records,
     read_mooncake_trace,
     token_hit_ceiling,
@@ -23,6 +30,7 @@ from hycache.sim.trace import (
     trace_stats,
     write_trace,
 )
+from tests.helpers import make_config
 
 B = 8  # small blocks keep hand-made traces short
 
@@ -172,3 +180,86 @@ def test_default_trace_matches_mooncake_statistics() -> None:
 def test_hit_ceiling_is_a_knob(target: float) -> None:
     records = generate_mooncake_like(2000, seed=1, target_hit_ceiling=target)
     assert token_hit_ceiling(records) == pytest.approx(target, abs=0.03)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lazy prompts
+# ---------------------------------------------------------------------------------------------
+
+
+def test_lazy_trace_keeps_hash_ids_and_expands_on_read(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace([rec(500, 20, 5, [1, 2, 3, 9]), rec(100, 12, 3, [1, 2])], path)
+    eager = read_mooncake_trace(path, block_tokens=B, vocab=100, seed=2)
+    lazy = lazy_mooncake_trace(path, block_tokens=B, vocab=100, seed=2)
+    assert all(isinstance(r, TraceRequest) for r in lazy)
+    assert [r.hash_ids for r in lazy] == [(1, 2), (1, 2, 3)]  # only the ids the prompt uses
+    for e, z in zip(eager, lazy, strict=True):
+        fields = ("request_id", "max_tokens", "arrival_s", "prompt_len", "prefix_hints")
+        assert [getattr(z, f) for f in fields] == [getattr(e, f) for f in fields]
+        assert np.array_equal(z.prompt_token_ids, e.prompt_token_ids)
+        assert not z.prompt_token_ids.flags.writeable
+        assert np.array_equal(z.expand().prompt_token_ids, e.prompt_token_ids)
+    # new arrival times (closed loop, a request rate) keep a request lazy
+    (moved,) = closed_loop(lazy[:1])
+    assert isinstance(moved, TraceRequest) and moved.arrival_s is None
+    assert dataclasses.replace(moved, arrival_s=None) == moved
+    assert len(lazy_mooncake_trace(path, block_tokens=B, limit=1)) == 1
+    with pytest.raises(ValueError, match="vocab"):
+        lazy_mooncake_trace(path, block_tokens=B, vocab=0)
+
+
+def test_lazy_trace_validates_every_line_before_returning(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    good = json.dumps(rec(0, 8, 1, [1]))
+    path.write_text(f"{good}\n{good}\n{good}\n{{oops\n")
+    with pytest.raises(TraceFormatError) as e:
+        lazy_mooncake_trace(path, block_tokens=B)
+    assert e.value.line == 4
+
+
+def spaced_trace(path: Path, n: int, gap_ms: int) -> None:
+    write_trace([rec(i * gap_ms, 17 + i % 7, 3, [i % 4, 100 + i, 200 + i]) for i in range(n)], path)
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["open-loop", "closed-loop"])
+def test_simulator_expands_each_prompt_when_it_admits_the_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closed: bool
+) -> None:
+    """A lazy trace's prompts are expanded one at a time, as requests are admitted: open loop
+    with arrivals 10 s apart, request i is expanded after requests 0..i-1 have finished; closed
+    loop at concurrency 4, with at most 4 requests unfinished. The results are those of the
+    same trace read eagerly."""
+    n, concurrency = 30, 4
+    path = tmp_path / "t.jsonl"
+    spaced_trace(path, n, gap_ms=10_000)
+    lazy: list[TraceRequest] = lazy_mooncake_trace(path, block_tokens=B, vocab=100)
+    eager = read_mooncake_trace(path, block_tokens=B, vocab=100)
+    if closed:
+        lazy, eager = closed_loop(lazy), closed_loop(eager)  # type: ignore[assignment]
+    finished: list[int | str] = []
+    finished_at_expansion: list[int] = []
+    real = trace_module.hash_block_tokens
+
+    def counting(*args: Any, **kw: Any) -> np.ndarray:
+        finished_at_expansion.append(len(finished))
+        return real(*args, **kw)
+
+    cfg = make_config(block_size=B, unit=4, policy="limit")
+    sim = Simulator(cfg, dry_step_s=0.01, vocab_size=100)
+    want = sim.run(eager, concurrency=concurrency if closed else None)
+    monkeypatch.setattr(trace_module, "hash_block_tokens", counting)
+    got = sim.run(
+        lazy,  # type: ignore[arg-type]
+        concurrency=concurrency if closed else None,
+        on_finish=lambda r: finished.append(r.id),
+    )
+    assert len(finished_at_expansion) == n  # each prompt expanded once
+    if closed:
+        assert all(i - f <= concurrency for i, f in enumerate(finished_at_expansion))
+        assert max(i - f for i, f in enumerate(finished_at_expansion)) == concurrency - 1
+    else:
+        assert finished_at_expansion == list(range(n))
+    assert [r.line() for r in got.records] == [r.line() for r in want.records]
+    assert got.summary == want.summary
+    assert got.summary["hit_tokens"] > 0

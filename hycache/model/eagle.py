@@ -1,18 +1,19 @@
-"""EAGLE draft head for a Bamba target model.
+"""EAGLE draft head for a hybrid target model (any architecture `loader.py` builds).
 
 Owns `EagleHead`: a one-layer drafter that predicts the token after t+1 from the target's
 hidden state at t and the embedding of token t+1:
 
-    x = fc(concat(embed(token_{t+1}), hidden_t))            Linear 2H -> H
-    h = x + attn(input_layernorm(x))                        GQA + RoPE, own PagedKVCache
+    x = fc(concat(target.embed(token_{t+1}), hidden_t))     Linear 2H -> H
+    h = x + attn(input_layernorm(x))                        GQA (+ RoPE), own PagedKVCache
     h = h + mlp(post_attention_layernorm(h))                SwiGLU
-    logits = target.lm_head(target.final_layernorm(h))
+    logits = target.compute_logits(target.final_layernorm(h))
 
-The embedding, final norm and LM head are the target's (shared, not stored here). `h` is
-returned so a chain of draft steps can feed it back in place of the target hidden state.
-The attention has the same shape (heads, KV heads, head_dim, RoPE) as the target's attention;
-its KV lives in its own one-layer `PagedKVCache` with its own block tables, driven by the same
-`StepBatch` type (the state fields are unused).
+The embedding (with the target's embedding multiplier), final norm and LM head (with its logit
+scale) are the target's (shared, not stored here). `h` is returned so a chain of draft steps
+can feed it back in place of the target hidden state. The attention has the same shape (heads,
+KV heads, head_dim, score scale, RoPE or none) as the target's attention; its KV lives in its
+own one-layer `PagedKVCache` with its own block tables, driven by the same `StepBatch` type
+(the state fields are unused).
 
 Checkpoint tensor names: `fc.weight`, `fc.bias` (optional), `layers.0.input_layernorm.weight`,
 `layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.post_attention_layernorm.weight`,
@@ -27,8 +28,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from hycache.model.bamba import BambaForCausalLM
-from hycache.model.config import BambaConfig
+from hycache.model.config import HybridConfig
+from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.layers import MLP, Attention, AttentionPlan, RMSNorm, rope_cos_sin
 from hycache.model.loader import check_state_dict, read_safetensors
 from hycache.model.paged import PagedKVCache, StepBatch
@@ -39,7 +40,7 @@ __all__ = ["EagleHead"]
 class EagleDecoderLayer(nn.Module):
     """RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP -> residual."""
 
-    def __init__(self, config: BambaConfig) -> None:
+    def __init__(self, config: HybridConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention.for_config(config)
@@ -50,7 +51,7 @@ class EagleDecoderLayer(nn.Module):
 class EagleHead(nn.Module):
     """One-layer EAGLE drafter sharing the target's embedding, final norm and LM head."""
 
-    def __init__(self, target_config: BambaConfig, *, fc_bias: bool = True) -> None:
+    def __init__(self, target_config: HybridConfig, *, fc_bias: bool = True) -> None:
         super().__init__()
         self.config = target_config
         h = target_config.hidden_size
@@ -61,7 +62,7 @@ class EagleHead(nn.Module):
     @classmethod
     def empty(
         cls,
-        target_config: BambaConfig,
+        target_config: HybridConfig,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         *,
@@ -74,7 +75,7 @@ class EagleHead(nn.Module):
     @classmethod
     def random(
         cls,
-        target_config: BambaConfig,
+        target_config: HybridConfig,
         seed: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
@@ -96,7 +97,7 @@ class EagleHead(nn.Module):
     def load(
         cls,
         path: str | Path,
-        target_config: BambaConfig,
+        target_config: HybridConfig,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> EagleHead:
@@ -150,7 +151,7 @@ class EagleHead(nn.Module):
         batch: StepBatch,
         hidden: torch.Tensor,
         kv: PagedKVCache,
-        target: BambaForCausalLM,
+        target: HybridForCausalLM,
         *,
         compute_logits: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -175,12 +176,14 @@ class EagleHead(nn.Module):
                 f"got {tuple(hidden.shape)}"
             )
         device, dtype = self.device, self.dtype
-        emb = target.embed_tokens(batch.input_ids.to(device)).to(dtype)  # (N, hidden_size)
+        emb = target.embed(batch.input_ids.to(device)).to(dtype)  # (N, hidden_size)
         x = self.fc(torch.cat([emb, hidden.to(device=device, dtype=dtype)], dim=-1))  # (N, H)
         plan = AttentionPlan.build(batch, kv, device)
-        cos, sin = rope_cos_sin(
-            plan.positions, self.config.rotary_dim, self.config.rope_theta, dtype
-        )  # (N, rotary_dim) each
+        cos = sin = None
+        if self.config.use_rope:
+            cos, sin = rope_cos_sin(
+                plan.positions, self.config.rotary_dim, self.config.rope_theta, dtype
+            )  # (N, rotary_dim) each
         layer = self.layers[0]
         x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, plan, kv, 0)
         x = x + layer.mlp(layer.post_attention_layernorm(x))  # (N, hidden_size)

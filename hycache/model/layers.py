@@ -1,7 +1,8 @@
-"""Building blocks shared by the Bamba model and the EAGLE draft head.
+"""Building blocks shared by the hybrid architectures and the EAGLE draft head.
 
 Owns: `RMSNorm`, rotary embeddings (`rope_cos_sin`, `apply_rope`, honouring a partial rotary
-factor), the SwiGLU `MLP`, grouped-query `Attention` over a `PagedKVCache`, and
+factor), the SwiGLU `MLP`, grouped-query `Attention` over a `PagedKVCache` (with RoPE or with
+no positional encoding, and a configurable score scale), and
 `AttentionPlan` - the per-step slot bookkeeping (where new K/V go, which slots each request
 reads, the causal masks) computed once per forward and shared by all attention layers that use
 the same block tables.
@@ -19,7 +20,7 @@ from torch import nn
 from hycache.model.paged import PagedKVCache, StepBatch
 
 if TYPE_CHECKING:
-    from hycache.model.config import BambaConfig
+    from hycache.model.config import HybridConfig
 
 # Requests whose query length is at most this go through one padded, batched attention call;
 # longer ones (prefill chunks) are handled one request at a time in query tiles.
@@ -34,18 +35,29 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class RMSNorm(nn.Module):
-    """y = weight * x / sqrt(mean(x^2) + eps), normalised in float32 (float64 for float64)."""
+    """y = weight * x / sqrt(mean(x^2) + eps), normalised in float32 (float64 for float64).
 
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    `weight_in_compute_dtype`: multiply by the weight before casting back to the input dtype
+    (Nemotron-H) rather than after (Llama, Bamba, Granite); the same in float32.
+    """
+
+    def __init__(
+        self, hidden_size: int, eps: float, *, weight_in_compute_dtype: bool = False
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.weight_in_compute_dtype = weight_in_compute_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
-        xf = x.to(compute_dtype(in_dtype))  # (..., hidden)
+        cdt = compute_dtype(in_dtype)
+        xf = x.to(cdt)  # (..., hidden)
         var = xf.pow(2).mean(-1, keepdim=True)  # (..., 1)
-        return self.weight * (xf * torch.rsqrt(var + self.eps)).to(in_dtype)
+        normed = xf * torch.rsqrt(var + self.eps)
+        if self.weight_in_compute_dtype:
+            return (self.weight.to(cdt) * normed).to(in_dtype)
+        return self.weight * normed.to(in_dtype)
 
 
 class MLP(nn.Module):
@@ -189,7 +201,8 @@ class PaddedAttention:
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with (partial) rotary embeddings over a paged KV cache."""
+    """Grouped-query attention over a paged KV cache, with (partial) rotary embeddings when the
+    caller passes cos / sin and no positional encoding when it passes None."""
 
     def __init__(
         self,
@@ -198,43 +211,47 @@ class Attention(nn.Module):
         num_kv_heads: int,
         head_dim: int,
         bias: bool,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
 
     @classmethod
-    def for_config(cls, config: BambaConfig) -> Attention:
+    def for_config(cls, config: HybridConfig) -> Attention:
         return cls(
             config.hidden_size,
             config.num_attention_heads,
             config.num_key_value_heads,
             config.head_dim,
             config.attention_bias,
+            config.attention_scale,
         )
 
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         plan: AttentionPlan,
         kv: PagedKVCache,
         kv_layer: int,
     ) -> torch.Tensor:
-        """x: (N, hidden) -> (N, hidden). Writes the new K/V into `kv` layer `kv_layer` first."""
+        """x: (N, hidden) -> (N, hidden). Writes the new K/V into `kv` layer `kv_layer` first.
+        cos, sin: (N, rotary_dim) from `rope_cos_sin`, or None for no positional encoding."""
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # (N, heads, head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
-        q = apply_rope(q, cos, sin)  # (N, heads, head_dim)
-        k = apply_rope(k, cos, sin)  # (N, kv_heads, head_dim)
+        if cos is not None and sin is not None:
+            q = apply_rope(q, cos, sin)  # (N, heads, head_dim)
+            k = apply_rope(k, cos, sin)  # (N, kv_heads, head_dim)
         kv.write(kv_layer, plan.write_slots, k, v)
 
         out = torch.empty_like(q)  # (N, heads, head_dim)

@@ -1,9 +1,11 @@
-"""Loading Bamba models: Hugging Face checkpoint directories and built-in presets.
+"""Loading hybrid models: Hugging Face checkpoint directories and built-in presets.
 
 Owns `load_model` (directory with `config.json` + `*.safetensors`, single or sharded, with or
-without `model.safetensors.index.json`; optional `tokenizer.json`), `save_model` (the inverse,
-used by tests and tools), the preset registry (`PRESETS`, `preset_config`) and strict
-state-dict checking shared with the EAGLE head (`check_state_dict`).
+without `model.safetensors.index.json`; optional `tokenizer.json`), the architecture registry
+(`MODEL_CLASSES`: `model_type` -> model class; anything else is refused naming the supported
+ones), `save_model` (the inverse, used by tests and tools), the preset registry (`PRESETS`,
+`preset_config`) and strict state-dict checking shared with the EAGLE head
+(`check_state_dict`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hycache.model.bamba import BambaForCausalLM
-from hycache.model.config import BambaConfig
+from hycache.model.config import BambaConfig, HybridConfig, config_from_hf_dict
+from hycache.model.granite_hybrid import GraniteHybridForCausalLM
+from hycache.model.hybrid import HybridForCausalLM
+from hycache.model.nemotron_h import NemotronHForCausalLM
 
 try:  # optional at import time; listed in the project dependencies
     from tokenizers import Tokenizer
@@ -26,6 +31,11 @@ except ImportError:  # pragma: no cover
     Tokenizer = None  # type: ignore[assignment,misc]
 
 _LOADABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+MODEL_CLASSES: dict[str, type[HybridForCausalLM]] = {
+    cls.config_class.model_type: cls
+    for cls in (BambaForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM)
+}
 
 
 # ---------------------------------------------------------------------------------- presets
@@ -159,28 +169,34 @@ def _index_check(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
 
 
 # ---------------------------------------------------------------------------------- API
-def load_config(path: str | Path) -> BambaConfig:
-    """Read and validate `config.json` in a checkpoint directory."""
+def load_config(path: str | Path) -> HybridConfig:
+    """Read and validate `config.json` in a checkpoint directory (any supported model_type)."""
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} not found")
-    return BambaConfig.from_hf_dict(read_json_object(cfg_path))
+    return config_from_hf_dict(read_json_object(cfg_path))
+
+
+def model_class(config: HybridConfig) -> type[HybridForCausalLM]:
+    """The model class of `config`'s architecture."""
+    return MODEL_CLASSES[config.model_type]
 
 
 def load_model(
     path_or_preset: str,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
-) -> tuple[BambaForCausalLM, BambaConfig, Any | None]:
-    """Load a Bamba model: (model, config, tokenizers.Tokenizer or None).
+) -> tuple[HybridForCausalLM, HybridConfig, Any | None]:
+    """Load a hybrid model: (model, config, tokenizers.Tokenizer or None).
 
     `path_or_preset` is a preset name (`tiny`: random weights from a fixed seed, built in
-    memory) or a directory holding `config.json` (model_type "bamba") and `*.safetensors`
-    (float32 / bfloat16 / float16 tensors, cast to `dtype`).
+    memory) or a directory holding `config.json` (model_type "bamba", "nemotron_h" or
+    "granitemoehybrid") and `*.safetensors` (float32 / bfloat16 / float16 tensors, cast to
+    `dtype`).
     """
     if path_or_preset in PRESETS and not Path(path_or_preset).is_dir():
         config = preset_config(path_or_preset)
-        model = BambaForCausalLM.random(config, PRESET_SEEDS[path_or_preset], dtype, device)
+        model = model_class(config).random(config, PRESET_SEEDS[path_or_preset], dtype, device)
         return model, config, None
 
     path = Path(path_or_preset)
@@ -189,12 +205,12 @@ def load_model(
             f"{path_or_preset!r} is neither a checkpoint directory nor a preset ({sorted(PRESETS)})"
         )
     config = load_config(path)
+    cls = model_class(config)
     tensors = read_safetensors(_checkpoint_files(path))
     _index_check(path, tensors)
-    for key in [k for k in tensors if k.endswith("rotary_emb.inv_freq")]:
-        del tensors[key]  # a derived buffer some exporters store; recomputed from the config
+    tensors = _rename_tensors(cls, tensors)
 
-    model = BambaForCausalLM.empty(config, dtype, device)
+    model = cls.empty(config, dtype, device)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     optional = frozenset()
     if config.tie_word_embeddings:
@@ -224,8 +240,24 @@ def load_model(
     return model, config, tokenizer
 
 
+def _rename_tensors(
+    cls: type[HybridForCausalLM], tensors: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors under the model's own names; unused ones (derived buffers such as
+    `rotary_emb.inv_freq`, MTP heads) dropped."""
+    out: dict[str, torch.Tensor] = {}
+    for key, t in tensors.items():
+        name = cls.checkpoint_key(key)
+        if name is None:
+            continue
+        if name in out:
+            raise ValueError(f"tensor {key!r} duplicates another tensor's name {name!r}")
+        out[name] = t
+    return out
+
+
 def save_model(
-    model: BambaForCausalLM,
+    model: HybridForCausalLM,
     path: str | Path,
     *,
     dtype: torch.dtype | None = None,

@@ -1,4 +1,4 @@
-"""Paged-cache data structures shared by the Bamba model and the EAGLE head.
+"""Paged-cache data structures shared by every hybrid model and the EAGLE head.
 
 Owns:
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from hycache.model.config import BambaConfig
+    from hycache.model.config import HybridConfig
 
 
 @dataclass
@@ -135,7 +135,7 @@ class PagedKVCache:
     @classmethod
     def for_model(
         cls,
-        config: BambaConfig,
+        config: HybridConfig,
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype = torch.float32,
@@ -198,7 +198,7 @@ class StateCache:
 
     def __init__(
         self,
-        config: BambaConfig,
+        config: HybridConfig,
         num_slots: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",

@@ -1,6 +1,6 @@
 """The Mamba2 state-space-duality (SSD) scan: a chunked form for prefill and a recurrence.
 
-Owns the pure tensor math of the selective scan; the mixer module in `bamba.py` owns the
+Owns the pure tensor math of the selective scan; the mixer module in `mamba2.py` owns the
 projections, the conv and the norm around it.
 
 For one head with input x_t (head_dim P), step size dt_t > 0, scalar decay A < 0 and

@@ -112,6 +112,22 @@ def test_wrong_model_type(hf_dir: Path, tmp_path: Path) -> None:
         load_model(str(bad))
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_next", "llama", None])
+def test_unsupported_model_type_names_it_and_the_supported_ones(
+    hf_dir: Path, tmp_path: Path, model_type: str | None
+) -> None:
+    bad = tmp_path / "c"
+    shutil.copytree(hf_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["model_type"] = model_type
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as err:
+        load_model(str(bad))
+    msg = str(err.value)
+    assert repr(model_type) in msg and "not supported" in msg
+    assert all(name in msg for name in ("bamba", "granitemoehybrid", "nemotron_h"))
+
+
 def test_missing_config_and_weights(hf_dir: Path, tmp_path: Path) -> None:
     no_cfg = tmp_path / "a"
     no_cfg.mkdir()

@@ -1,0 +1,270 @@
+"""The machinery every hybrid (Mamba2 + attention) model shares, on the paged cache.
+
+Owns `HybridForCausalLM`, the base of each architecture's top-level model (`bamba.py`,
+`nemotron_h.py`, `granite_hybrid.py`), and `HybridStep`, the per-forward context its decoder
+layers mix through. The base holds everything the engine relies on:
+
+    forward(StepBatch, PagedKVCache | None, StateCache | None) -> final-normed hidden states
+    compute_logits(hidden)      the (tied or untied) LM head, with the arch's logit scale
+    final_layernorm, embed_tokens, embed(ids), make_kv_cache, make_state_cache, config,
+    dtype, device, empty / random construction
+
+An architecture defines only what differs: its decoder layers (norms, MLP / MoE, residual
+scaling), where its embedding / layers / final norm live (so parameter names match its
+checkpoints), an optional embedding multiplier and logit divisor, and checkpoint-name renames.
+Each decoder layer is called as `layer(hidden, step, i)` and runs its mixer through
+`step.mix(i, mixer, x)`, which picks attention (paged KV, RoPE or none) or Mamba2 (state
+slots) from the config's layer placement.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar, Self
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hycache.model.config import HybridConfig
+from hycache.model.layers import Attention, AttentionPlan, RMSNorm, compute_dtype, rope_cos_sin
+from hycache.model.mamba2 import Mamba2Mixer, MambaPlan
+from hycache.model.paged import PagedKVCache, StateCache, StepBatch
+
+__all__ = ["HybridForCausalLM", "HybridStep"]
+
+
+@dataclass
+class HybridStep:
+    """What the mixers of one forward share: the plans, RoPE tables and caches.
+
+    Attributes:
+        kv_layer_of / state_layer_of: model layer -> its index in the KV / state cache.
+        cos, sin: (N, rotary_dim) RoPE tables, or None for models without RoPE.
+    """
+
+    kv: PagedKVCache | None
+    states: StateCache | None
+    attn_plan: AttentionPlan | None
+    mamba_plan: MambaPlan | None
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    kv_layer_of: dict[int, int]
+    state_layer_of: dict[int, int]
+
+    def mix(self, layer: int, mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Run layer `layer`'s token mixer (attention or Mamba2) on x (N, hidden)."""
+        if layer in self.kv_layer_of:
+            assert isinstance(mixer, Attention)
+            assert self.attn_plan is not None and self.kv is not None
+            return mixer(x, self.cos, self.sin, self.attn_plan, self.kv, self.kv_layer_of[layer])
+        assert isinstance(mixer, Mamba2Mixer)
+        assert self.mamba_plan is not None and self.states is not None
+        return mixer(x, self.mamba_plan, self.states, self.state_layer_of[layer])
+
+
+class HybridForCausalLM(nn.Module):
+    """Decoder + LM head of a hybrid model, run one paged `StepBatch` at a time.
+
+    Subclasses build their modules in `__init__` (embedding, layers, final norm, then
+    `self._add_lm_head()`, keeping the checkpoint's parameter order) and expose them through
+    `embed_tokens`, `decoder_layers` and `final_layernorm`.
+    """
+
+    config_class: ClassVar[type[HybridConfig]] = HybridConfig
+    # (regex, replacement) pairs mapping other spellings of checkpoint tensor names onto ours
+    checkpoint_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # regexes of checkpoint tensors that are not part of the model (derived buffers, MTP heads)
+    checkpoint_ignored: ClassVar[tuple[str, ...]] = (r"rotary_emb\.inv_freq$",)
+    embedding_multiplier: float = 1.0
+    logits_divisor: float = 1.0
+
+    def __init__(self, config: HybridConfig) -> None:
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, "
+                f"got {type(config).__name__}"
+            )
+        self.config = config
+        self.lm_head: nn.Linear | None = None
+        # Position of each layer among the attention layers / among the Mamba layers.
+        self.kv_layer_of: dict[int, int] = {i: k for k, i in enumerate(config.attn_layer_indices)}
+        self.state_layer_of: dict[int, int] = {
+            i: k for k, i in enumerate(config.mamba_layer_indices)
+        }
+
+    def _add_lm_head(self) -> None:
+        if not self.config.tie_word_embeddings:
+            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+
+    # ------------------------------------------------------------------ per-architecture parts
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        raise NotImplementedError
+
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        raise NotImplementedError
+
+    @property
+    def final_layernorm(self) -> RMSNorm:
+        raise NotImplementedError
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(N,) token ids -> (N, hidden_size) inputs of the first layer."""
+        hidden = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
+        return hidden
+
+    @classmethod
+    def checkpoint_key(cls, key: str) -> str | None:
+        """Our name for checkpoint tensor `key`, or None when the model does not use it."""
+        if any(re.search(p, key) for p in cls.checkpoint_ignored):
+            return None
+        for pattern, repl in cls.checkpoint_renames:
+            key = re.sub(pattern, repl, key)
+        return key
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def empty(
+        cls,
+        config: HybridConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> Self:
+        """A model with uninitialised weights (no RNG use); fill it with `load_state_dict`."""
+        with torch.device("meta"):
+            model = cls(config)
+        return model.to_empty(device=device).to(dtype=dtype).eval()
+
+    @classmethod
+    def random(
+        cls,
+        config: HybridConfig,
+        seed: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> Self:
+        """A model with random weights; the same seed gives bit-identical weights."""
+        model = cls.empty(config, torch.float32, "cpu")
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(_random_init(name, param, gen))
+        return model.to(device=device, dtype=dtype).eval()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty KV cache for this model's attention layers, in its dtype and device."""
+        return PagedKVCache.for_model(self.config, num_blocks, block_size, self.dtype, self.device)
+
+    def make_state_cache(self, num_slots: int) -> StateCache:
+        """An empty state cache for this model's Mamba layers, in its dtype and device."""
+        return StateCache(self.config, num_slots, self.dtype, self.device)
+
+    # ------------------------------------------------------------------ forward
+    def _check_caches(self, kv: PagedKVCache | None, states: StateCache | None) -> None:
+        cfg = self.config
+        if cfg.num_attention_layers:
+            if kv is None:
+                raise ValueError("this model has attention layers: a PagedKVCache is required")
+            if (
+                kv.num_layers < cfg.num_attention_layers
+                or kv.num_kv_heads != cfg.num_key_value_heads
+                or kv.head_dim != cfg.head_dim
+            ):
+                raise ValueError(
+                    f"PagedKVCache shape (layers={kv.num_layers}, kv_heads={kv.num_kv_heads}, "
+                    f"head_dim={kv.head_dim}) does not fit the config (layers="
+                    f"{cfg.num_attention_layers}, kv_heads={cfg.num_key_value_heads}, "
+                    f"head_dim={cfg.head_dim})"
+                )
+        if cfg.num_mamba_layers:
+            if states is None:
+                raise ValueError("this model has Mamba layers: a StateCache is required")
+            want = (cfg.num_mamba_layers, cfg.mamba_conv_dim, cfg.mamba_d_conv - 1)
+            got = (states.conv.shape[0], states.conv.shape[2], states.conv.shape[3])
+            want_ssm = (cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state)
+            if got != want or tuple(states.ssm.shape[2:]) != want_ssm:
+                raise ValueError(
+                    f"StateCache shape {tuple(states.conv.shape)}/{tuple(states.ssm.shape)} "
+                    "does not fit the config"
+                )
+
+    def _step(
+        self, batch: StepBatch, kv: PagedKVCache | None, states: StateCache | None
+    ) -> HybridStep:
+        cfg = self.config
+        device = self.device
+        attn_plan = cos = sin = None
+        if cfg.num_attention_layers:
+            assert kv is not None
+            attn_plan = AttentionPlan.build(batch, kv, device)
+            if cfg.use_rope:
+                cos, sin = rope_cos_sin(
+                    attn_plan.positions, cfg.rotary_dim, cfg.rope_theta, self.dtype
+                )  # (N, rotary_dim) each
+        mamba_plan = MambaPlan.build(batch, device) if cfg.num_mamba_layers else None
+        return HybridStep(
+            kv, states, attn_plan, mamba_plan, cos, sin, self.kv_layer_of, self.state_layer_of
+        )
+
+    @torch.no_grad()
+    def forward(
+        self, batch: StepBatch, kv: PagedKVCache | None, states: StateCache | None
+    ) -> torch.Tensor:
+        """Run one step; returns (N, hidden_size) hidden states after the final norm.
+
+        Attention layers write the new tokens' K/V, then attend causally over positions
+        [0, context_len + query_len). Mamba layers start from `state_src` (or zeros) and write
+        the conv + SSM state after each offset requested in `state_writes`.
+        """
+        batch.validate(need_states=self.config.num_mamba_layers > 0)
+        self._check_caches(kv, states)
+        hidden = self.embed(batch.input_ids.to(self.device))  # (N, hidden_size)
+        step = self._step(batch, kv, states)
+        for i, layer in enumerate(self.decoder_layers):
+            hidden = layer(hidden, step, i)
+        return self.final_layernorm(hidden)  # (N, hidden_size)
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(M, hidden_size) final-normed hidden states -> (M, vocab) logits (float32, or
+        float64 for float64 models)."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(hidden.to(weight.dtype), weight)
+        if self.logits_divisor != 1.0:
+            logits = logits / self.logits_divisor
+        return logits.to(compute_dtype(weight.dtype))
+
+
+def _random_init(name: str, param: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Deterministic float32 CPU values for parameter `name` (drawn in named_parameters order)."""
+    shape = param.shape
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "A_log":
+        return torch.log(torch.empty(shape).uniform_(1.0, 16.0, generator=gen))
+    if leaf == "D":
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+    if leaf == "dt_bias":
+        # dt log-uniform in [1e-3, 1e-1], stored as softplus^-1(dt) (the Mamba2 init).
+        lo, hi = torch.log(torch.tensor(1e-3)), torch.log(torch.tensor(1e-1))
+        dt = torch.exp(lo + (hi - lo) * torch.rand(shape, generator=gen))
+        return dt + torch.log(-torch.expm1(-dt))
+    if "norm" in name:  # RMSNorm / gated norm weights
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+    if "conv1d" in name:
+        std = 0.3 if leaf == "weight" else 0.05
+        return std * torch.randn(shape, generator=gen)
+    return 0.02 * torch.randn(shape, generator=gen)

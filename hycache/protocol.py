@@ -2,7 +2,9 @@
 refuses, the error shape and API-key auth.
 
 - `CompletionBody` / `ChatBody`: pydantic bodies of `POST /v1/completions` and
-  `POST /v1/chat/completions` (strict types; unknown fields such as `model` are ignored).
+  `POST /v1/chat/completions` (strict types; unknown fields such as `model` are ignored),
+  including `n` (at most `MAX_N` choices), `stop` strings (at most `MAX_STOP`) and
+  `logprobs` (at most `MAX_LOGPROBS` alternatives per token).
 - `UNSUPPORTED_FIELDS` / `CHAT_UNSUPPORTED_FIELDS` and `refuse_unsupported`: OpenAI fields
   hycache does not implement are refused (400) unless null, empty or at their unused value,
   never answered with other semantics.
@@ -18,33 +20,34 @@ import json
 from typing import Any
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    ValidationError,
+    field_validator,
+)
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hycache.request import SamplingParams
+from hycache.request import MAX_LOGPROBS, SamplingParams
 
 MIN_TEMPERATURE = 1e-6  # below this (but > 0) softmax(logits / t) overflows to NaN
 MAX_SEED = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
 MAX_PREFIX_HINTS = 16  # per request; a prompt has few shared-prefix boundaries worth keeping
+MAX_N = 16  # choices per request: each is its own engine request
+MAX_STOP = 4  # stop strings per request, as OpenAI allows
 # OpenAI completions fields hycache does not implement, with the value that means "unused":
 # any other value is refused (400) instead of silently answered with other semantics
 UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "n": 1,
-    "best_of": 1,
-    "logprobs": None,
     "echo": False,
-    "stop": None,
     "suffix": None,
     "presence_penalty": 0,
     "frequency_penalty": 0,
     "logit_bias": None,
 }
-# the same for chat completions (`stop` strings, tools, structured output, logprobs, ...)
+# the same for chat completions (tools, structured output, ...)
 CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "n": 1,
-    "logprobs": False,
-    "top_logprobs": None,
-    "stop": None,
     "presence_penalty": 0,
     "frequency_penalty": 0,
     "logit_bias": None,
@@ -60,21 +63,50 @@ CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
 }
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    include_usage: bool = False
+
+
 class _GenerationBody(BaseModel):
-    """The fields both generation routes share: sampling, streaming and the cache salt."""
+    """The fields both generation routes share: sampling, choices, stop strings, streaming and
+    the cache salt."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
     temperature: float = Field(0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, allow_inf_nan=False)
     seed: int | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     stream: bool = False
+    stream_options: StreamOptions | None = None
     # requests with different salts never share cache entries; without one the cache is shared
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
-    def _sampling(self, max_tokens: int) -> SamplingParams:
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        many = [stop] if isinstance(stop, str) else stop or []
+        if len(many) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(many)}")
+        if not all(many):
+            raise ValueError("stop strings must not be empty")
+        return stop
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return tuple(dict.fromkeys(stop))
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises ValueError on values the engine would choke on mid-step."""
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise ValueError(f"temperature: must be 0 (greedy) or >= {MIN_TEMPERATURE}")
@@ -87,6 +119,7 @@ class _GenerationBody(BaseModel):
             seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
         )
 
 
@@ -95,11 +128,16 @@ class CompletionBody(_GenerationBody):
 
     prompt: str | list[int]
     max_tokens: int = 16
+    # each token's logprob and this many alternatives (OpenAI's legacy completions shape)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = None  # only as many as `n`: hycache returns every choice it runs
     # token counts where shared prefixes of the prompt end (hints past the prompt are ignored)
     prefix_hints: list[NonNegativeInt] = Field(default_factory=list, max_length=MAX_PREFIX_HINTS)
 
     def sampling_params(self) -> SamplingParams:
-        return self._sampling(self.max_tokens)
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of: only best_of == n ({self.n}) is supported")
+        return self._sampling(self.max_tokens, self.logprobs)
 
 
 class ChatMessage(BaseModel):
@@ -126,12 +164,6 @@ class ChatMessage(BaseModel):
         return doc
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    include_usage: bool = False
-
-
 class ChatBody(_GenerationBody):
     """The body of `POST /v1/chat/completions`; unknown fields (`model`, `user`, ...) are
     ignored, OpenAI fields hycache does not implement are refused before this is parsed."""
@@ -139,14 +171,17 @@ class ChatBody(_GenerationBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """`max_completion_tokens`, else `max_tokens`, else `default_max_tokens`."""
         max_tokens = self.max_completion_tokens
         if max_tokens is None:
             max_tokens = self.max_tokens if self.max_tokens is not None else default_max_tokens
-        return self._sampling(max_tokens)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs set to true")
+        return self._sampling(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
 
 
 def error_response(
@@ -180,10 +215,7 @@ def refuse_unsupported(raw: bytes, fields: dict[str, Any] = UNSUPPORTED_FIELDS) 
     for key, unused in fields.items():
         value = doc.get(key, unused)
         if value is not None and value != unused and value not in ([], {}, ""):
-            raise ValueError(
-                f"{key}: not supported by hycache (got {value!r}); leave it out"
-                + ("; use stop_token_ids for token ids" if key == "stop" else "")
-            )
+            raise ValueError(f"{key}: not supported by hycache (got {value!r}); leave it out")
 
 
 class ApiKeyMiddleware:
@@ -258,8 +290,10 @@ class LoopbackGuardMiddleware:
 
 __all__ = [
     "CHAT_UNSUPPORTED_FIELDS",
+    "MAX_N",
     "MAX_PREFIX_HINTS",
     "MAX_SEED",
+    "MAX_STOP",
     "MIN_TEMPERATURE",
     "UNSUPPORTED_FIELDS",
     "ApiKeyMiddleware",

@@ -14,6 +14,8 @@ import numpy as np
 
 from hycache.cache.hashing import PrefixHashes
 
+MAX_LOGPROBS = 20  # the most alternatives per token a request may ask for (OpenAI's cap)
+
 
 class RequestStatus(StrEnum):
     WAITING = "waiting"
@@ -36,6 +38,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # report each output token's logprob and this many most likely alternatives (None: none)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -44,7 +48,20 @@ class SamplingParams:
             raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must lie in (0, 1], got {self.top_p}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs: must lie in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         self.stop_token_ids = tuple(self.stop_token_ids)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An output token's log-probability under the model (log_softmax of the raw logits, before
+    temperature and top-p, as vLLM reports by default) and the most likely tokens at its
+    position, `(token id, logprob)` from the most likely down."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -55,6 +72,7 @@ class CacheOutcome:
     junction: int = 0
     attention_match: int = 0
     lost_reuse: int = 0
+    store_hit_tokens: int = 0  # of resume_point, loaded from the second tier
 
 
 @dataclass(eq=False)
@@ -76,6 +94,10 @@ class Request:
     num_preemptions: int = 0
     prefill_tokens_computed: int = 0
     first_outcome: CacheOutcome | None = None  # the lookup at first admission
+    # with `sampling.logprobs`: one entry per output token, and the runner's entries for the
+    # tokens of the current step (accepted drafts then the new token), consumed by append_output
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    step_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def first_hit_tokens(self) -> int | None:
@@ -147,5 +169,10 @@ class Request:
         return new, None
 
     def append_output(self, token_ids: Sequence[int]) -> None:
+        """Append tokens `accept_tokens` kept (with their logprobs when the request wants them:
+        the step's first `len(token_ids)`, so a truncation cuts both alike)."""
+        if self.sampling.logprobs is not None:
+            self.output_logprobs.extend(self.step_logprobs[: len(token_ids)])
+            self.step_logprobs = []
         self.output_token_ids.extend(token_ids)
         self.hashes.extend(token_ids)

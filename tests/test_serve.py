@@ -261,9 +261,12 @@ def test_prefix_hint_lets_the_first_sibling_resume_at_the_limit() -> None:
 
 BAD_BODIES: list[tuple[str, Any]] = [
     ("text prompt, no tokenizer", {"prompt": "hello"}),
-    ("n > 1 (unsupported)", {"prompt": [1, 2], "n": 2}),
-    ("logprobs (unsupported)", {"prompt": [1, 2], "logprobs": 3}),
-    ("stop strings (unsupported)", {"prompt": [1, 2], "stop": ["\n"]}),
+    ("n over the cap", {"prompt": [1, 2], "n": 17}),
+    ("n zero", {"prompt": [1, 2], "n": 0}),
+    ("best_of other than n", {"prompt": [1, 2], "n": 2, "best_of": 3}),
+    ("logprobs over 20", {"prompt": [1, 2], "logprobs": 21}),
+    ("stop strings without a tokenizer", {"prompt": [1, 2], "stop": ["\n"]}),
+    ("five stop strings", {"prompt": [1, 2], "stop": ["a", "b", "c", "d", "e"]}),
     ("echo (unsupported)", {"prompt": [1, 2], "echo": True}),
     ("empty prompt", {"prompt": []}),
     ("id above vocab", {"prompt": [1, 2, VOCAB]}),
@@ -454,7 +457,7 @@ def test_worker_stop_fails_waiting_handlers_and_refuses_new_work() -> None:
         return accepted, last
 
     accepted, last = asyncio.run(scenario())
-    assert type(accepted).__name__ == "_Accepted"
+    assert type(accepted).__name__ == "Accepted"
     assert getattr(last, "status", None) == 503
     assert worker.thread is not None and not worker.thread.is_alive()
     assert not llm.scheduler.has_unfinished()
@@ -668,9 +671,10 @@ def test_openai_client_chat_and_system_prompt_reuse(oai: Any, chat_server: str) 
 
 
 CHAT_BAD: list[tuple[str, dict[str, Any]]] = [
-    ("n > 1", {"n": 2}),
-    ("logprobs", {"logprobs": True}),
-    ("stop strings", {"stop": ["w1"]}),
+    ("n over the cap", {"n": 17}),
+    ("top_logprobs without logprobs", {"top_logprobs": 2}),
+    ("top_logprobs over 20", {"logprobs": True, "top_logprobs": 21}),
+    ("empty stop string", {"stop": [""]}),
     ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
     ("json mode", {"response_format": {"type": "json_object"}}),
     ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),

@@ -29,10 +29,10 @@ from hycache.config import (
     SpeculativeConfig,
 )
 from hycache.engine.runner import ModelRunner
-from hycache.model.config import BambaConfig
+from hycache.model.config import HybridConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
-from hycache.request import Request, RequestStatus, SamplingParams
+from hycache.request import Request, RequestStatus, SamplingParams, TokenLogprob
 from hycache.sched.scheduler import Scheduler
 
 DTYPES = {
@@ -43,7 +43,7 @@ DTYPES = {
 }
 
 
-def state_bytes(mc: BambaConfig, dtype: torch.dtype) -> int:
+def state_bytes(mc: HybridConfig, dtype: torch.dtype) -> int:
     """Bytes of one conv + SSM state slot over every Mamba layer (SSM state in float32, or
     float64 for a float64 model)."""
     item = torch.empty((), dtype=dtype).element_size()
@@ -53,7 +53,7 @@ def state_bytes(mc: BambaConfig, dtype: torch.dtype) -> int:
     return mc.num_mamba_layers * (conv + ssm)
 
 
-def block_bytes(mc: BambaConfig, block_size: int, dtype: torch.dtype, drafter: bool) -> int:
+def block_bytes(mc: HybridConfig, block_size: int, dtype: torch.dtype, drafter: bool) -> int:
     """Bytes behind one block id: its K/V rows in every attention cache (the drafter's too)
     and one conv + SSM state slot (the pool's ids index every cache)."""
     item = torch.empty((), dtype=dtype).element_size()
@@ -62,7 +62,7 @@ def block_bytes(mc: BambaConfig, block_size: int, dtype: torch.dtype, drafter: b
     return kv + state_bytes(mc, dtype)
 
 
-def scratch_bytes(mc: BambaConfig, dtype: torch.dtype, max_num_seqs: int, k: int) -> int:
+def scratch_bytes(mc: HybridConfig, dtype: torch.dtype, max_num_seqs: int, k: int) -> int:
     """Speculative scratch: one state slot per verified position of every sequence."""
     return max_num_seqs * (k + 1) * state_bytes(mc, dtype) if k else 0
 
@@ -115,6 +115,9 @@ class RequestOutput:
     junction: int = 0  # the junction its first lookup observed (0: none)
     prefill_steps: int = 0
     lost_reuse: int = 0  # tokens attention matched that the joint hit did not reach
+    # one per output token when the request asked for `SamplingParams.logprobs`
+    logprobs: list[TokenLogprob] | None = None
+    store_hit_tokens: int = 0  # of hit_tokens, loaded from the second tier (`kv_store`)
 
 
 @dataclass
@@ -123,6 +126,7 @@ class StreamEvent:
     new_token_ids: list[int]
     finished: bool
     output: RequestOutput | None = None  # set when finished
+    new_logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when asked for
 
 
 @dataclass
@@ -304,12 +308,13 @@ class LLM:
             new = req.output_token_ids[n0:]
             self._streamed[rid] = req.num_output_tokens
             if new or rid in done:
-                events.append(StreamEvent(rid, list(new), rid in done))
+                lps = req.output_logprobs[n0:] if req.sampling.logprobs is not None else None
+                events.append(StreamEvent(rid, list(new), rid in done, new_logprobs=lps))
             if rid in done:
                 del self._streamed[rid]
         for req in finished:
             self.runner.release(req.request_id)
-            output = self._output(req)
+            output = self.request_output(req)
             self.stats.prompt_tokens += req.num_prompt_tokens
             self.stats.hit_tokens += output.hit_tokens
             self.stats.output_tokens += req.num_output_tokens
@@ -318,7 +323,8 @@ class LLM:
                     e.output = output
         return events
 
-    def _output(self, req: Request) -> RequestOutput:
+    def request_output(self, req: Request) -> RequestOutput:
+        """What `req` has produced so far, as a `RequestOutput` (its text decoded)."""
         reason = {
             RequestStatus.FINISHED_STOPPED: "stop",
             RequestStatus.FINISHED_LENGTH: "length",
@@ -336,6 +342,8 @@ class LLM:
             req.first_outcome.junction if req.first_outcome else 0,
             req.num_prefill_steps,
             req.first_outcome.lost_reuse if req.first_outcome else 0,
+            list(req.output_logprobs) if req.sampling.logprobs is not None else None,
+            store_hit_tokens=req.first_outcome.store_hit_tokens if req.first_outcome else 0,
         )
 
     def stream(

@@ -7,8 +7,9 @@ Per step:
      reads its SSM state from `src` and writes it to `dst` (or, when verifying drafts, writes
      the state after every verified position into scratch slots, and the accepted one is copied
      to `dst` afterwards);
-  3. sampling / verification on the rows that predict new tokens; a decode step that reaches a
-     unit boundary copies the exact state there into its snapshot block (`limit`);
+  3. sampling / verification on the rows that predict new tokens (and, when the request asks,
+     their logprobs: left on the request for `Request.append_output`); a decode step that
+     reaches a unit boundary copies the exact state there into its snapshot block (`limit`);
   4. with a drafter: one drafter pass over every newly verified position (row p pairs the
      target's hidden state at p with token p + 1), then k - 1 chained single-token passes.
 """
@@ -20,9 +21,9 @@ import xxhash
 
 from hycache.cache.boundaries import Boundaries
 from hycache.config import GroupKind, HycacheConfig
-from hycache.engine.sampling import pick, verify
-from hycache.model.bamba import BambaForCausalLM
+from hycache.engine.sampling import pick, token_logprobs, verify
 from hycache.model.eagle import EagleHead
+from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.paged import StepBatch
 from hycache.request import SamplingParams
 from hycache.sched.scheduler import ScheduledRequest, SchedulerOutput, StepResult
@@ -31,7 +32,7 @@ from hycache.sched.scheduler import ScheduledRequest, SchedulerOutput, StepResul
 class ModelRunner:
     def __init__(
         self,
-        model: BambaForCausalLM,
+        model: HybridForCausalLM,
         config: HycacheConfig,
         *,
         drafter: EagleHead | None = None,
@@ -107,6 +108,8 @@ class ModelRunner:
             gen = self._gen(rid, params)
             probs = self._draft_probs.pop(rid, None) if s.draft_token_ids else None
             toks = verify(logits[at : at + n], s.draft_token_ids, probs, params, gen)
+            if params.logprobs is not None:  # row i predicted toks[i]; append_output keeps them
+                s.request.step_logprobs = token_logprobs(logits[at : at + n], toks, params.logprobs)
             at += n
             accepted = len(toks) - 1
             if self.states is not None:

@@ -5,6 +5,10 @@ argmax, so speculative greedy decoding reproduces plain greedy decoding token fo
 With temperature > 0, drafts are verified by standard speculative rejection sampling: accept
 draft d with probability min(1, p(d) / q(d)); on the first rejection, sample from the residual
 max(p - q, 0), renormalised; if all are accepted, sample a bonus token from p.
+
+`token_logprobs` reports what a request asked for with `SamplingParams.logprobs`: the
+log_softmax of the raw logits (before temperature and top-p, vLLM's default), so the values do
+not depend on how the token was chosen.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hycache.request import SamplingParams
+from hycache.request import SamplingParams, TokenLogprob
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -75,3 +79,20 @@ def verify(
         total = residual.sum()
         return [*out, sample(residual / total if total > 0 else p[i], gen)]
     return [*out, sample(p[len(drafts)], gen)]
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], k: int) -> list[TokenLogprob]:
+    """Row i of the (>= len(token_ids), V) raw logits predicted `token_ids[i]`: its logprob and
+    the `k` most likely tokens of that row."""
+    n = len(token_ids)
+    lp = torch.log_softmax(logits[:n].double(), dim=-1)
+    ids = torch.tensor(list(token_ids), dtype=torch.long, device=lp.device)
+    chosen = lp.gather(-1, ids[:, None])[:, 0].tolist()
+    k = min(k, lp.shape[-1])
+    if k == 0:
+        return [TokenLogprob(t, c) for t, c in zip(token_ids, chosen, strict=True)]
+    top_lp, top_ids = lp.topk(k, dim=-1)
+    return [
+        TokenLogprob(t, c, tuple(zip(i, v, strict=True)))
+        for t, c, i, v in zip(token_ids, chosen, top_ids.tolist(), top_lp.tolist(), strict=True)
+    ]

@@ -1,0 +1,148 @@
+"""The OpenAI-compatible response side of `hycache serve`: usage, streamed text, logprobs.
+
+- `usage`: OpenAI's usage block over a request's choices (prompt tokens counted once,
+  completion tokens summed; `cached_tokens` is the first choice's resume point).
+- `TextDelta`: incremental detokenisation of one streamed choice; it holds back a trailing
+  half character and, with stop strings, any tail that could begin one, so that nothing past a
+  stop string is ever streamed.
+- `LogprobFormatter`: a choice's `TokenLogprob`s in the completions (legacy) shape
+  `{tokens, token_logprobs, top_logprobs, text_offset}` or the chat shape
+  `{content: [{token, logprob, bytes, top_logprobs}]}`. Values are the log_softmax of the raw
+  logits (before temperature and top-p), as vLLM reports by default.
+- `usage_tail` / `sse`: the `stream_options.include_usage` chunk; one server-sent event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hycache.engine.engine import RequestOutput
+from hycache.request import TokenLogprob
+
+Decode = Callable[[list[int]], str | None]
+# the chunks to stream once every choice has finished, from their outputs
+Tail = Callable[[list[RequestOutput]], list[dict[str, Any]]]
+
+
+def sse(payload: Any) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def usage(outputs: Sequence[RequestOutput]) -> dict[str, Any]:
+    """OpenAI's usage block for the choices of one prompt; cached tokens are the first choice's
+    resume point (prompt tokens it took from the prefix cache instead of computing them)."""
+    prompt = len(outputs[0].prompt_token_ids)
+    completion = sum(len(out.token_ids) for out in outputs)
+    cached = outputs[0].hit_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "cached_tokens": cached,
+    }
+
+
+def usage_tail(include: bool, envelope: Callable[[], dict[str, Any]]) -> Tail | None:
+    """With `stream_options.include_usage`: a last chunk (`envelope()` with no choices) holding
+    the usage of every choice."""
+    if not include:
+        return None
+    return lambda outputs: [{**envelope(), "choices": [], "usage": usage(outputs)}]
+
+
+def _held_tail(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest tail of `text` that is a proper prefix of a stop string."""
+    longest = max((len(s) for s in stops), default=1)
+    for k in range(min(longest - 1, len(text)), 0, -1):
+        tail = text[-k:]
+        if any(s.startswith(tail) for s in stops):
+            return k
+    return 0
+
+
+class TextDelta:
+    """Incremental detokenisation: decode everything so far, emit what is new, and hold back
+    a trailing replacement character (a multi-byte character cut in half) and any tail that
+    could begin one of `stops`."""
+
+    def __init__(self, decode: Decode | None, stops: Sequence[str] = ()) -> None:
+        self.decode = decode
+        self.stops = tuple(stops)
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, new_ids: list[int], final_text: str | None = None) -> str | None:
+        """The text to stream for `new_ids` (None without a tokenizer). `final_text`: the
+        choice's whole text once it has finished (cut before a stop string)."""
+        if self.decode is None:
+            return None
+        self.ids.extend(new_ids)
+        if final_text is not None:
+            text = final_text
+        else:
+            text = self.decode(self.ids) or ""
+            if text.endswith("\ufffd"):
+                return ""
+            text = text[: len(text) - _held_tail(text, self.stops)]
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else text
+        self.sent = text
+        return delta
+
+
+class LogprobFormatter:
+    """Formats `TokenLogprob`s for responses; token strings are each id decoded alone (or
+    `token_id:N` without a tokenizer, as vLLM writes ids)."""
+
+    def __init__(self, decode: Decode | None) -> None:
+        self.decode = decode
+        self._texts: dict[int, str] = {}
+
+    def token(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            decoded = self.decode([token_id]) if self.decode is not None else None
+            text = self._texts[token_id] = (
+                decoded if decoded is not None else f"token_id:{token_id}"
+            )
+        return text
+
+    def completion(self, logprobs: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+        """The legacy completions shape; `offset`: the text offset of the first token (the
+        length of the text streamed before it). Each `top_logprobs` entry holds the requested
+        alternatives and the chosen token, as OpenAI's does."""
+        tokens = [self.token(lp.token_id) for lp in logprobs]
+        offsets = []
+        for text in tokens:
+            offsets.append(offset)
+            offset += len(text)
+        top = []
+        for lp, text in zip(logprobs, tokens, strict=True):
+            alternatives = {self.token(t): v for t, v in lp.top}
+            alternatives.setdefault(text, lp.logprob)
+            top.append(alternatives)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
+
+    def chat(self, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """The chat shape: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            text = self.token(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {
+            "content": [
+                {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(*t) for t in lp.top]}
+                for lp in logprobs
+            ]
+        }
+
+
+__all__ = ["Decode", "LogprobFormatter", "Tail", "TextDelta", "sse", "usage", "usage_tail"]

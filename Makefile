@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 .PHONY: setup test test-all lint demo bench clean
 
 $(STAMP): pyproject.toml
+	@# Mooncake's native client links libibverbs; as root with apt (CI, a fresh machine) fetch it
+	@ldconfig -p 2>/dev/null | grep -q libibverbs.so.1 || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null; } || \
+		echo "libibverbs1 is missing: the mooncake store tests will be skipped"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'

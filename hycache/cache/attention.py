@@ -9,21 +9,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hycache.cache.block_pool import NULL_BLOCK, BlockPool, CacheKey
+from hycache.cache.block_pool import NULL_BLOCK, BlockPool, CacheKey, KeyLookup
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.hashing import PrefixHashes
 
 
 def find_attention_hit(
-    hashes: PrefixHashes, pool: BlockPool, group: int, block_size: int, unit: int, limit: int
+    hashes: PrefixHashes, lookup: KeyLookup, group: int, block_size: int, unit: int, limit: int
 ) -> tuple[int, list[int]]:
     """Longest n <= limit (a multiple of the unit) whose KV is cached, and the blocks holding
     [0, n). Full blocks are scanned left to right; then the first unmatched block is searched
-    for a mid-block key, highest position first. Pure: does not modify the pool."""
+    for a mid-block key, highest position first. Pure: `lookup` (the pool's, or one that also
+    sees the store) is only read."""
     blocks: list[int] = []
     n = 0
     while n + block_size <= limit:
-        b = pool.lookup(CacheKey(group, hashes.at(n + block_size)))
+        b = lookup(CacheKey(group, hashes.at(n + block_size)))
         if b is None:
             break
         blocks.append(b)
@@ -31,12 +32,12 @@ def find_attention_hit(
     top = min(limit, n + block_size - unit) // unit * unit
     if top > n and n + block_size <= hashes.num_hashed_tokens:
         # the limit cuts through the next block: its full key vouches for every row of it
-        b = pool.lookup(CacheKey(group, hashes.at(n + block_size)))
+        b = lookup(CacheKey(group, hashes.at(n + block_size)))
         if b is not None:
             blocks.append(b)
             return top, blocks
     for m in range(top, n, -unit):
-        b = pool.lookup(CacheKey(group, hashes.at(m)))
+        b = lookup(CacheKey(group, hashes.at(m)))
         if b is not None:
             blocks.append(b)
             return m, blocks
@@ -62,9 +63,11 @@ class AttentionManager:
         self.block_size = bounds.block_size
         self._tables: dict[str, _Table] = {}
 
-    def find_hit(self, hashes: PrefixHashes, limit: int) -> tuple[int, list[int]]:
+    def find_hit(
+        self, hashes: PrefixHashes, limit: int, lookup: KeyLookup | None = None
+    ) -> tuple[int, list[int]]:
         return find_attention_hit(
-            hashes, self.pool, self.group, self.block_size, self.bounds.unit, limit
+            hashes, lookup or self.pool.lookup, self.group, self.block_size, self.bounds.unit, limit
         )
 
     def block_table(self, request_id: str) -> list[int]:

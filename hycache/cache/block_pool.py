@@ -34,6 +34,9 @@ class CacheKey(NamedTuple):
     hash: Hash
 
 
+KeyLookup = Callable[[CacheKey], int | None]  # a key -> the block holding it, or None
+
+
 @dataclass(frozen=True)
 class BlockEvent:
     """A key stored on or removed from a block; sent to subscribers (e.g. a store mirror)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hycache.cache.attention import AttentionManager
+from hycache.cache.block_pool import KeyLookup
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.hashing import PrefixHashes
 from hycache.cache.ssm import SSMManager
@@ -26,6 +27,7 @@ class CacheHit:
     attention_match: int  # before the drop
     attention_blocks: tuple[list[int], ...]
     ssm_blocks: tuple[int | None, ...]
+    store_hit_tokens: int = 0  # how much of resume_point the second tier supplied
 
     @property
     def lost_reuse(self) -> int:
@@ -39,13 +41,14 @@ def find_joint_hit(
     hashes: PrefixHashes,
     num_tokens: int,
     bounds: Boundaries,
+    lookup: KeyLookup | None = None,
 ) -> CacheHit:
-    """Pure: reads the pool, changes nothing."""
+    """Pure: reads the pool (or `lookup`, which may also see the store), changes nothing."""
     limit = bounds.lookup_limit(num_tokens)
     a = limit
     attn_blocks: list[list[int]] = []
     for group in attention:
-        a, blocks = group.find_hit(hashes, a)
+        a, blocks = group.find_hit(hashes, a, lookup)
         attn_blocks.append(blocks)
     if not attention:
         a = limit
@@ -56,7 +59,7 @@ def find_joint_hit(
     while changed and n:
         changed = False
         for i, group in enumerate(ssm):
-            m, block = group.find_hit(hashes, n)
+            m, block = group.find_hit(hashes, n, lookup)
             ssm_blocks[i] = block
             if m < n:
                 n, changed = m, True

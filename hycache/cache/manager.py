@@ -1,6 +1,7 @@
 """The cache manager: the one object the scheduler talks to.
 
 lookup(req)                    -> CacheHit            pure; the joint hit and the junction
+fetch(req, hit)                -> CacheHit            deeper from the store, if one is attached
 allocate(req, start, end, k)   -> StepAllocation|None  slots for [start, end) + k lookahead;
                                                       None (nothing changed) if blocks run out
 commit(req)                    after the forward: publish keys for verified tokens only
@@ -16,6 +17,7 @@ from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import BlockPool
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
+from hycache.cache.mirror import StoreMirror
 from hycache.cache.ssm import SSMManager, StateIO
 from hycache.config import CacheConfig, GroupKind, SpeculativeConfig
 from hycache.request import Request
@@ -37,6 +39,7 @@ class CacheStats:
     admissions: int = 0
     query_tokens: int = 0
     hit_tokens: int = 0
+    store_hit_tokens: int = 0  # of hit_tokens, supplied by the second tier
     lost_reuse_tokens: int = 0
 
     @property
@@ -59,6 +62,7 @@ class CacheManager:
         self._copies: list[tuple[int, int]] = []
         self._live: set[str] = set()
         self._stats = CacheStats(num_blocks=cache.num_blocks)
+        self.mirror: StoreMirror | None = None
 
     # -- lookup --------------------------------------------------------------------------------
 
@@ -78,6 +82,24 @@ class CacheManager:
         if not self.config.enable_prefix_caching:
             return no_hit(len(self.attention), len(self.ssm))
         return find_joint_hit(self.attention, self.ssm, req.hashes, req.num_tokens, self.bounds)
+
+    def fetch(self, req: Request, hit: CacheHit) -> CacheHit:
+        """After `lookup`: a deeper hit from the second tier, loaded into fresh blocks that stay
+        staged until `unstage`; `hit` itself when there is no store or nothing deeper."""
+        if self.mirror is None or not self.config.enable_prefix_caching:
+            return hit
+        return self.mirror.extend(req, hit, self.attention, self.ssm)
+
+    def unstage(self) -> None:
+        """End of an admission round: blocks loaded from the store are now held by the
+        requests that adopted them (or stay cached for the next lookup)."""
+        if self.mirror is not None:
+            self.mirror.unstage()
+
+    def flush_store(self) -> None:
+        """End of a step's update: write what it committed to the second tier."""
+        if self.mirror is not None:
+            self.mirror.flush()
 
     def will_checkpoint(self, req: Request, end: int) -> bool:
         return (
@@ -177,6 +199,7 @@ class CacheManager:
         st.admissions += 1
         st.query_tokens += req.num_tokens
         st.hit_tokens += hit.resume_point
+        st.store_hit_tokens += hit.store_hit_tokens
         st.lost_reuse_tokens += hit.lost_reuse
 
     def stats(self) -> CacheStats:

@@ -25,18 +25,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hycache.cache.block_pool import BlockPool, CacheKey
+from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.hashing import PrefixHashes
 
 
 def find_ssm_hit(
-    hashes: PrefixHashes, pool: BlockPool, group: int, unit: int, limit: int
+    hashes: PrefixHashes, lookup: KeyLookup, group: int, unit: int, limit: int
 ) -> tuple[int, int | None]:
     """Largest n <= limit with a checkpoint keyed at exactly n, scanning right to left, and its
-    block. Pure: does not modify the pool."""
+    block. Pure: `lookup` is only read."""
     for n in range(limit // unit * unit, 0, -unit):
-        b = pool.lookup(CacheKey(group, hashes.at(n)))
+        b = lookup(CacheKey(group, hashes.at(n)))
         if b is not None:
             return n, b
     return 0, None
@@ -74,8 +74,10 @@ class SSMManager:
         self.bounds = bounds
         self._states: dict[str, _State] = {}
 
-    def find_hit(self, hashes: PrefixHashes, limit: int) -> tuple[int, int | None]:
-        return find_ssm_hit(hashes, self.pool, self.group, self.bounds.unit, limit)
+    def find_hit(
+        self, hashes: PrefixHashes, limit: int, lookup: KeyLookup | None = None
+    ) -> tuple[int, int | None]:
+        return find_ssm_hit(hashes, lookup or self.pool.lookup, self.group, self.bounds.unit, limit)
 
     def blocks_needed(
         self, request_id: str, hit_block: int | None, checkpoint: bool, snapshot: bool = False

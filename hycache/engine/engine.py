@@ -29,11 +29,13 @@ from hycache.config import (
     SpeculativeConfig,
 )
 from hycache.engine.runner import ModelRunner
+from hycache.engine.tier import attach_store, engine_fingerprint
 from hycache.model.config import HybridConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
 from hycache.request import Request, RequestStatus, SamplingParams, TokenLogprob
 from hycache.sched.scheduler import Scheduler
+from hycache.store import KVStore
 
 DTYPES = {
     "float32": torch.float32,
@@ -159,7 +161,12 @@ class LLM:
         hash_seed: int = 0,
         seed: int = 0,
         cache_memory_gb: float = 1.0,
+        kv_store: str | KVStore | None = None,
+        kv_store_gb: float = 1.0,
     ) -> None:
+        """`kv_store`: a second cache tier behind the device pool, "host" (this process's RAM,
+        `kv_store_gb` GiB, LRU) or "mooncake://HOST:PORT" (a Mooncake master shared with other
+        processes; this one contributes `kv_store_gb` GiB), or a `KVStore`."""
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
@@ -208,6 +215,12 @@ class LLM:
         )
         self.scheduler = Scheduler(self.config)
         self.runner = ModelRunner(self.model, self.config, drafter=drafter, seed=seed)
+        self.store: KVStore | None = None
+        if kv_store is not None:
+            seed_id = None if draft_model else draft_seed
+            fp = engine_fingerprint(model, mc, torch_dtype, self.config, draft_model, seed_id)
+            mirror = attach_store(kv_store, kv_store_gb, self.scheduler.cache, self.runner, fp)
+            self.store = mirror.store
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._streamed: dict[str, int] = {}  # output tokens already streamed, per request

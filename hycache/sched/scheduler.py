@@ -184,7 +184,7 @@ class Scheduler:
         deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
             req = self.waiting.popleft()
-            hit = self.cache.lookup(req)
+            hit = self.cache.fetch(req, self.cache.lookup(req))
             if wait and should_wait(req, hit, in_step, promised, self.bounds):
                 deferred.append(req)
                 continue
@@ -200,7 +200,9 @@ class Scheduler:
                 self.waiting.appendleft(req)
                 break
             req.status = RequestStatus.RUNNING
-            req.outcome = CacheOutcome(start, hit.junction, hit.attention_match, hit.lost_reuse)
+            req.outcome = CacheOutcome(
+                start, hit.junction, hit.attention_match, hit.lost_reuse, hit.store_hit_tokens
+            )
             if req.first_outcome is None:
                 req.first_outcome = req.outcome
             self.running.append(req)
@@ -211,6 +213,7 @@ class Scheduler:
                 in_step |= chunk_keys(req, start, end, b)
                 promised |= promised_checkpoints([req], self.bounds)
         self.waiting.extendleft(reversed(deferred))
+        self.cache.unstage()
         return budget
 
     def _extra_stops(self, req: Request, junction: int, start: int) -> tuple[int, ...]:
@@ -274,6 +277,7 @@ class Scheduler:
             if status is not None:
                 self._finish(req, status)
                 done.append(req)
+        self.cache.flush_store()
         return done
 
     def _finish(self, req: Request, status: RequestStatus) -> None:

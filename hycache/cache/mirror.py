@@ -1,0 +1,276 @@
+"""The store mirror: the device cache's second tier, kept in step with it.
+
+Puts follow the device cache. The pool announces every key it stores, which happens only in
+`commit`, after the forward that computed it; `flush` (end of every scheduler update) writes:
+
+    full attention block (key at a block end)  ──▶ the block's B rows
+    SSM checkpoint (replay boundary, tail, junction stop, hint, decode snapshot: the positions
+                    the boundaries module chose)  ──▶ the state
+    mid-block attention key at p               ──▶ rows [floor(p/B)*B, p) of its block
+
+Under `limit` every unit carries an attention key, so a block's rows would be stored B/u times
+over; there a mid-block key is stored only where an SSM checkpoint has the same key (a resume
+point needs both). Device eviction leaves the store untouched.
+
+Lookup (`extend`), after the device lookup:
+
+    device hit n0 ──▶ one batched `exists` for the keys above n0 the pool lacks
+                  ──▶ the coordinator's `find_joint_hit` over device-or-store (the EAGLE rule
+                      applied once, as for any hit)
+                  ──▶ one batched `get` of the store objects on that path, each checked
+                  ──▶ fresh blocks, loaded and keyed; the device lookup now finds the deeper hit
+
+Loaded (and path) blocks keep a staging reference until the admission adopts them (`unstage`).
+Any object that is missing, corrupt or of the wrong size makes the whole fetch a miss (counted).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from hycache.cache.attention import AttentionManager
+from hycache.cache.block_pool import BlockEvent, BlockPool, CacheKey
+from hycache.cache.boundaries import Boundaries, floor_to
+from hycache.cache.coordinator import CacheHit, find_joint_hit
+from hycache.cache.ssm import SSMManager
+from hycache.config import GroupKind
+from hycache.request import Request
+from hycache.store import codec
+from hycache.store.base import KVStore
+
+RECENT_PUTS = 1 << 16  # names put lately, not put again (a store keeps the first value anyway)
+
+
+class BlockIO(Protocol):
+    """Moves one block's bytes between the device caches and a payload."""
+
+    def read(self, group: int, block: int, rows: int) -> bytes:
+        """Attention: the first `rows` rows of `block`; SSM: the state in slot `block`."""
+        ...
+
+    def write(self, group: int, block: int, payload: bytes) -> None: ...
+
+    def payload_bytes(self, group: int, rows: int) -> int:
+        """The exact payload size `read` gives for `rows` (SSM: `rows` is ignored)."""
+        ...
+
+
+@dataclass
+class MirrorStats:
+    lookups: int = 0  # admissions that asked the store
+    hits: int = 0  # admissions the store took deeper
+    hit_tokens: int = 0  # tokens those admissions gained from the store
+    loaded_blocks: int = 0
+    failed_fetches: int = 0  # missing, corrupt or mis-sized objects: the fetch became a miss
+    no_room: int = 0  # a deeper hit the free blocks could not hold
+    put_objects: int = 0
+    put_refused: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+class StoreMirror:
+    def __init__(
+        self,
+        store: KVStore,
+        fingerprint: str,
+        pool: BlockPool,
+        groups: tuple[GroupKind, ...],
+        bounds: Boundaries,
+        io: BlockIO | None = None,
+    ) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.pool = pool
+        self.groups = groups
+        self.bounds = bounds
+        self.io = io
+        self.stats = MirrorStats()
+        self._attention = [g for g, k in enumerate(groups) if k is GroupKind.ATTENTION]
+        self._ssm = [g for g, k in enumerate(groups) if k is GroupKind.SSM]
+        self._pending: list[BlockEvent] = []
+        self._staged: list[int] = []
+        self._loading = False
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        pool.subscribe(self._on_event)
+
+    def name(self, key: CacheKey, position: int) -> str:
+        return codec.object_name(self.fingerprint, key.group, position, key.hash)
+
+    # -- puts ----------------------------------------------------------------------------------
+
+    def _on_event(self, event: BlockEvent) -> None:
+        if event.kind == "stored" and not self._loading:
+            self._pending.append(event)
+
+    def _rows(self, position: int) -> int:
+        """Attention rows an object keyed at `position` holds: a full block at a block end."""
+        b = self.bounds.block_size
+        return position - floor_to(position - 1, b)
+
+    def _wanted(self, event: BlockEvent) -> list[tuple[CacheKey, int, int]]:
+        """(key, block, position) of the objects one stored key calls for."""
+        key, block, pos = event.key, event.block_id, event.position
+        b = self.bounds.block_size
+        if self.groups[key.group] is GroupKind.SSM:
+            out = [(key, block, pos)]
+            if pos % b and self.bounds.keys_every_unit:  # its partner attention rows
+                for g in self._attention:
+                    partner = CacheKey(g, key.hash)
+                    pb = self.pool.lookup(partner)
+                    if pb is not None:
+                        out.append((partner, pb, pos))
+            return out
+        if pos % b == 0 or not self.bounds.keys_every_unit:
+            return [(key, block, pos)]
+        if any(self.pool.lookup(CacheKey(g, key.hash)) is not None for g in self._ssm):
+            return [(key, block, pos)]
+        return []
+
+    def flush(self) -> None:
+        """Write what the last step's commits stored (see the module diagram)."""
+        events, self._pending = self._pending, []
+        if self.io is None or not events:
+            return
+        items: dict[str, bytes] = {}
+        for event in events:
+            if self.pool.lookup(event.key) != event.block_id:
+                continue  # evicted since (cannot happen within a step; cheap to check)
+            for key, block, pos in self._wanted(event):
+                name = self.name(key, pos)
+                if name in items or name in self._recent:
+                    continue
+                payload = self.io.read(key.group, block, self._rows(pos))
+                items[name] = codec.encode(name, payload)
+        if not items:
+            return
+        ok = self.store.put(list(items.items()))
+        for name, stored in zip(items, ok, strict=True):
+            if stored:
+                self.stats.put_objects += 1
+                self._recent[name] = None
+            else:
+                self.stats.put_refused += 1
+        while len(self._recent) > RECENT_PUTS:
+            self._recent.popitem(last=False)
+
+    # -- lookup --------------------------------------------------------------------------------
+
+    def _candidates(self, req: Request, resume: int, limit: int) -> dict[CacheKey, int]:
+        """Keys above the device hit that the pool lacks, with their positions."""
+        b, u = self.bounds.block_size, self.bounds.unit
+        hashes = req.hashes
+        hashed = hashes.num_hashed_tokens
+        out: dict[CacheKey, int] = {}
+
+        def want(group: int, pos: int) -> None:
+            key = CacheKey(group, hashes.at(pos))
+            if self.pool.lookup(key) is None:
+                out[key] = pos
+
+        for g in self._attention:
+            for pos in range(b, min(limit + b, hashed) + 1, b):
+                want(g, pos)
+            for pos in range(resume + u, limit + 1, u):
+                if pos % b:
+                    want(g, pos)
+        for g in self._ssm:
+            for pos in range(resume + u, limit + 1, u):
+                want(g, pos)
+        return out
+
+    def extend(
+        self,
+        req: Request,
+        hit: CacheHit,
+        attention: list[AttentionManager],
+        ssm: list[SSMManager],
+    ) -> CacheHit:
+        """A deeper hit from the store, loaded into device blocks; `hit` when there is none."""
+        if self.io is None:
+            return hit
+        bounds = self.bounds
+        limit = bounds.lookup_limit(req.num_tokens)
+        if floor_to(limit, bounds.unit) <= hit.resume_point:
+            return hit
+        cands = self._candidates(req, hit.resume_point, limit)
+        if not cands:
+            return hit
+        self.stats.lookups += 1
+        keys = list(cands)
+        present = self.store.exists([self.name(k, cands[k]) for k in keys])
+        virtual = {k: -(i + 1) for i, k in enumerate(keys) if present[i]}
+        if not virtual:
+            return hit
+
+        def lookup(key: CacheKey) -> int | None:
+            found = self.pool.lookup(key)
+            return found if found is not None else virtual.get(key)
+
+        deep = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds, lookup)
+        if deep.resume_point <= hit.resume_point:
+            return hit
+        path = [x for blocks in deep.attention_blocks for x in blocks]
+        path += [x for x in deep.ssm_blocks if x is not None]
+        loads = [keys[-x - 1] for x in path if x < 0]
+        held = sorted({x for x in path if x > 0})
+        if len(loads) + sum(1 for x in held if self.pool.ref_cnt[x] == 0) > self.pool.num_free:
+            self.stats.no_room += 1
+            return hit
+        payloads = self._fetch(loads, cands)
+        if payloads is None:
+            return hit
+        self.pool.touch(held)  # the path's device blocks must survive the loads' allocation
+        blocks = self.pool.allocate(len(loads))
+        self._staged += held + blocks
+        self._loading = True
+        try:
+            for key, block, payload in zip(loads, blocks, payloads, strict=True):
+                self.io.write(key.group, block, payload)
+                self.pool.add_key(block, key, cands[key])
+        finally:
+            self._loading = False
+        new = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds)
+        gained = new.resume_point - hit.resume_point
+        self.stats.loaded_blocks += len(blocks)
+        if gained > 0:
+            self.stats.hits += 1
+            self.stats.hit_tokens += gained
+        return replace(new, store_hit_tokens=max(gained, 0))
+
+    def _fetch(self, loads: list[CacheKey], cands: dict[CacheKey, int]) -> list[bytes] | None:
+        """The checked payloads of `loads`, or None (counted) if any is not usable."""
+        assert self.io is not None
+        names = [self.name(k, cands[k]) for k in loads]
+        out: list[bytes] = []
+        bad: list[str] = []
+        for key, name, value in zip(loads, names, self.store.get(names), strict=True):
+            payload = codec.decode(name, value)
+            rows = self._rows(cands[key]) if self.groups[key.group] is GroupKind.ATTENTION else 0
+            if payload is None or len(payload) != self.io.payload_bytes(key.group, rows):
+                if value is not None:
+                    bad.append(name)
+                continue
+            out.append(payload)
+        if len(out) == len(loads):
+            return out
+        self.stats.failed_fetches += 1
+        if bad:
+            self.store.stats.corrupt += len(bad)
+            self.store.stats.warn_once(
+                "corrupt", f"store: {len(bad)} object(s) failed their check and were dropped"
+            )
+            self.store.remove(bad)
+        return None
+
+    def unstage(self) -> None:
+        """Drop the staging references (the admitted requests hold their own by now)."""
+        if self._staged:
+            self.pool.free(self._staged)
+            self._staged = []
+
+    def __len__(self) -> int:
+        return len(self._staged)

@@ -1,0 +1,159 @@
+"""The `mooncake` backend against a real `mooncake_master` on loopback ports (started here,
+stopped here): the interface, an engine resuming from it, two processes sharing one master,
+and the faults (master absent at start, killed mid-run, back again)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from hycache.engine.engine import LLM
+from tests.store.test_store_engine import GEOMETRY, SP, assert_no_leaks, family, noise, replay
+
+mooncake = pytest.importorskip("mooncake.store", reason="mooncake-transfer-engine not installed")
+
+from hycache.store.master import MooncakeMaster, free_port  # noqa: E402
+from hycache.store.mooncake import RETRY_SECONDS, MooncakeStore  # noqa: E402
+
+SEGMENT = 64 << 20
+KW = {**GEOMETRY, "num_speculative_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def master() -> Iterator[MooncakeMaster]:
+    try:
+        m = MooncakeMaster().start()
+    except RuntimeError as e:  # e.g. libibverbs missing: `make setup` installs it
+        pytest.skip(f"mooncake_master cannot start here: {e}")
+    yield m
+    m.stop()
+
+
+def test_mooncake_store_batched_interface(master: MooncakeMaster) -> None:
+    store = MooncakeStore(master.url, SEGMENT)
+    try:
+        assert store.put([("t/a", b"1" * 100), ("t/b", b"2" * 50)]) == [True, True]
+        assert store.put([("t/a", b"other")]) == [True]  # immutable: the first value stays
+        assert store.exists(["t/a", "t/b", "t/c"]) == [True, True, False]
+        assert store.get(["t/a", "t/c"]) == [b"1" * 100, None]
+        assert store.remove(["t/a", "t/c"]) == 1
+        assert store.exists(["t/a"]) == [False]
+        too_big = b"x" * ((128 << 20) + 1)
+        assert store.put([("t/big", too_big)]) == [False]
+        assert store.stats.put_refused == 1
+    finally:
+        store.close()
+
+
+def test_mooncake_engine_resumes_a_sibling_from_the_store(master: MooncakeMaster) -> None:
+    fam = family(seed=11)
+    want = LLM("tiny", enable_prefix_caching=False, **KW).generate([fam[2]], SP)[0].token_ids
+    device = replay(LLM("tiny", **KW), evict=False, seed=11)
+    llm = LLM("tiny", num_blocks=40, kv_store=master.url, kv_store_gb=0.0625, **KW)
+    out = replay(llm, seed=11)
+    assert out.hit_tokens == device.hit_tokens > 0 and out.store_hit_tokens > 0
+    assert out.token_ids == want
+    assert_no_leaks(llm)
+    assert llm.store is not None
+    llm.store.close()
+
+
+PRODUCER = textwrap.dedent(
+    """
+    import sys
+    from hycache.engine.engine import LLM
+    from tests.store.test_store_engine import GEOMETRY, SP, family
+    llm = LLM("tiny", kv_store=sys.argv[1], kv_store_gb=0.0625, num_speculative_tokens=2,
+              **GEOMETRY)
+    fam = family(seed=12)
+    llm.generate([fam[0]], SP)
+    llm.generate([fam[1]], SP)
+    print("ready", flush=True)
+    sys.stdin.read()  # keep this client's segment mounted until the test is done
+    """
+)
+
+
+def test_mooncake_two_processes_share_one_master(master: MooncakeMaster) -> None:
+    fam = family(seed=12)
+    want = LLM("tiny", enable_prefix_caching=False, **KW).generate([fam[2]], SP)[0].token_ids
+    expected = LLM("tiny", **KW)
+    expected.generate([fam[0]], SP)
+    expected.generate([fam[1]], SP)
+    limit_hit = expected.generate([fam[2]], SP)[0].hit_tokens
+    producer = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER, master.url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert producer.stdout is not None and producer.stdout.readline().strip() == "ready"
+        consumer = LLM("tiny", kv_store=master.url, kv_store_gb=0.0625, **KW)
+        out = consumer.generate([fam[2]], SP)[0]
+        assert out.hit_tokens == out.store_hit_tokens == limit_hit > 0
+        assert out.token_ids == want
+        assert consumer.store is not None
+        consumer.store.close()
+    finally:
+        producer.communicate(input="", timeout=60)
+    assert producer.returncode == 0
+
+
+def test_mooncake_master_absent_then_back(caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    fam = family(seed=13)
+    want = LLM("tiny", enable_prefix_caching=False, **KW).generate([fam[2]], SP)[0].token_ids
+    with caplog.at_level(logging.WARNING, logger="hycache.store"):
+        llm = LLM("tiny", num_blocks=40, kv_store=f"mooncake://127.0.0.1:{port}", **KW)
+        out = replay(llm, seed=13)
+    assert out.token_ids == want and out.store_hit_tokens == 0
+    store = llm.store
+    assert store is not None and store.stats.errors >= 1
+    warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(warnings) == 1  # warned once, counted every time
+    with MooncakeMaster(port=port):
+        time.sleep(RETRY_SECONDS + 0.2)
+        fam2 = family(seed=14)
+        llm.generate([fam2[0]], SP)
+        llm.generate([fam2[1]], SP)
+        for prompt in noise(seed=15):
+            llm.generate([prompt], SP)
+        out = llm.generate([fam2[2]], SP)[0]
+        assert out.store_hit_tokens > 0  # hits resumed once the master answered
+        store.close()
+    assert_no_leaks(llm)
+
+
+def test_mooncake_master_killed_mid_run_then_restarted() -> None:
+    port = free_port()
+    master = MooncakeMaster(port=port).start()
+    llm = LLM("tiny", num_blocks=40, kv_store=f"mooncake://127.0.0.1:{port}", **KW)
+    reference = LLM("tiny", enable_prefix_caching=False, **KW)
+    try:
+        fam = family(seed=16)
+        llm.generate(fam[:2], SP)
+        master.kill()
+        prompts = [*noise(seed=17), fam[2]]
+        outs = llm.generate(prompts, SP)  # serving goes on: misses, refused puts
+        assert [o.token_ids for o in outs] == [o.token_ids for o in reference.generate(prompts, SP)]
+        assert llm.store is not None and llm.store.stats.errors >= 1
+        master = MooncakeMaster(port=port).start()
+        time.sleep(RETRY_SECONDS + 0.2)
+        fam2 = family(seed=18)
+        llm.generate([fam2[0]], SP)
+        llm.generate([fam2[1]], SP)
+        for prompt in noise(seed=19):
+            llm.generate([prompt], SP)
+        assert llm.generate([fam2[2]], SP)[0].store_hit_tokens > 0
+        assert_no_leaks(llm)
+    finally:
+        if llm.store is not None:
+            llm.store.close()
+        master.stop()

@@ -1,0 +1,117 @@
+"""The engine on a second tier (`host`): a prefix evicted from the device pool is resumed from
+the store at the position the device cache would have given, with tokens identical to no
+caching; bad objects and a full store cost hits, never correctness or blocks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hycache.engine.engine import LLM, RequestOutput
+from hycache.request import SamplingParams
+
+SP = SamplingParams(max_tokens=5)
+GEOMETRY = {"block_size": 16, "prefix_match_unit": 4, "max_model_len": 256}
+
+
+def family(seed: int = 0, shared: int = 101, private: int = 23, n: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    head = [rng.randrange(1, 250) for _ in range(shared)]
+    return [head + [rng.randrange(1, 250) for _ in range(private)] for _ in range(n)]
+
+
+def noise(seed: int = 1, n: int = 5, length: int = 130) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 250) for _ in range(length)] for _ in range(n)]
+
+
+def replay(llm: LLM, evict: bool = True, seed: int = 0) -> RequestOutput:
+    """fam[0], fam[1] one after the other, noise that evicts them (small pools), then fam[2]."""
+    fam = family(seed)
+    llm.generate([fam[0]], SP)
+    llm.generate([fam[1]], SP)
+    if evict:
+        for prompt in noise():
+            llm.generate([prompt], SP)
+    return llm.generate([fam[2]], SP)[0]
+
+
+def assert_no_leaks(llm: LLM) -> None:
+    cache = llm.scheduler.cache
+    cache.check_integrity()
+    assert cache.num_live_requests == 0
+    assert cache.pool.num_free == cache.pool.num_blocks - 1  # every block back (cached or not)
+
+
+@pytest.mark.parametrize(
+    ("policy", "k"), [("limit", 2), ("limit", 0), ("lookahead", 2), ("junction", 2), ("replay", 0)]
+)
+def test_a_sibling_resumes_from_the_store_where_the_device_would_have(policy: str, k: int) -> None:
+    kw = {**GEOMETRY, "policy": policy, "num_speculative_tokens": k}
+    fam = family()
+    want = LLM("tiny", enable_prefix_caching=False, **kw).generate([fam[2]], SP)[0].token_ids
+    device = replay(LLM("tiny", **kw), evict=False)  # a pool big enough to keep everything
+    assert device.hit_tokens > 0
+    small = replay(LLM("tiny", num_blocks=40, **kw))
+    assert small.hit_tokens < device.hit_tokens  # the noise evicted the family's prefix
+    tiered = LLM("tiny", num_blocks=40, kv_store="host", kv_store_gb=0.25, **kw)
+    out = replay(tiered)
+    assert out.hit_tokens == device.hit_tokens
+    assert out.store_hit_tokens == out.hit_tokens - small.hit_tokens > 0
+    assert out.token_ids == want
+    assert_no_leaks(tiered)
+    assert tiered.scheduler.cache.stats().store_hit_tokens == out.store_hit_tokens
+
+
+def test_corrupt_objects_are_misses_counted_and_dropped() -> None:
+    kw = {**GEOMETRY, "num_speculative_tokens": 2}
+    fam = family()
+    want = LLM("tiny", enable_prefix_caching=False, **kw).generate([fam[2]], SP)[0].token_ids
+    llm = LLM("tiny", num_blocks=40, kv_store="host", kv_store_gb=0.25, **kw)
+    llm.generate([fam[0]], SP)
+    llm.generate([fam[1]], SP)
+    for prompt in noise():
+        llm.generate([prompt], SP)
+    store = llm.store
+    assert store is not None
+    objects = store._objects  # type: ignore[attr-defined]
+    for name, value in list(objects.items()):  # truncate every object, as a half-written put
+        objects[name] = value[: len(value) // 2]
+    out = llm.generate([fam[2]], SP)[0]
+    assert out.store_hit_tokens == 0
+    assert out.token_ids == want
+    assert store.stats.corrupt > 0
+    assert llm.scheduler.cache.mirror is not None
+    assert llm.scheduler.cache.mirror.stats.failed_fetches >= 1
+    assert_no_leaks(llm)
+
+
+def test_a_full_store_refuses_puts_cleanly() -> None:
+    kw = {**GEOMETRY, "num_speculative_tokens": 2}
+    fam = family()
+    want = LLM("tiny", enable_prefix_caching=False, **kw).generate([fam[2]], SP)[0].token_ids
+    llm = LLM("tiny", num_blocks=40, kv_store="host", kv_store_gb=1e-6, **kw)  # ~1 KiB
+    out = replay(llm)
+    assert out.token_ids == want and out.store_hit_tokens == 0
+    assert llm.store is not None and llm.store.stats.put_refused > 0
+    assert llm.store.used_bytes <= llm.store.capacity_bytes
+    assert_no_leaks(llm)
+
+
+def test_two_engines_with_the_same_model_share_a_store_and_others_do_not() -> None:
+    from hycache.store import HostStore
+
+    kw = {**GEOMETRY, "num_speculative_tokens": 2}
+    fam = family()
+    device = replay(LLM("tiny", **kw), evict=False)
+    shared = HostStore(1 << 28)
+    first = LLM("tiny", kv_store=shared, **kw)
+    first.generate([fam[0]], SP)
+    first.generate([fam[1]], SP)
+    second = LLM("tiny", kv_store=shared, **kw)  # a fresh device pool, the same store
+    out = second.generate([fam[2]], SP)[0]
+    assert out.hit_tokens == out.store_hit_tokens == device.hit_tokens > 0
+    assert out.token_ids == device.token_ids
+    other = LLM("tiny", kv_store=shared, dtype="float64", **kw)  # other bytes: other names
+    assert other.generate([fam[2]], SP)[0].hit_tokens == 0

@@ -232,6 +232,23 @@ class HybridConfig:
             "time_step_limit": _pair_to_json(self.time_step_limit),
         }
 
+    def _hf_mamba(self) -> dict[str, Any]:
+        """The `mamba_*` fields under the names Bamba and Granite share (Nemotron-H renames
+        them)."""
+        return {
+            "mamba_n_heads": self.mamba_n_heads,
+            "mamba_d_head": self.mamba_d_head,
+            "mamba_n_groups": self.mamba_n_groups,
+            "mamba_d_state": self.mamba_d_state,
+            "mamba_d_conv": self.mamba_d_conv,
+            "mamba_expand": self.mamba_expand,
+            "mamba_chunk_size": self.mamba_chunk_size,
+            "mamba_conv_bias": self.mamba_conv_bias,
+            "mamba_proj_bias": self.mamba_proj_bias,
+            "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": self.hidden_act,
+        }
+
 
 # ---------------------------------------------------------------------------------- Bamba
 @dataclass(frozen=True, kw_only=True)
@@ -291,17 +308,7 @@ class BambaConfig(HybridConfig):
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
             "attn_layer_indices": list(self.attn_layer_indices),
-            "mamba_n_heads": self.mamba_n_heads,
-            "mamba_d_head": self.mamba_d_head,
-            "mamba_n_groups": self.mamba_n_groups,
-            "mamba_d_state": self.mamba_d_state,
-            "mamba_d_conv": self.mamba_d_conv,
-            "mamba_expand": self.mamba_expand,
-            "mamba_chunk_size": self.mamba_chunk_size,
-            "mamba_conv_bias": self.mamba_conv_bias,
-            "mamba_proj_bias": self.mamba_proj_bias,
-            "rms_norm_eps": self.rms_norm_eps,
-            "hidden_act": self.hidden_act,
+            **self._hf_mamba(),
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": self.rope_theta,
@@ -571,17 +578,7 @@ class GraniteHybridConfig(HybridConfig):
             "intermediate_size": self.expert_intermediate_size,
             "num_local_experts": self.num_local_experts,
             "num_experts_per_tok": self.num_experts_per_tok,
-            "mamba_n_heads": self.mamba_n_heads,
-            "mamba_d_head": self.mamba_d_head,
-            "mamba_n_groups": self.mamba_n_groups,
-            "mamba_d_state": self.mamba_d_state,
-            "mamba_d_conv": self.mamba_d_conv,
-            "mamba_expand": self.mamba_expand,
-            "mamba_chunk_size": self.mamba_chunk_size,
-            "mamba_conv_bias": self.mamba_conv_bias,
-            "mamba_proj_bias": self.mamba_proj_bias,
-            "rms_norm_eps": self.rms_norm_eps,
-            "hidden_act": self.hidden_act,
+            **self._hf_mamba(),
             "position_embedding_type": "rope" if self.use_rope else None,
             "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
             "attention_multiplier": self.attention_scale,

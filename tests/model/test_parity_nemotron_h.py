@@ -13,14 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from hycache.config import POLICY_NAMES
 from hycache.model.config import NemotronHConfig
 from hycache.model.loader import load_config, load_model
 from hycache.model.nemotron_h import NemotronHForCausalLM
 
 from .utils import (
     checkpoint_tensor_names,
-    engine_outputs,
     hf_generate,
     hf_greedy_recompute,
     hf_logits,
@@ -28,7 +26,6 @@ from .utils import (
     perturb_hf,
     random_prompt,
     save_hf,
-    sharing_prompts,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -138,47 +135,11 @@ def test_pattern_and_layer_counts(pair: tuple[Any, NemotronHForCausalLM, Path]) 
     assert ours.config.num_mamba_layers == ours.config.pattern.count("M")
 
 
-def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
-    hf = _hf_model({}, seed=4)
-    path = save_hf(hf, tmp_path / "sharded", max_shard_size="40KB")
-    assert len(list(path.glob("*.safetensors"))) > 1
-    assert (path / "model.safetensors.index.json").is_file()
-    ours, _, _ = load_model(str(path))
-    prompt = random_prompt(PROMPT_LEN, 5, VOCAB)
-    got, _ = paged_greedy(ours, prompt, 0)
-    torch.testing.assert_close(got, hf_logits(hf, prompt), rtol=0, atol=1e-4)
-
-
 # ------------------------------------------------------------------------------ engine
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     hf = _hf_model(CASES["gqa2-groups2-untied"], seed=11)
     return hf, save_hf(hf, tmp_path_factory.mktemp("engine"))
-
-
-def test_llm_greedy_matches_transformers(saved: tuple[Any, Path]) -> None:
-    hf, path = saved
-    prompts = [random_prompt(PROMPT_LEN + i, 20 + i, VOCAB) for i in range(2)]
-    _, got, _ = engine_outputs(path, [p.tolist() for p in prompts], NEW_TOKENS, dtype="float32")
-    assert got == [hf_greedy_recompute(hf, p, NEW_TOKENS) for p in prompts]
-
-
-@pytest.mark.parametrize("policy", POLICY_NAMES)
-def test_cached_equals_uncached(saved: tuple[Any, Path], policy: str) -> None:
-    prompts = sharing_prompts(VOCAB, 5)
-    on, first, second = engine_outputs(saved[1], prompts, 4, policy=policy)
-    off, ref, ref2 = engine_outputs(
-        saved[1], prompts, 4, policy=policy, enable_prefix_caching=False
-    )
-    assert first == second == ref == ref2
-    assert on.stats.hit_tokens > 0 and off.stats.hit_tokens == 0
-
-
-def test_speculative_equals_plain(saved: tuple[Any, Path]) -> None:
-    prompts = sharing_prompts(VOCAB, 6)
-    _, plain, _ = engine_outputs(saved[1], prompts, 5)
-    _, spec, spec2 = engine_outputs(saved[1], prompts, 5, num_speculative_tokens=2)
-    assert spec == spec2 == plain
 
 
 def test_cli_generate_matches_transformers(

@@ -106,6 +106,18 @@ def test_mooncake_two_processes_share_one_master(master: MooncakeMaster) -> None
     assert producer.returncode == 0
 
 
+def assert_store_hits_resume(llm: LLM, seed: int) -> None:
+    """Once the master answers again (after the client's back-off), a new family's evicted
+    prefix is served from the store."""
+    time.sleep(RETRY_SECONDS + 0.2)
+    fam = family(seed=seed)
+    llm.generate([fam[0]], SP)
+    llm.generate([fam[1]], SP)
+    for prompt in noise(seed=seed + 1):
+        llm.generate([prompt], SP)
+    assert llm.generate([fam[2]], SP)[0].store_hit_tokens > 0
+
+
 def test_mooncake_master_absent_then_back(caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
     fam = family(seed=13)
@@ -119,14 +131,7 @@ def test_mooncake_master_absent_then_back(caplog: pytest.LogCaptureFixture) -> N
     warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(warnings) == 1  # warned once, counted every time
     with MooncakeMaster(port=port):
-        time.sleep(RETRY_SECONDS + 0.2)
-        fam2 = family(seed=14)
-        llm.generate([fam2[0]], SP)
-        llm.generate([fam2[1]], SP)
-        for prompt in noise(seed=15):
-            llm.generate([prompt], SP)
-        out = llm.generate([fam2[2]], SP)[0]
-        assert out.store_hit_tokens > 0  # hits resumed once the master answered
+        assert_store_hits_resume(llm, seed=14)
         store.close()
     assert_no_leaks(llm)
 
@@ -145,13 +150,7 @@ def test_mooncake_master_killed_mid_run_then_restarted() -> None:
         assert [o.token_ids for o in outs] == [o.token_ids for o in reference.generate(prompts, SP)]
         assert llm.store is not None and llm.store.stats.errors >= 1
         master = MooncakeMaster(port=port).start()
-        time.sleep(RETRY_SECONDS + 0.2)
-        fam2 = family(seed=18)
-        llm.generate([fam2[0]], SP)
-        llm.generate([fam2[1]], SP)
-        for prompt in noise(seed=19):
-            llm.generate([prompt], SP)
-        assert llm.generate([fam2[2]], SP)[0].store_hit_tokens > 0
+        assert_store_hits_resume(llm, seed=18)
         assert_no_leaks(llm)
     finally:
         if llm.store is not None:

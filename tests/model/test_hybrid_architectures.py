@@ -1,0 +1,84 @@
+"""What every supported hybrid architecture must do in the engine, checked once for each:
+sharded checkpoints load, `LLM` greedy tokens equal transformers', cached = uncached under every
+policy, speculative = plain. Each architecture's own parity tests live in its own file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from hycache.config import POLICY_NAMES
+from hycache.model.loader import load_model
+
+from . import test_parity_granite_hybrid as granite
+from . import test_parity_nemotron_h as nemotron
+from .utils import (
+    engine_outputs,
+    hf_generate,
+    hf_greedy_recompute,
+    hf_logits,
+    paged_greedy,
+    random_prompt,
+    save_hf,
+    sharing_prompts,
+)
+
+# architecture -> (its test module: _hf_model, CASES, VOCAB, PROMPT_LEN, NEW_TOKENS; the case the
+# engine tests run; transformers' greedy reference for it)
+ARCHS: dict[str, tuple[ModuleType, str, Callable[..., Any]]] = {
+    "nemotron_h": (nemotron, "gqa2-groups2-untied", hf_greedy_recompute),
+    "granitemoehybrid": (granite, "moe-top2-rope-gqa2-untied", hf_generate),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def saved(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[ModuleType, Any, Path, Callable[..., Any]]:
+    mod, case, reference = ARCHS[request.param]
+    hf = mod._hf_model(mod.CASES[case], seed=11)
+    return mod, hf, save_hf(hf, tmp_path_factory.mktemp(request.param)), reference
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_sharded_checkpoint_loads(arch: str, tmp_path: Path) -> None:
+    mod = ARCHS[arch][0]
+    hf = mod._hf_model({}, seed=4)
+    path = save_hf(hf, tmp_path / "sharded", max_shard_size="40KB")
+    assert len(list(path.glob("*.safetensors"))) > 1
+    assert (path / "model.safetensors.index.json").is_file()
+    ours, _, _ = load_model(str(path))
+    prompt = random_prompt(mod.PROMPT_LEN, 5, mod.VOCAB)
+    got, _ = paged_greedy(ours, prompt, 0)
+    torch.testing.assert_close(got, hf_logits(hf, prompt), rtol=0, atol=1e-4)
+
+
+def test_llm_greedy_matches_transformers(saved: tuple[ModuleType, Any, Path, Any]) -> None:
+    mod, hf, path, reference = saved
+    prompts = [random_prompt(mod.PROMPT_LEN + i, 20 + i, mod.VOCAB) for i in range(2)]
+    ids = [p.tolist() for p in prompts]
+    _, got, _ = engine_outputs(path, ids, mod.NEW_TOKENS, dtype="float32")
+    assert got == [reference(hf, p, mod.NEW_TOKENS) for p in prompts]
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_cached_equals_uncached(saved: tuple[ModuleType, Any, Path, Any], policy: str) -> None:
+    mod, _, path, _ = saved
+    prompts = sharing_prompts(mod.VOCAB, 5)
+    on, first, second = engine_outputs(path, prompts, 4, policy=policy)
+    off, ref, ref2 = engine_outputs(path, prompts, 4, policy=policy, enable_prefix_caching=False)
+    assert first == second == ref == ref2
+    assert on.stats.hit_tokens > 0 and off.stats.hit_tokens == 0
+
+
+def test_speculative_equals_plain(saved: tuple[ModuleType, Any, Path, Any]) -> None:
+    mod, _, path, _ = saved
+    prompts = sharing_prompts(mod.VOCAB, 6)
+    _, plain, _ = engine_outputs(path, prompts, 5)
+    _, spec, spec2 = engine_outputs(path, prompts, 5, num_speculative_tokens=2)
+    assert spec == spec2 == plain

@@ -67,11 +67,16 @@ class CacheConfig:
 
     `groups` lists the model's layer groups in the order the runner sees them (e.g. target
     attention, SSM, drafter attention); every group uses the same `block_size`.
+
+    `num_state_pages`: SSM states live in a pool of their own of this many pages, and
+    `num_blocks` counts attention blocks only; None: one pool of `num_blocks` pages serves both
+    kinds (see `hycache.cache.layout`).
     """
 
     block_size: int = 16
     prefix_match_unit: int | None = None
     num_blocks: int = 1024
+    num_state_pages: int | None = None
     max_model_len: int = 4096
     policy: Policy = Policy.LIMIT
     retention: str | int = "semantic"
@@ -112,6 +117,11 @@ class CacheConfig:
                 f"{self.max_model_len} (needs at least {need} with {len(self.groups)} groups at "
                 f"block_size {self.block_size}); raise num_blocks or lower max_model_len"
             )
+        if self.num_state_pages is not None and self.num_state_pages < self.min_state_pages():
+            raise ValueError(
+                f"num_state_pages: {self.num_state_pages} pages cannot hold one request's SSM "
+                f"states (needs at least {self.min_state_pages()}); raise num_state_pages"
+            )
 
     @property
     def unit(self) -> int:
@@ -131,7 +141,13 @@ class CacheConfig:
         attention group, and per SSM group a running state, a held source and a fresh
         checkpoint, plus one copy-on-write block per attention group."""
         per_table = math.ceil(self.max_model_len / self.block_size)
-        return 1 + self.num_attention_groups * (per_table + 1) + 3 * self.num_ssm_groups
+        ssm = 0 if self.num_state_pages is not None else 3 * self.num_ssm_groups
+        return 1 + self.num_attention_groups * (per_table + 1) + ssm
+
+    def min_state_pages(self) -> int:
+        """With a pool of SSM pages: the null page, and per SSM group a running state, a held
+        source and a fresh checkpoint."""
+        return 1 + 3 * self.num_ssm_groups
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
         if e.kind == "stored" and e.key.group == ssm_group:
             checkpoints.setdefault(current[0], []).append(e.position)
 
-    sched.cache.pool.subscribe(on_event)
+    sched.cache.subscribe(on_event)
     ex = DryRunExecutor(num_speculative_tokens=cfg.speculative.num_speculative_tokens)
     rng = random.Random(0)
     prefix = [rng.randrange(32000) for _ in range(p)]

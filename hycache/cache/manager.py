@@ -11,10 +11,11 @@ take_copies()                  block copies (copy-on-write) the runner must do f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hycache.cache.attention import AttentionManager
-from hycache.cache.block_pool import BlockPool
+from hycache.cache.block_pool import BlockEvent, BlockPool
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.mirror import StoreMirror
@@ -32,10 +33,13 @@ class StepAllocation:
 
 @dataclass
 class CacheStats:
-    num_blocks: int = 0
+    num_blocks: int = 0  # attention blocks (every page, with one shared pool)
     free_blocks: int = 0
     used_blocks: int = 0
     cached_blocks: int = 0
+    num_state_pages: int = 0  # SSM pages in a pool of their own (0: the shared pool)
+    free_state_pages: int = 0
+    cached_state_pages: int = 0
     admissions: int = 0
     query_tokens: int = 0
     hit_tokens: int = 0
@@ -52,17 +56,35 @@ class CacheManager:
         self.config = cache
         self.bounds = Boundaries.from_config(cache, spec)
         self.pool = BlockPool(cache.num_blocks)
+        self.state_pool = (
+            BlockPool(cache.num_state_pages) if cache.num_state_pages is not None else self.pool
+        )
         self.attention: list[AttentionManager] = []
         self.ssm: list[SSMManager] = []
         for gid, kind in enumerate(cache.groups):
             if kind is GroupKind.ATTENTION:
                 self.attention.append(AttentionManager(gid, self.pool, self.bounds))
             else:
-                self.ssm.append(SSMManager(gid, self.pool, self.bounds))
+                self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
         self._live: set[str] = set()
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self.mirror: StoreMirror | None = None
+
+    # -- pools ---------------------------------------------------------------------------------
+
+    @property
+    def pools(self) -> list[BlockPool]:
+        """The distinct pools: attention blocks, then SSM pages when they have their own."""
+        return [self.pool] if self.state_pool is self.pool else [self.pool, self.state_pool]
+
+    def pool_for(self, group: int) -> BlockPool:
+        return self.state_pool if self.config.groups[group] is GroupKind.SSM else self.pool
+
+    def subscribe(self, callback: Callable[[BlockEvent], None]) -> None:
+        """Key events (stored / removed) of every pool."""
+        for pool in self.pools:
+            pool.subscribe(callback)
 
     # -- lookup --------------------------------------------------------------------------------
 
@@ -140,14 +162,16 @@ class CacheManager:
         checkpoint = self.will_checkpoint(req, end)
         snapshot = self.will_snapshot(req, end, num_drafts)
         total = end + num_lookahead
-        need = 0
+        need = need_pages = 0
         for i, m in enumerate(self.attention):
             blocks = hit.attention_blocks[i] if first and hit else []
             need += m.blocks_needed(rid, blocks, resume, total)
         for i, s in enumerate(self.ssm):
             hit_block = hit.ssm_blocks[i] if first and hit else None
-            need += s.blocks_needed(rid, hit_block, checkpoint, snapshot)
-        if need > self.pool.num_free:
+            need_pages += s.blocks_needed(rid, hit_block, checkpoint, snapshot)
+        if self.state_pool is self.pool:
+            need, need_pages = need + need_pages, 0
+        if need > self.pool.num_free or need_pages > self.state_pool.num_free:
             return None
         if first:
             assert hit is not None
@@ -207,10 +231,15 @@ class CacheManager:
         st.free_blocks = self.pool.num_free
         st.used_blocks = self.pool.num_blocks - 1 - self.pool.num_free
         st.cached_blocks = self.pool.num_cached
+        if self.state_pool is not self.pool:
+            st.num_state_pages = self.state_pool.num_blocks
+            st.free_state_pages = self.state_pool.num_free
+            st.cached_state_pages = self.state_pool.num_cached
         return st
 
     def check_integrity(self) -> None:
-        self.pool.check_integrity()
+        for pool in self.pools:
+            pool.check_integrity()
 
     @property
     def num_live_requests(self) -> int:

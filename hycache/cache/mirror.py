@@ -27,6 +27,7 @@ Any object that is missing, corrupt or of the wrong size makes the whole fetch a
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -77,14 +78,16 @@ class StoreMirror:
         self,
         store: KVStore,
         fingerprint: str,
-        pool: BlockPool,
+        pools: Sequence[BlockPool],
+        pool_for: Callable[[int], BlockPool],
         groups: tuple[GroupKind, ...],
         bounds: Boundaries,
         io: BlockIO | None = None,
     ) -> None:
+        """`pools`: the cache's distinct pools; `pool_for(group)`: the one a group uses."""
         self.store = store
         self.fingerprint = fingerprint
-        self.pool = pool
+        self.pool_for = pool_for
         self.groups = groups
         self.bounds = bounds
         self.io = io
@@ -92,10 +95,14 @@ class StoreMirror:
         self._attention = [g for g, k in enumerate(groups) if k is GroupKind.ATTENTION]
         self._ssm = [g for g, k in enumerate(groups) if k is GroupKind.SSM]
         self._pending: list[BlockEvent] = []
-        self._staged: list[int] = []
+        self._staged: list[tuple[BlockPool, int]] = []
         self._loading = False
         self._recent: OrderedDict[str, None] = OrderedDict()
-        pool.subscribe(self._on_event)
+        for pool in pools:
+            pool.subscribe(self._on_event)
+
+    def _lookup(self, key: CacheKey) -> int | None:
+        return self.pool_for(key.group).lookup(key)
 
     def name(self, key: CacheKey, position: int) -> str:
         return codec.object_name(self.fingerprint, key.group, position, key.hash)
@@ -120,13 +127,13 @@ class StoreMirror:
             if pos % b and self.bounds.keys_every_unit:  # its partner attention rows
                 for g in self._attention:
                     partner = CacheKey(g, key.hash)
-                    pb = self.pool.lookup(partner)
+                    pb = self._lookup(partner)
                     if pb is not None:
                         out.append((partner, pb, pos))
             return out
         if pos % b == 0 or not self.bounds.keys_every_unit:
             return [(key, block, pos)]
-        if any(self.pool.lookup(CacheKey(g, key.hash)) is not None for g in self._ssm):
+        if any(self._lookup(CacheKey(g, key.hash)) is not None for g in self._ssm):
             return [(key, block, pos)]
         return []
 
@@ -137,7 +144,7 @@ class StoreMirror:
             return
         items: dict[str, bytes] = {}
         for event in events:
-            if self.pool.lookup(event.key) != event.block_id:
+            if self._lookup(event.key) != event.block_id:
                 continue  # evicted since (cannot happen within a step; cheap to check)
             for key, block, pos in self._wanted(event):
                 name = self.name(key, pos)
@@ -168,7 +175,7 @@ class StoreMirror:
 
         def want(group: int, pos: int) -> None:
             key = CacheKey(group, hashes.at(pos))
-            if self.pool.lookup(key) is None:
+            if self._lookup(key) is None:
                 out[key] = pos
 
         for g in self._attention:
@@ -207,39 +214,60 @@ class StoreMirror:
             return hit
 
         def lookup(key: CacheKey) -> int | None:
-            found = self.pool.lookup(key)
+            found = self._lookup(key)
             return found if found is not None else virtual.get(key)
 
         deep = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds, lookup)
         if deep.resume_point <= hit.resume_point:
             return hit
-        path = [x for blocks in deep.attention_blocks for x in blocks]
-        path += [x for x in deep.ssm_blocks if x is not None]
-        loads = [keys[-x - 1] for x in path if x < 0]
-        held = sorted({x for x in path if x > 0})
-        if len(loads) + sum(1 for x in held if self.pool.ref_cnt[x] == 0) > self.pool.num_free:
+        # the path's blocks, each with its pool (attention blocks, then SSM pages)
+        path = [
+            (g.pool, x)
+            for g, blocks in zip(attention, deep.attention_blocks, strict=True)
+            for x in blocks
+        ]
+        path += [(g.pool, x) for g, x in zip(ssm, deep.ssm_blocks, strict=True) if x is not None]
+        loads = [(pool, keys[-x - 1]) for pool, x in path if x < 0]
+        held = sorted({(pool, x) for pool, x in path if x > 0}, key=lambda px: px[1])
+        if not self._room(loads, held):
             self.stats.no_room += 1
             return hit
-        payloads = self._fetch(loads, cands)
+        payloads = self._fetch([k for _, k in loads], cands)
         if payloads is None:
             return hit
-        self.pool.touch(held)  # the path's device blocks must survive the loads' allocation
-        blocks = self.pool.allocate(len(loads))
-        self._staged += held + blocks
+        for pool, x in held:  # the path's device blocks must survive the loads' allocation
+            pool.touch([x])
+        self._staged += held
         self._loading = True
         try:
-            for key, block, payload in zip(loads, blocks, payloads, strict=True):
+            for (pool, key), payload in zip(loads, payloads, strict=True):
+                (block,) = pool.allocate(1)
+                self._staged.append((pool, block))
                 self.io.write(key.group, block, payload)
-                self.pool.add_key(block, key, cands[key])
+                pool.add_key(block, key, cands[key])
         finally:
             self._loading = False
         new = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds)
         gained = new.resume_point - hit.resume_point
-        self.stats.loaded_blocks += len(blocks)
+        self.stats.loaded_blocks += len(loads)
         if gained > 0:
             self.stats.hits += 1
             self.stats.hit_tokens += gained
         return replace(new, store_hit_tokens=max(gained, 0))
+
+    @staticmethod
+    def _room(loads: list[tuple[BlockPool, CacheKey]], held: list[tuple[BlockPool, int]]) -> bool:
+        """Each pool has free blocks for its loads and for its held blocks now in the queue."""
+        need: dict[int, int] = {}
+        pools: dict[int, BlockPool] = {}
+        for pool, _ in loads:
+            need[id(pool)] = need.get(id(pool), 0) + 1
+            pools[id(pool)] = pool
+        for pool, x in held:
+            if pool.ref_cnt[x] == 0:
+                need[id(pool)] = need.get(id(pool), 0) + 1
+                pools[id(pool)] = pool
+        return all(n <= pools[p].num_free for p, n in need.items())
 
     def _fetch(self, loads: list[CacheKey], cands: dict[CacheKey, int]) -> list[bytes] | None:
         """The checked payloads of `loads`, or None (counted) if any is not usable."""
@@ -268,9 +296,9 @@ class StoreMirror:
 
     def unstage(self) -> None:
         """Drop the staging references (the admitted requests hold their own by now)."""
-        if self._staged:
-            self.pool.free(self._staged)
-            self._staged = []
+        for pool, block in self._staged:
+            pool.free([block])
+        self._staged = []
 
     def __len__(self) -> int:
         return len(self._staged)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hycache.cache.hashing import extra_key_bytes
+from hycache.cache.layout import split_budget
 from hycache.config import (
     CacheConfig,
     GroupKind,
@@ -55,13 +56,14 @@ def state_bytes(mc: HybridConfig, dtype: torch.dtype) -> int:
     return mc.num_mamba_layers * (conv + ssm)
 
 
-def block_bytes(mc: HybridConfig, block_size: int, dtype: torch.dtype, drafter: bool) -> int:
-    """Bytes behind one block id: its K/V rows in every attention cache (the drafter's too)
-    and one conv + SSM state slot (the pool's ids index every cache)."""
+def attention_block_bytes(
+    mc: HybridConfig, block_size: int, dtype: torch.dtype, drafter: bool
+) -> int:
+    """Bytes behind one attention block id: its K/V rows in every attention cache (the
+    drafter's too). SSM states have a pool of their own (`state_bytes` a page)."""
     item = torch.empty((), dtype=dtype).element_size()
     kv_layers = mc.num_attention_layers + (1 if drafter else 0)
-    kv = kv_layers * 2 * block_size * mc.num_key_value_heads * mc.head_dim * item
-    return kv + state_bytes(mc, dtype)
+    return kv_layers * 2 * block_size * mc.num_key_value_heads * mc.head_dim * item
 
 
 def scratch_bytes(mc: HybridConfig, dtype: torch.dtype, max_num_seqs: int, k: int) -> int:
@@ -149,6 +151,7 @@ class LLM:
         block_size: int = 64,
         prefix_match_unit: int | None = 16,
         num_blocks: int | None = None,
+        num_state_pages: int | None = None,
         max_model_len: int | None = None,
         policy: str | Policy = "limit",
         retention: str | int = "semantic",
@@ -164,7 +167,11 @@ class LLM:
         kv_store: str | KVStore | None = None,
         kv_store_gb: float = 1.0,
     ) -> None:
-        """`kv_store`: a second cache tier behind the device pool, "host" (this process's RAM,
+        """Cache memory: by default `cache_memory_gb` (speculative scratch included) is split
+        into attention blocks and SSM state pages (`hycache.cache.layout`); `num_blocks` alone
+        sizes one pool shared by both kinds, as the simulator does; both set two pools.
+
+        `kv_store`: a second cache tier behind the device pool, "host" (this process's RAM,
         `kv_store_gb` GiB, LRU) or "mooncake://HOST:PORT" (a Mooncake master shared with other
         processes; this one contributes `kv_store_gb` GiB), or a `KVStore`."""
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
@@ -195,14 +202,26 @@ class LLM:
                 f"{scratch / 2**30:.2f} GiB); lower num_speculative_tokens or max_num_seqs, or "
                 "raise cache_memory_gb"
             )
-        if num_blocks is None:  # the scratch states come out of the same budget
-            per_block = block_bytes(mc, block_size, torch_dtype, drafter is not None)
-            num_blocks = (budget - scratch) // per_block
+        if num_blocks is None:  # two pools from what the scratch states leave of the budget
+            sizes = split_budget(
+                budget - scratch,
+                attention_block_bytes=attention_block_bytes(
+                    mc, block_size, torch_dtype, drafter is not None
+                ),
+                state_page_bytes=state_bytes(mc, torch_dtype),
+                max_model_len=max_len,
+                block_size=block_size,
+                attention_groups=groups.count(GroupKind.ATTENTION),
+            )
+            num_blocks = sizes.num_blocks
+            if mc.num_mamba_layers and num_state_pages is None:
+                num_state_pages = sizes.num_state_pages
         self.config = HycacheConfig(
             CacheConfig(
                 block_size=block_size,
                 prefix_match_unit=prefix_match_unit,
                 num_blocks=num_blocks,
+                num_state_pages=num_state_pages if mc.num_mamba_layers else None,
                 max_model_len=max_len,
                 policy=policy,
                 retention=retention,

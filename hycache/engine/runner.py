@@ -50,9 +50,10 @@ class ModelRunner:
         self.draft_table = len(attn_groups) - 1 if drafter is not None else None
         n = cache.num_blocks
         self.kv = model.make_kv_cache(n, cache.block_size) if mc.num_attention_layers else None
-        self.scratch_base = n
+        pages = cache.num_state_pages if cache.num_state_pages is not None else n
+        self.scratch_base = pages
         scratch = config.scheduler.max_num_seqs * (self.k + 1) if self.k else 0
-        self.states = model.make_state_cache(n + scratch) if mc.num_mamba_layers else None
+        self.states = model.make_state_cache(pages + scratch) if mc.num_mamba_layers else None
         self.draft_kv = drafter.make_kv_cache(n, cache.block_size) if drafter else None
         self._draft_probs: dict[str, torch.Tensor | None] = {}
         self._gens: dict[str, torch.Generator] = {}

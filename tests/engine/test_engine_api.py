@@ -94,7 +94,8 @@ def test_speculative_scratch_comes_out_of_the_cache_budget() -> None:
     budget (killed by the OOM killer); it is refused now, and smaller k shrink the pool."""
     import pytest
 
-    from hycache.engine.engine import block_bytes, scratch_bytes, state_bytes
+    from hycache.cache.layout import split_budget
+    from hycache.engine.engine import attention_block_bytes, scratch_bytes, state_bytes
 
     with pytest.raises(ValueError, match=r"^cache_memory_gb:.*scratch"):
         LLM("tiny", num_speculative_tokens=500, max_model_len=256)
@@ -102,5 +103,13 @@ def test_speculative_scratch_comes_out_of_the_cache_budget() -> None:
     mc, dtype = spec.model_config, spec.model.dtype
     scratch = scratch_bytes(mc, dtype, 64, 3)
     assert scratch == 64 * 4 * state_bytes(mc, dtype)
-    per_block = block_bytes(mc, 64, dtype, drafter=True)
-    assert spec.config.cache.num_blocks == (2**28 - scratch) // per_block
+    sizes = split_budget(
+        2**28 - scratch,
+        attention_block_bytes=attention_block_bytes(mc, 64, dtype, drafter=True),
+        state_page_bytes=state_bytes(mc, dtype),
+        max_model_len=256,
+        block_size=64,
+        attention_groups=2,
+    )
+    c = spec.config.cache
+    assert (c.num_blocks, c.num_state_pages) == (sizes.num_blocks, sizes.num_state_pages)

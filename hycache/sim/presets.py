@@ -622,8 +622,18 @@ def load_gpu(name_or_path: str | Path) -> GpuSpec:
 
 
 def load_model_spec(name_or_path: str | Path) -> ModelSpec:
-    """A packaged model preset by name (``bamba-9b``, ``nemotron-h-8b``, ``tiny``...) or a path."""
-    spec: ModelSpec = _load("models", name_or_path, _model_from_dict)
+    """A packaged model preset by name (``bamba-9b``, ``nemotron-h-8b``, ``tiny``...) or a path:
+    a preset JSON, or a checkpoint's Hugging Face ``config.json`` (see ``hf_presets``)."""
+    from hycache.sim.hf_presets import is_hf_config, model_spec_from_hf
+
+    def build(data: Any, where: str) -> ModelSpec:
+        if is_hf_config(data):
+            default = Path(str(name_or_path)).stem if _looks_like_path(name_or_path) else None
+            name = str(data.get("name") or default or name_or_path)
+            return model_spec_from_hf(data, name, where)
+        return _model_from_dict(data, where)
+
+    spec: ModelSpec = _load("models", name_or_path, build)
     return spec
 
 

@@ -1,0 +1,64 @@
+"""Simulator presets read from a checkpoint's `config.json` by the engine's own parser, and the
+byte counts the simulator and the engine derive for one config agree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hycache.engine.engine import attention_block_bytes, state_bytes
+from hycache.model.config import config_from_hf_dict
+from hycache.sim.presets import load_model_spec
+from tests.cache.test_layout import BAMBA_9B
+
+PRESETS = Path(__file__).parents[2] / "hycache" / "sim" / "presets" / "models"
+
+
+def test_the_nemotron_h_8b_preset_is_its_config_json() -> None:
+    data = json.loads((PRESETS / "nemotron-h-8b.json").read_text())
+    assert data["model_type"] == "nemotron_h"
+    spec = load_model_spec("nemotron-h-8b")
+    # the hand-written preset it replaced: the same model to the cost model
+    assert spec.total_params == 8_100_852_736
+    assert (spec.layers.attention, spec.layers.mamba, spec.layers.mlp_only) == (4, 24, 24)
+    assert spec.attention_layer_indices == (7, 18, 29, 40)
+    assert spec.kv_bytes_per_token == 16_384 and spec.ssm_state_bytes == 102_137_856
+
+
+@pytest.mark.parametrize(("preset", "block_size"), [("nemotron-h-8b", 64), ("bamba-9b", 4416)])
+def test_engine_and_simulator_count_the_same_bytes(preset: str, block_size: int) -> None:
+    spec = load_model_spec(preset)
+    if preset == "bamba-9b":
+        data = BAMBA_9B
+    else:
+        data = json.loads((PRESETS / f"{preset}.json").read_text())
+    mc = config_from_hf_dict(data)
+    dtype = torch.bfloat16
+    assert state_bytes(mc, dtype) == spec.ssm_state_bytes
+    assert attention_block_bytes(mc, block_size, dtype, drafter=False) == (
+        block_size * spec.kv_bytes_per_token
+    )
+    # the drafter's one attention layer has the target's geometry
+    per_layer = spec.kv_bytes_per_token_per_layer
+    assert attention_block_bytes(mc, block_size, dtype, drafter=True) == block_size * (
+        spec.kv_bytes_per_token + spec.drafter.num_layers * per_layer
+    )
+
+
+def test_model_config_takes_a_checkpoint_config_json(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**BAMBA_9B, "torch_dtype": "bfloat16"}))
+    spec = load_model_spec(path)
+    preset = load_model_spec("bamba-9b")
+    assert spec.name == "config"
+    assert spec.kv_bytes_per_token == preset.kv_bytes_per_token
+    assert spec.ssm_state_bytes == preset.ssm_state_bytes
+    assert spec.layers == preset.layers and spec.mamba == preset.mamba
+    assert abs(spec.total_params / preset.total_params - 1) < 0.01
+    bad = tmp_path / "qwen.json"
+    bad.write_text(json.dumps({"model_type": "qwen3_next"}))
+    with pytest.raises(ValueError, match=r"qwen\.json: config field model_type 'qwen3_next'"):
+        load_model_spec(bad)

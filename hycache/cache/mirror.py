@@ -10,7 +10,10 @@ Puts follow the device cache. The pool announces every key it stores, which happ
 
 Under `limit` every unit carries an attention key, so a block's rows would be stored B/u times
 over; there a mid-block key is stored only where an SSM checkpoint has the same key (a resume
-point needs both). Device eviction leaves the store untouched.
+point needs both), and each full block also gets a unit index: the keys of its units, named
+by its first unit's key. A reader that diverges inside a block finds the exact junction there
+(to the unit, as the device cache would) and checkpoints at the limit, though no data was
+stored at those units. Device eviction leaves the store untouched.
 
 Lookup (`extend`), after the device lookup:
 
@@ -42,6 +45,8 @@ from hycache.store import codec
 from hycache.store.base import KVStore
 
 RECENT_PUTS = 1 << 16  # names put lately, not put again (a store keeps the first value anyway)
+UNITS = "units"  # the kind of a block's unit index object
+MARKER = -(1 << 40)  # virtual ids at and below this: a unit the store knows, holding no data
 
 
 class BlockIO(Protocol):
@@ -152,6 +157,9 @@ class StoreMirror:
                     continue
                 payload = self.io.read(key.group, block, self._rows(pos))
                 items[name] = codec.encode(name, payload)
+            index = self._unit_index(event)
+            if index is not None and index[0] not in self._recent:
+                items[index[0]] = codec.encode(*index)
         if not items:
             return
         ok = self.store.put(list(items.items()))
@@ -163,6 +171,27 @@ class StoreMirror:
                 self.stats.put_refused += 1
         while len(self._recent) > RECENT_PUTS:
             self._recent.popitem(last=False)
+
+    def _unit_index(self, event: BlockEvent) -> tuple[str, bytes] | None:
+        """(name, the unit keys) of a full attention block under `limit`, when it carries a
+        key at every unit (a block copied mid-way holds only the later ones)."""
+        b, u = self.bounds.block_size, self.bounds.unit
+        key, pos = event.key, event.position
+        if not self.bounds.keys_every_unit or u == b or pos % b:
+            return None
+        if self.groups[key.group] is not GroupKind.ATTENTION:
+            return None
+        start = pos - b
+        units = sorted(
+            (p, k.hash)
+            for k, p in self.pool_for(key.group).keys[event.block_id]
+            if k.group == key.group and start < p <= pos
+        )
+        if [p for p, _ in units] != list(range(start + u, pos + 1, u)):
+            return None
+        first = units[0]
+        name = codec.object_name(self.fingerprint, key.group, first[0], first[1], UNITS)
+        return name, b"".join(h for _, h in units)
 
     # -- lookup --------------------------------------------------------------------------------
 
@@ -204,19 +233,31 @@ class StoreMirror:
         if floor_to(limit, bounds.unit) <= hit.resume_point:
             return hit
         cands = self._candidates(req, hit.resume_point, limit)
-        if not cands:
+        indexes = self._index_candidates(req, hit.resume_point, limit)
+        if not cands and not indexes:
             return hit
         self.stats.lookups += 1
         keys = list(cands)
-        present = self.store.exists([self.name(k, cands[k]) for k in keys])
+        names = [self.name(k, cands[k]) for k in keys] + list(indexes)
+        present = self.store.exists(names)
         virtual = {k: -(i + 1) for i, k in enumerate(keys) if present[i]}
-        if not virtual:
-            return hit
+        found_indexes = {n for n, ok in zip(indexes, present[len(keys) :], strict=True) if ok}
 
         def lookup(key: CacheKey) -> int | None:
             found = self._lookup(key)
             return found if found is not None else virtual.get(key)
 
+        markers = self._markers(req, limit, lookup, indexes, found_indexes)
+
+        def lookup_seen(key: CacheKey) -> int | None:
+            found = lookup(key)
+            return found if found is not None else markers.get(key)
+
+        # how far this prefix is shared with anything stored: the junction, to the unit
+        seen = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds, lookup_seen)
+        hit = self._observe(hit, seen)
+        if not virtual:
+            return hit
         deep = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds, lookup)
         if deep.resume_point <= hit.resume_point:
             return hit
@@ -247,13 +288,81 @@ class StoreMirror:
                 pool.add_key(block, key, cands[key])
         finally:
             self._loading = False
-        new = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds)
+        new = self._observe(
+            find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds), seen
+        )
         gained = new.resume_point - hit.resume_point
         self.stats.loaded_blocks += len(loads)
         if gained > 0:
             self.stats.hits += 1
             self.stats.hit_tokens += gained
         return replace(new, store_hit_tokens=max(gained, 0))
+
+    def _observe(self, hit: CacheHit, seen: CacheHit) -> CacheHit:
+        """`hit` with the junction the store revealed, when it lies further than the device's."""
+        after_drop = max(seen.attention_match - self.bounds.drop, 0)
+        if after_drop <= max(hit.junction, hit.resume_point):
+            return hit
+        return replace(
+            hit, junction=after_drop, attention_match=max(hit.attention_match, seen.attention_match)
+        )
+
+    def _index_candidates(
+        self, req: Request, resume: int, limit: int
+    ) -> dict[str, tuple[int, int]]:
+        """Unit index names (under `limit`) of the blocks a junction above `resume` may lie in,
+        with (group, block start)."""
+        b, u = self.bounds.block_size, self.bounds.unit
+        if not self.bounds.keys_every_unit or u == b:
+            return {}
+        out: dict[str, tuple[int, int]] = {}
+        for g in self._attention:
+            for start in range(floor_to(resume, b), limit - u + 1, b):
+                first = start + u
+                name = codec.object_name(self.fingerprint, g, first, req.hashes.at(first), UNITS)
+                out[name] = (g, start)
+        return out
+
+    def _markers(
+        self,
+        req: Request,
+        limit: int,
+        lookup: Callable[[CacheKey], int | None],
+        indexes: dict[str, tuple[int, int]],
+        found: set[str],
+    ) -> dict[CacheKey, int]:
+        """Keys (without data) of the units this request shares with a stored block's unit
+        index, in the block where its chain of full blocks breaks."""
+        b, u = self.bounds.block_size, self.bounds.unit
+        hashes = req.hashes
+        wanted: list[tuple[str, int, int]] = []
+        for name, (g, start) in indexes.items():
+            if name not in found:
+                continue
+            end = start + b  # the chain must reach this block and break inside it
+            reaches = all(
+                lookup(CacheKey(g, hashes.at(p))) is not None for p in range(b, start + 1, b)
+            )
+            breaks = end > hashes.num_hashed_tokens or lookup(CacheKey(g, hashes.at(end))) is None
+            if reaches and breaks:
+                wanted.append((name, g, start))
+        if not wanted:
+            return {}
+        out: dict[CacheKey, int] = {}
+        values = self.store.get([n for n, _, _ in wanted])
+        for (name, g, start), value in zip(wanted, values, strict=True):
+            payload = codec.decode(name, value)
+            if payload is None or len(payload) % 16:
+                continue
+            stored = [payload[i : i + 16] for i in range(0, len(payload), 16)]
+            for i, h in enumerate(stored, start=1):
+                pos = start + i * u
+                if pos > limit or hashes.at(pos) != h:
+                    break
+                key = CacheKey(g, h)
+                if lookup(key) is None:
+                    out[key] = MARKER - len(out)
+        return out
 
     @staticmethod
     def _room(loads: list[tuple[BlockPool, CacheKey]], held: list[tuple[BlockPool, int]]) -> bool:

@@ -2,7 +2,7 @@
 
 A name says exactly what an object is, so two engines agree on it and nothing else can:
 
-    hycache/<model fingerprint>/<group>/<position>/<chained prefix hash, hex>
+    hycache/<model fingerprint>/<group>/<position>/<chained prefix hash, hex>[/<kind>]
 
 A value is framed with a header that repeats the name's digest and carries the payload's
 length and checksum; `decode` returns None for anything that does not check out (a truncated
@@ -27,8 +27,12 @@ _HEADER = struct.Struct("<4sIQQQ")
 HEADER_BYTES = _HEADER.size
 
 
-def object_name(fingerprint: str, group: int, position: int, prefix_hash: bytes) -> str:
-    return f"hycache/{fingerprint}/{group}/{position}/{prefix_hash.hex()}"
+def object_name(
+    fingerprint: str, group: int, position: int, prefix_hash: bytes, kind: str = ""
+) -> str:
+    """`kind` names an object other than a block or state at that key (e.g. "units")."""
+    suffix = f"/{kind}" if kind else ""
+    return f"hycache/{fingerprint}/{group}/{position}/{prefix_hash.hex()}{suffix}"
 
 
 def fingerprint(parts: dict[str, Any]) -> str:

@@ -115,3 +115,22 @@ def test_two_engines_with_the_same_model_share_a_store_and_others_do_not() -> No
     assert out.token_ids == device.token_ids
     other = LLM("tiny", kv_store=shared, dtype="float64", **kw)  # other bytes: other names
     assert other.generate([fam[2]], SP)[0].hit_tokens == 0
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_engines_sharing_only_a_store_observe_the_junction_to_the_unit(k: int) -> None:
+    """Each family member on its own engine (a fresh device pool), one shared store: the second
+    observes the junction exactly as one device cache would (from the first's unit index), so
+    the third resumes at the limit floor((P - 1) / u) * u."""
+    from hycache.store import HostStore
+
+    kw = {**GEOMETRY, "num_speculative_tokens": k}
+    fam = family(seed=5)
+    single = LLM("tiny", **kw)
+    want = [single.generate([p], SP)[0] for p in fam]
+    assert want[2].hit_tokens == (101 - 1) // 4 * 4  # the limit, on one device cache
+    store = HostStore(1 << 28)
+    got = [LLM("tiny", kv_store=store, **kw).generate([p], SP)[0] for p in fam]
+    assert got[1].junction == want[1].junction > 0
+    assert got[2].hit_tokens == got[2].store_hit_tokens == want[2].hit_tokens
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]

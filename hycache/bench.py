@@ -72,6 +72,10 @@ class EngineBench:
     threads: int | None = None  # torch threads (None: torch's default, every core)
     num_blocks: int | None = None  # None: the engine sizes its cache (1 GiB)
     seed: int = 0
+    # a second cache tier ("host", "mooncake://HOST:PORT"): every run opens its own store of
+    # this kind and closes it at its end, so arms and repeats never share stored objects
+    kv_store: str | None = None
+    kv_store_gb: float = 4.0
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -94,7 +98,6 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
 
 def _run_engine(b: EngineBench, policy: str) -> dict[str, Any]:
     from hycache.engine.engine import LLM
-    from hycache.request import SamplingParams
 
     rng = random.Random(b.seed)
     system = [rng.randrange(512) for _ in range(b.shared_prefix_tokens)]
@@ -112,7 +115,19 @@ def _run_engine(b: EngineBench, policy: str) -> dict[str, Any]:
         max_num_seqs=b.concurrency,
         num_blocks=b.num_blocks,
         seed=b.seed,
+        kv_store=b.kv_store,
+        kv_store_gb=b.kv_store_gb,
     )
+    try:
+        return _closed_loop(b, llm, prompts)
+    finally:
+        if llm.store is not None:
+            llm.store.close()
+
+
+def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[str, Any]:
+    from hycache.request import SamplingParams
+
     sp = SamplingParams(max_tokens=b.output_tokens, ignore_eos=True)
     arrived: dict[str, float] = {}
     first: dict[str, float] = {}
@@ -153,6 +168,7 @@ def _run_engine(b: EngineBench, policy: str) -> dict[str, Any]:
         "itl_p95_s": _pct(itl, 95),
         "prefill_tokens_computed": sum(o.prefill_tokens for o in outs),
         "hit_tokens": hit,
+        "store_hit_tokens": sum(o.store_hit_tokens for o in outs),
         "token_hit_rate": hit / prompt_tokens,
         "lost_reuse_tokens": sum(o.lost_reuse for o in outs),
         "junctions_observed": sum(1 for o in outs if o.junction),

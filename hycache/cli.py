@@ -259,12 +259,33 @@ def build_cost(args: argparse.Namespace) -> Any:
     )
 
 
+def build_tier(args: argparse.Namespace) -> Any:
+    """The simulated second tier `--kv-store-gb` / `--kv-store-link` describe (None: none)."""
+    from hycache.sim.tier import STORE_LINKS, TierConfig
+
+    if args.kv_store_gb < 0:
+        raise UserError(f"--kv-store-gb: must be >= 0, got {args.kv_store_gb}")
+    if args.instances > 1 and args.request_rate == "auto":
+        raise UserError("--request-rate auto measures one instance; give a rate with --instances")
+    if not args.kv_store_gb:
+        return None
+    return TierConfig(args.kv_store_gb, STORE_LINKS[args.kv_store_link])
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from hycache.report import plot_policies, policy_table
-    from hycache.sim.compare import compare_policies, headline, policies_json
+    from hycache.sim.compare import (
+        compare_policies,
+        headline,
+        instances_json,
+        instances_table,
+        policies_json,
+    )
 
     if not 0 < args.load <= 1.5:
         raise UserError(f"--load: must lie in (0, 1.5], got {args.load}")
+    tier = build_tier(args)
+    scaled = tier is not None or args.instances > 1
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
     policies = parse_policies(args)
@@ -295,6 +316,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             seed=args.seed,
             size_cache=sized,
             on_finish=lambda p, _rec: progress.advance(tasks[p]),
+            tier=tier,
+            instances=args.instances,
+            routing=args.routing,
         )
     summary = policies_json(results)
     inputs = {
@@ -317,6 +341,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "gpu": args.gpu_config or args.gpu if cost else None,
         "seed": args.seed,
     }
+    if scaled:  # only then, so that a plain run's output stays as it was
+        inputs["kv_store_gb"] = args.kv_store_gb
+        inputs["kv_store_link"] = args.kv_store_link if tier is not None else None
+        inputs["instances"] = args.instances
+        inputs["routing"] = args.routing
     if args.json:
         if str(args.json).endswith(".jsonl"):
             rows: list[dict[str, Any]] = []
@@ -331,6 +360,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "headline": headline(summary),
                 "requests": {n: [r.line() for r in res.records] for n, res in results.items()},
             }
+            if args.instances > 1:
+                doc["instances"] = instances_json(results)
             write_atomic(args.json, json.dumps(doc, indent=2) + "\n")
     if args.plot:
         plot_policies(args.plot, f"{workload.name} ({args.cost_model})", summary)
@@ -339,6 +370,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if offered is not None:
             title += f", open loop at {offered['request_rate_per_s']:.3g} requests/s"
         console.print(policy_table(title, summary))
+        if scaled:
+            what = f"{args.instances} instance(s), {args.routing}"
+            if tier is not None:
+                what += f", {args.kv_store_gb:g} GiB {args.kv_store_link} store"
+            console.print(instances_table(what, results))
     return 0
 
 
@@ -346,9 +382,70 @@ def cmd_trace_gen(args: argparse.Namespace) -> int:
     from hycache.sim.trace import trace_gen
 
     check_writable(args.out, "--out")
-    stats = trace_gen(args.out, args.num_requests, args.seed, args.block_tokens)
+    if args.turn_gap_s is not None and not args.turn_gap_s > 0:
+        raise UserError(f"--turn-gap-s: must be > 0, got {args.turn_gap_s}")
+    if args.system_prompts < 0:
+        raise UserError(f"--system-prompts: must be >= 0, got {args.system_prompts}")
+    stats = trace_gen(
+        args.out,
+        args.num_requests,
+        args.seed,
+        args.block_tokens,
+        args.turn_gap_s,
+        args.system_prompts,
+    )
     print(json.dumps(stats, indent=2))
     return 0
+
+
+# -- the second cache tier (generate, serve, bench) ------------------------------------------------
+
+DEFAULT_KV_STORE_GB = 4.0
+
+
+def add_store_args(p: argparse.ArgumentParser) -> None:
+    """`--kv-store` and `--kv-store-gb`: a second cache tier behind the device pool."""
+    g = p.add_argument_group("second cache tier")
+    g.add_argument(
+        "--kv-store",
+        default=None,
+        metavar="host|mooncake://HOST:PORT",
+        help="a store behind the device cache: host (this process's RAM) or a Mooncake master "
+        "shared with other processes (default: none)",
+    )
+    g.add_argument(
+        "--kv-store-gb",
+        type=float,
+        default=DEFAULT_KV_STORE_GB,
+        help="GiB of this process's memory the store gets (a number > 0)",
+    )
+
+
+def check_store_args(args: argparse.Namespace) -> None:
+    """Refuse a bad `--kv-store` / `--kv-store-gb` before any model loads, with the messages
+    `open_store` would give (a ValueError: one line, exit status 2)."""
+    gb = args.kv_store_gb
+    if not 0 < gb < float("inf"):
+        raise ValueError(f"kv-store-gb: must be a finite number > 0, got {gb:g}")
+    spec = args.kv_store
+    if spec is None:
+        return
+    if spec.startswith("mooncake://"):
+        from hycache.store.mooncake import parse_url
+
+        parse_url(spec)
+        return
+    from hycache.store import open_store
+
+    open_store(spec, gb).close()  # `host` allocates nothing up front; anything else raises
+
+
+def build_llm(args: argparse.Namespace) -> Any:
+    """The engine the flags describe (`hycache.engine.args.llm_from_args`, which attaches the
+    second tier of `--kv-store` / `--kv-store-gb` when the namespace has them)."""
+    from hycache.engine import args as engine_args
+
+    return engine_args.llm_from_args(args)
 
 
 # -- generate --------------------------------------------------------------------------------------
@@ -364,7 +461,6 @@ def parse_token_ids(text: str) -> list[int]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from hycache.engine.args import llm_from_args
     from hycache.request import SamplingParams
 
     if (args.prompt is None) == (args.prompt_token_ids is None):
@@ -380,8 +476,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     hints = args.prefix_hint or []
     if any(h < 0 for h in hints):
         raise UserError(f"--prefix-hint: token counts must be >= 0, got {hints}")
-    llm = llm_from_args(args)
-    (out,) = llm.generate([prompt], params, prefix_hints=hints or None)
+    check_store_args(args)
+    llm = build_llm(args)
+    try:
+        (out,) = llm.generate([prompt], params, prefix_hints=hints or None)
+    finally:
+        if llm.store is not None:
+            llm.store.close()
     if args.json:
         print(
             json.dumps(
@@ -389,18 +490,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "token_ids": out.token_ids,
                     "text": out.text,
                     "hit_tokens": out.hit_tokens,
+                    "store_hit_tokens": out.store_hit_tokens,
                     "finish_reason": out.finish_reason,
                 }
             )
         )
     else:
         console.print(out.text if out.text is not None else " ".join(map(str, out.token_ids)))
+        if llm.store is not None:  # stdout stays the output alone
+            err_console.print(
+                f"cached tokens: {out.hit_tokens} ({out.store_hit_tokens} from the "
+                f"{llm.store.name} store)",
+                highlight=False,
+            )
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from hycache.serve import run_serve
 
+    check_store_args(args)
     return run_serve(args)
 
 
@@ -449,6 +558,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
+    check_store_args(args)
+    if args.kv_store is not None and args.skip_engine:
+        raise UserError("--kv-store: a second tier is for the engine part; drop --skip-engine")
     engine = None if args.skip_engine else EngineBench()
     sim = None if args.skip_simulated else SimBench()
     if args.quick:
@@ -457,6 +569,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         engine = replace(engine, num_requests=args.engine_requests)
     if engine is not None and args.engine_repeats:
         engine = replace(engine, repeats=args.engine_repeats)
+    if engine is not None and args.kv_store is not None:
+        engine = replace(engine, kv_store=args.kv_store, kv_store_gb=args.kv_store_gb)
     if sim is not None and args.trace_requests:
         sim = replace(sim, trace_requests=args.trace_requests)
     with progress_reporter("benchmarking") as progress:
@@ -469,6 +583,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{e['suffix_tokens']} tokens, B={e['block_size']}, u={e['prefix_match_unit']}, "
             f"concurrency {e['concurrency']}; median of {e['repeats']} alternating repeats"
         )
+        if e.get("kv_store"):
+            title += f"; second tier {e['kv_store']} ({e['kv_store_gb']:g} GiB per arm)"
         console.print(policy_table(title, doc["engine"]["policies"]))
     for name, part in doc.get("simulated", {}).items():
         i = part["inputs"]
@@ -507,6 +623,8 @@ BENCH_ONLY_DEFAULTS: dict[str, Any] = {
     "engine_requests": None,
     "engine_repeats": None,
     "trace_requests": None,
+    "kv_store": None,
+    "kv_store_gb": DEFAULT_KV_STORE_GB,
 }
 
 
@@ -848,12 +966,41 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", default=None, help="write results (.jsonl: per-request lines)")
     g.add_argument("--plot", default=None, help="write a PNG plot")
     g.add_argument("--quiet", action="store_true")
+    g = p.add_argument_group(
+        "second tier and instances",
+        "a simulated host/Mooncake store behind the device cache, shared by every instance",
+    )
+    g.add_argument(
+        "--kv-store-gb",
+        type=float,
+        default=0.0,
+        help="store capacity in GiB, objects counted at their modelled size (0: no store)",
+    )
+    g.add_argument(
+        "--kv-store-link",
+        choices=("host", "rdma"),
+        default="host",
+        help="load bandwidth and latency: host DRAM over PCIe, or Mooncake over RDMA",
+    )
+    g.add_argument(
+        "--instances",
+        type=positive_int,
+        default=1,
+        help="simulated engines, each its own cache and clock, sharing the store",
+    )
+    g.add_argument(
+        "--routing",
+        choices=("round-robin", "prefix-aware"),
+        default="round-robin",
+        help="prefix-aware: the instance holding the longest prefix (ties: least loaded)",
+    )
     p.set_defaults(func=cmd_simulate)
 
     from hycache.engine.args import add_engine_args
 
     p = sub.add_parser("generate", help="generate tokens with a hybrid model")
     add_engine_args(p)
+    add_store_args(p)
     p.add_argument("--prompt", default=None, help="prompt text (needs tokenizer.json)")
     p.add_argument("--prompt-token-ids", default=None, help="prompt as token ids: 1,2,3")
     p.add_argument("--max-tokens", type=int, default=16)
@@ -889,6 +1036,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--engine-repeats", type=positive_int, default=None, help="alternating repeats (3)"
     )
     p.add_argument("--trace-requests", type=positive_int, default=None)
+    add_store_args(p)  # the engine part's arms: each its own store of this kind
     p.set_defaults(func=cmd_bench)
     add_bench_serve_parser(p)
 
@@ -896,6 +1044,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-style completions)")
     add_serve_args(p)
+    add_store_args(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("trace-gen", help="generate a Mooncake-like conversation trace")
@@ -903,6 +1052,20 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-requests", type=positive_int, default=12_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-tokens", type=int, default=512)
+    p.add_argument(
+        "--turn-gap-s",
+        type=float,
+        default=None,
+        help="median seconds between a conversation's turns (Mooncake's trace: ~120; "
+        "default: no gap, a turn may follow at once)",
+    )
+    p.add_argument(
+        "--system-prompts",
+        type=int,
+        default=64,
+        help="shared system prompts new conversations start behind (0: sharing only within "
+        "conversations)",
+    )
     p.set_defaults(func=cmd_trace_gen)
     show_defaults(parser)
     return parser

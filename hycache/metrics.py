@@ -13,7 +13,12 @@ labelled `model_name`):
 
 hycache's own: `hycache:lost_reuse_tokens` (tokens attention matched that the joint hit did not
 reach), `hycache:junctions_observed` (finished requests whose first lookup observed a junction)
-and `hycache:ssm_state_pages` (cache blocks holding a keyed SSM state).
+and `hycache:ssm_state_pages` (cache blocks holding a keyed SSM state). With a second cache tier
+(`--kv-store`), also: `hycache:store_hit_tokens` (prompt tokens loaded from the store, part of
+`vllm:prefix_cache_hits`), `hycache:store_put_objects` (objects written to it),
+`hycache:store_errors` (store calls that failed: master unreachable, timed out) and
+`hycache:store_corrupt` (objects read back that failed their check; each was a miss) - counters,
+exposed with `_total`, present only when the server has a store.
 
 Engine values are read on the engine's worker thread (`engine_snapshot`, through
 `EngineWorker.call`) and handed to the collector just before the registry is rendered.
@@ -50,10 +55,10 @@ def engine_snapshot(llm: LLM) -> dict[str, float]:
     cs = cache.stats()
     ssm_groups = {m.group for m in cache.ssm}
     ssm_pages = sum(
-        1 for keys in cache.pool.keys if any(key.group in ssm_groups for key, _ in keys)
+        1 for keys in cache.state_pool.keys if any(key.group in ssm_groups for key, _ in keys)
     )
     usable = max(cs.num_blocks - 1, 1)  # block 0 is the null block
-    return {
+    snapshot: dict[str, float] = {
         "running": len(sched.running),
         "waiting": len(sched.waiting),
         "query_tokens": cs.query_tokens,
@@ -64,6 +69,13 @@ def engine_snapshot(llm: LLM) -> dict[str, float]:
         "prompt_tokens": llm.stats.prompt_tokens,
         "output_tokens": llm.stats.output_tokens,
     }
+    if llm.store is not None:  # the store_* keys exist only with a second tier
+        snapshot["store_hit_tokens"] = cs.store_hit_tokens
+        mirror = cache.mirror  # (a mirror with nothing staged has len 0: test for None)
+        snapshot["store_put_objects"] = mirror.stats.put_objects if mirror is not None else 0
+        snapshot["store_errors"] = llm.store.stats.errors
+        snapshot["store_corrupt"] = llm.store.stats.corrupt
+    return snapshot
 
 
 class _EngineCollector(Collector):
@@ -103,6 +115,28 @@ class _EngineCollector(Collector):
         )
         yield gauge(
             "hycache:ssm_state_pages", "Cache blocks holding a keyed SSM state.", "ssm_pages"
+        )
+        if "store_hit_tokens" not in s:  # no second tier
+            return
+        yield counter(
+            "hycache:store_hit_tokens",
+            "Prompt tokens loaded from the second cache tier (part of the prefix cache hits).",
+            "store_hit_tokens",
+        )
+        yield counter(
+            "hycache:store_put_objects",
+            "Objects written to the second cache tier.",
+            "store_put_objects",
+        )
+        yield counter(
+            "hycache:store_errors",
+            "Second-tier calls that failed (store unreachable or timed out): misses.",
+            "store_errors",
+        )
+        yield counter(
+            "hycache:store_corrupt",
+            "Second-tier objects that failed their check when read back: misses, dropped.",
+            "store_corrupt",
         )
 
 

@@ -1,7 +1,8 @@
 """The OpenAI-compatible response side of `hycache serve`: usage, streamed text, logprobs.
 
 - `usage`: OpenAI's usage block over a request's choices (prompt tokens counted once,
-  completion tokens summed; `cached_tokens` is the first choice's resume point).
+  completion tokens summed; `cached_tokens` is the first choice's resume point; with a second
+  cache tier, `prompt_tokens_details.store_cached_tokens` says how many of them came from it).
 - `TextDelta`: incremental detokenisation of one streamed choice; it holds back a trailing
   half character and, with stop strings, any tail that could begin one, so that nothing past a
   stop string is ever streamed.
@@ -30,27 +31,34 @@ def sse(payload: Any) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-def usage(outputs: Sequence[RequestOutput]) -> dict[str, Any]:
+def usage(outputs: Sequence[RequestOutput], store: bool = False) -> dict[str, Any]:
     """OpenAI's usage block for the choices of one prompt; cached tokens are the first choice's
-    resume point (prompt tokens it took from the prefix cache instead of computing them)."""
+    resume point (prompt tokens it took from the prefix cache instead of computing them). With
+    `store` (the engine has a second tier), `prompt_tokens_details.store_cached_tokens`: how
+    many of the cached tokens were loaded from it (an extension)."""
     prompt = len(outputs[0].prompt_token_ids)
     completion = sum(len(out.token_ids) for out in outputs)
     cached = outputs[0].hit_tokens
+    details: dict[str, int] = {"cached_tokens": cached}
+    if store:
+        details["store_cached_tokens"] = outputs[0].store_hit_tokens
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": details,
         "cached_tokens": cached,
     }
 
 
-def usage_tail(include: bool, envelope: Callable[[], dict[str, Any]]) -> Tail | None:
+def usage_tail(
+    include: bool, envelope: Callable[[], dict[str, Any]], store: bool = False
+) -> Tail | None:
     """With `stream_options.include_usage`: a last chunk (`envelope()` with no choices) holding
     the usage of every choice."""
     if not include:
         return None
-    return lambda outputs: [{**envelope(), "choices": [], "usage": usage(outputs)}]
+    return lambda outputs: [{**envelope(), "choices": [], "usage": usage(outputs, store)}]
 
 
 def _held_tail(text: str, stops: Sequence[str]) -> int:

@@ -41,6 +41,16 @@ end of a system prompt: under the `limit` policy the first request of a family a
 checkpoints there, so the next one resumes at its limit). `usage.prompt_tokens_details.
 cached_tokens` (and, for older clients, `usage.cached_tokens`) is the request's resume point.
 
+Second cache tier (`--kv-store host|mooncake://HOST:PORT`, `--kv-store-gb`): the blocks and SSM
+checkpoints the device cache keeps are also written to the store, where they outlive device
+eviction (and, on Mooncake, are shared with other servers); a lookup continues there. Then
+`usage.prompt_tokens_details.store_cached_tokens` says how many of the cached tokens were loaded
+from the store, `/v1/stats` splits `cache.hit_tokens` into `device_hit_tokens` and
+`store_hit_tokens` and adds a `store` section (backend, capacity and used bytes, the store's and
+the mirror's counters), and `/metrics` adds the `hycache:store_*` counters. A store that fails
+(an unreachable Mooncake master) costs hits, never requests: its calls become misses, counted
+in `store.stats.errors`. The store is closed when the server shuts down.
+
 Chat: messages are rendered with the checkpoint's chat template (`hycache.chat`; the
 `--chat-template` file overrides it) and tokenized without extra special tokens; a model with no
 template or no tokenizer answers 400. The end of the last system message is passed as a prefix
@@ -73,7 +83,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hycache.chat import ChatTemplate, ChatTemplateError, load_chat_template
-from hycache.engine.args import add_serve_args, llm_from_args
+from hycache.cli import add_store_args
+from hycache.cli import build_llm as cli_build_llm
+from hycache.engine import args as engine_args
 from hycache.engine.engine import LLM, StreamEvent
 from hycache.metrics import CONTENT_TYPE, ServerMetrics, engine_snapshot
 from hycache.protocol import (
@@ -122,6 +134,7 @@ def create_app(
     started = int(time.time())
     runner = RequestRunner(worker, metrics)
     decode = llm.decode if llm.tokenizer is not None else None
+    tiered = llm.store is not None  # usage carries `store_cached_tokens`
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -129,7 +142,9 @@ def create_app(
         try:
             yield
         finally:
-            await asyncio.to_thread(worker.stop)
+            stopped = await asyncio.to_thread(worker.stop)
+            if stopped and llm.store is not None:  # only the worker thread used it
+                await asyncio.to_thread(llm.store.close)
 
     app = FastAPI(title="hycache", lifespan=lifespan)
     app.state.worker = worker
@@ -245,10 +260,10 @@ def create_app(
                 }
                 chunk = envelope([choice])
                 if out is not None:  # this choice's usage (an extension older clients read)
-                    chunk["usage"] = usage([out])
+                    chunk["usage"] = usage([out], tiered)
                 return [chunk]
 
-            tail = usage_tail(body.include_usage, envelope)
+            tail = usage_tail(body.include_usage, envelope, tiered)
             return runner.stream(ids, items, timer, chunks, tail=tail)
 
         results = await runner.results(request, ids, items, timer)
@@ -264,7 +279,7 @@ def create_app(
             }
             for i, out in enumerate(results)
         ]
-        return JSONResponse({**envelope(choices), "usage": usage(results)})
+        return JSONResponse({**envelope(choices), "usage": usage(results, tiered)})
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
@@ -342,7 +357,7 @@ def create_app(
                 }
                 return [envelope([choice])]
 
-            tail = usage_tail(body.include_usage, envelope)
+            tail = usage_tail(body.include_usage, envelope, tiered)
             return runner.stream(rids, items, timer, chunks, head, tail)
 
         results = await runner.results(request, rids, items, timer)
@@ -358,7 +373,8 @@ def create_app(
             }
             for i, out in enumerate(results)
         ]
-        return JSONResponse({**envelope(choices, "chat.completion"), "usage": usage(results)})
+        usage_ = usage(results, tiered)
+        return JSONResponse({**envelope(choices, "chat.completion"), "usage": usage_})
 
     return app
 
@@ -384,8 +400,16 @@ def served_model_name(args: argparse.Namespace) -> str:
     return args.served_model_name or Path(str(args.model).rstrip("/")).name or str(args.model)
 
 
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `hycache serve`: the engine's, where to listen, and the second tier."""
+    engine_args.add_serve_args(p)
+    add_store_args(p)
+
+
 def build_llm(args: argparse.Namespace) -> LLM:
-    return llm_from_args(args)
+    """The engine of `args`, with the second tier of `--kv-store` / `--kv-store-gb` (when
+    `args` has them)."""
+    return cli_build_llm(args)
 
 
 def run_serve(args: argparse.Namespace) -> int:

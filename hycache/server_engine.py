@@ -10,7 +10,8 @@
   after each step. On a match the request is aborted at once (nothing more is computed) and
   its last event is cut to the token that completed the stop string, with the text cut before
   the stop string and finish reason "stop".
-- `engine_stats`: the `/v1/stats` snapshot (run on the worker thread).
+- `engine_stats`: the `/v1/stats` snapshot (run on the worker thread), with the second
+  tier's figures (`store_stats`) when the engine has one.
 """
 
 from __future__ import annotations
@@ -405,8 +406,28 @@ class EngineWorker:
                 cmd.future.set_exception(ServerClosed(SHUTTING_DOWN))
 
 
+def store_stats(llm: LLM) -> dict[str, Any] | None:
+    """The second tier's side of `/v1/stats` (None without one): the backend, its capacity and
+    use, its own counters (`StoreStats`: calls, hits, refused puts, errors, corrupt objects) and
+    the mirror's (`MirrorStats`: lookups that asked it, hits, tokens gained, puts)."""
+    store = llm.store
+    if store is None:
+        return None
+    mirror = llm.scheduler.cache.mirror
+    return {
+        "backend": store.name,
+        "capacity_bytes": store.capacity_bytes,
+        "used_bytes": store.used_bytes,
+        "stats": store.stats.as_dict(),
+        "mirror": mirror.stats.as_dict() if mirror is not None else None,
+    }
+
+
 def engine_stats(llm: LLM) -> dict[str, Any]:
-    """A snapshot of the scheduler, cache and engine counters (run on the worker thread)."""
+    """A snapshot of the scheduler, cache and engine counters (run on the worker thread).
+    `cache.hit_tokens` = `device_hit_tokens` (found in the device pool) + `store_hit_tokens`
+    (loaded from the second tier); `lost_reuse_tokens` is what attention matched beyond the
+    joint hit."""
     sched = llm.scheduler
     cs = sched.cache.stats()
     es = llm.stats
@@ -421,9 +442,12 @@ def engine_stats(llm: LLM) -> dict[str, Any]:
             "admissions": cs.admissions,
             "query_tokens": cs.query_tokens,
             "hit_tokens": cs.hit_tokens,
+            "device_hit_tokens": cs.hit_tokens - cs.store_hit_tokens,
+            "store_hit_tokens": cs.store_hit_tokens,
             "lost_reuse_tokens": cs.lost_reuse_tokens,
             "token_hit_rate": cs.token_hit_rate,
         },
+        "store": store_stats(llm),
         "engine": {
             "steps": es.steps,
             "prompt_tokens": es.prompt_tokens,
@@ -443,4 +467,5 @@ __all__ = [
     "StopStrings",
     "engine_stats",
     "fan_out",
+    "store_stats",
 ]

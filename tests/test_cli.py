@@ -575,3 +575,58 @@ def test_a_long_error_stays_one_line_when_piped(
     assert main(["simulate", "--trace", str(long), "--cost-model", "none"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(long) in err
+
+
+def test_the_store_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--kv-store` / `--kv-store-gb` become `LLM(kv_store=..., kv_store_gb=...)`; without
+    them the engine is built exactly as before."""
+    import argparse
+
+    import hycache.engine.engine
+    from hycache.cli import add_store_args, build_llm
+    from hycache.engine.args import add_serve_args
+
+    calls: list[dict[str, object]] = []
+
+    def record(*args: object, **kwargs: object) -> None:
+        calls.append(kwargs)
+
+    monkeypatch.setattr(hycache.engine.engine, "LLM", record)
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    add_store_args(p)
+    flags = ["--num-blocks", "7", "--num-speculative-tokens", "2", "--dtype", "float64"]
+    build_llm(p.parse_args([*flags, "--kv-store", "host", "--kv-store-gb", "0.5"]))
+    build_llm(p.parse_args(flags))
+    tiered, plain = calls
+    assert tiered == {**plain, "kv_store": "host", "kv_store_gb": 0.5}
+    assert plain["num_blocks"] == 7 and "kv_store" not in plain
+
+
+def test_bench_store_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--kv-store` belongs to the engine part of `hycache bench`: refused with
+    `--skip-engine` and for `bench serve`; each engine run opens (and closes) its own store."""
+    from hycache.bench import EngineBench, run_engine_policy
+
+    out = ["--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")]
+    assert main(["bench", "--skip-engine", "--kv-store", "host", *out]) == 2
+    assert "--skip-engine" in capsys.readouterr().err
+    argv = ["bench", "--kv-store", "host", "serve", "--url", "http://127.0.0.1:9"]
+    assert main(argv) == 2
+    assert "--kv-store: a flag of `hycache bench`" in capsys.readouterr().err
+    b = EngineBench(
+        block_size=16,
+        prefix_match_unit=4,
+        shared_prefix_tokens=40,
+        suffix_tokens=8,
+        output_tokens=2,
+        num_requests=2,
+        concurrency=1,
+        repeats=1,
+        threads=1,
+        num_blocks=64,
+        kv_store="host",
+        kv_store_gb=0.01,
+    )
+    res = run_engine_policy(b, "limit")
+    assert res["store_hit_tokens"] == 0 and res["hit_tokens"] > 0  # the device pool kept all

@@ -72,8 +72,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:
+    """The engine the flags describe, with the second tier of `--kv-store` / `--kv-store-gb`
+    when the namespace has them."""
     from hycache.engine.engine import LLM
 
+    store = getattr(args, "kv_store", None)
+    tier = {"kv_store": store, "kv_store_gb": args.kv_store_gb} if store is not None else {}
     return LLM(
         args.model,
         dtype=args.dtype,
@@ -88,4 +92,5 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         seed=args.seed,
+        **tier,
     )

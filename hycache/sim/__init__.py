@@ -2,5 +2,7 @@
 
 Submodules: ``costmodel`` (roofline step times, cache sizing), ``presets`` (GPU and model
 specs and their JSON loaders), ``workloads`` (seeded synthetic requests and sessions),
-``trace`` (Mooncake-format traces: read, generate, write, measure).
+``trace`` (Mooncake-format traces: read, generate, write, measure), ``tier`` (the second cache
+tier: stand-in block payloads, a host store sized by them, link bandwidths), ``cluster``
+(instances on their own clocks and the router in front of them).
 """

@@ -21,6 +21,7 @@ from typing import Any
 from hycache.config import POLICY_NAMES, HycacheConfig, Policy
 from hycache.sim.costmodel import CostModel
 from hycache.sim.simulator import RequestRecord, SimResult, Simulator
+from hycache.sim.tier import TierConfig
 from hycache.sim.workloads import RequestSpec, SessionSpec
 
 EAGLE_OFF = "eagle-off"
@@ -49,6 +50,20 @@ SUMMARY_KEYS = (
     "preemptions",
     "requests",
     "makespan_s",
+)
+# with a second tier (and several instances): reported only when the run had them
+STORE_KEYS = (
+    "store_hit_tokens",
+    "store_token_hit_rate",
+    "store_loaded_bytes",
+    "store_load_s",
+    "store_round_trips",
+    "store_put_bytes",
+    "store_write_busy",
+    "store_used_bytes",
+    "store_objects",
+    "store_evictions",
+    "store_put_refused",
 )
 
 
@@ -174,6 +189,9 @@ def compare_policies(
     vocab_size: int = 32000,
     size_cache: bool = False,
     on_finish: Callable[[str, RequestRecord], None] | None = None,
+    tier: TierConfig | None = None,
+    instances: int = 1,
+    routing: str = "round-robin",
 ) -> dict[str, SimResult]:
     """One simulation per arm on the same stream, in the order given.
 
@@ -181,6 +199,8 @@ def compare_policies(
     (`CostModel.num_blocks` of the arm's cost model: without a drafter, more); otherwise every
     arm uses `config.cache.num_blocks`. Summaries gain `num_blocks` and
     `extra_prefill_steps_max` (against the reference arm, see `reference_arm`).
+
+    `tier`, `instances`, `routing`: see `Simulator`; each arm gets its own fresh store.
     """
     names = parse_arms(arms)
     results: dict[str, SimResult] = {}
@@ -192,7 +212,15 @@ def compare_policies(
             cfg = replace(
                 cfg, cache=replace(cfg.cache, num_blocks=arm_cm.num_blocks(cfg.cache.block_size))
             )
-        sim = Simulator(cfg, cost=arm_cm, seed=seed, vocab_size=vocab_size)
+        sim = Simulator(
+            cfg,
+            cost=arm_cm,
+            seed=seed,
+            vocab_size=vocab_size,
+            tier=tier,
+            instances=instances,
+            routing=routing,
+        )
         cb = (lambda rec, n=name: on_finish(n, rec)) if on_finish else None
         res = sim.run(
             workload.requests,
@@ -210,4 +238,44 @@ def compare_policies(
 
 
 def policies_json(results: Mapping[str, SimResult]) -> dict[str, dict[str, Any]]:
-    return {name: {k: res.summary.get(k) for k in SUMMARY_KEYS} for name, res in results.items()}
+    out: dict[str, dict[str, Any]] = {}
+    for name, res in results.items():
+        doc = {k: res.summary.get(k) for k in SUMMARY_KEYS}
+        doc.update({k: res.summary[k] for k in STORE_KEYS if k in res.summary})
+        out[name] = doc
+    return out
+
+
+def instances_json(results: Mapping[str, SimResult]) -> dict[str, list[dict[str, Any]]]:
+    """Per arm, each instance's summary (empty lists for a single instance)."""
+    return {name: list(res.instances) for name, res in results.items()}
+
+
+INSTANCE_COLUMNS = (
+    ("requests", "requests"),
+    ("token hit rate", "token_hit_rate"),
+    ("store hit tokens", "store_hit_tokens"),
+    ("TTFT p50 s", "ttft_p50_s"),
+    ("TTFT p95 s", "ttft_p95_s"),
+    ("output tok/s", "output_tokens_per_s"),
+    ("load s", "store_load_s"),
+)
+
+
+def instances_table(title: str, results: Mapping[str, SimResult]) -> Any:
+    """A rich table: per arm, each instance and the total (columns `INSTANCE_COLUMNS`)."""
+    from rich.table import Table
+
+    from hycache.report import fmt
+
+    table = Table(title=title)
+    table.add_column("arm")
+    table.add_column("instance")
+    for label, _ in INSTANCE_COLUMNS:
+        table.add_column(label, justify="right")
+    for name, res in results.items():
+        rows = [(str(i["instance"]), i) for i in res.instances] + [("all", res.summary)]
+        for label, summary in rows:
+            cells = [fmt(summary.get(key)) for _, key in INSTANCE_COLUMNS]
+            table.add_row(name, label, *cells, style="bold" if label == "all" else None)
+    return table

@@ -9,6 +9,10 @@ Besides per-request records, a run counts the SSM state pages the cache keyed (p
 checkpoints, junction states, decode snapshots) from the block pool's events: how many were
 stored over the run, how many of those were decode snapshots, and the most held at once. That
 is the memory price of a policy's extra checkpoints.
+
+Several instances (`instances=N`, each its own scheduler, cache and clock; `hycache.sim.cluster`)
+run side by side behind a router, and a second cache tier (`tier=`; `hycache.sim.tier`) is one
+store they all share. One instance without a store is the plain simulator, step for step.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from hycache.cache.block_pool import BlockEvent
-from hycache.config import GroupKind, HycacheConfig
+from hycache.config import HycacheConfig
 from hycache.request import Request, SamplingParams
-from hycache.sched.executor import DryRunExecutor
-from hycache.sched.scheduler import Scheduler, SchedulerOutput
-from hycache.sim.costmodel import CostModel, SeqWork, StepWork
+from hycache.sched.scheduler import Scheduler
+from hycache.sim.cluster import ROUTINGS, Instance, Router, step_work
+from hycache.sim.costmodel import CostModel
+from hycache.sim.tier import SimHostStore, TierConfig
 from hycache.sim.workloads import RequestSpec, SessionSpec
+
+__all__ = ["RequestRecord", "SimResult", "Simulator", "step_work", "summarize"]
 
 
 @dataclass
@@ -43,10 +49,12 @@ class RequestRecord:
     first_token_s: float
     finish_s: float
     preemptions: int
+    store_hit_tokens: int | None = None  # of hit_tokens, from the second tier (None: no store)
+    instance: int | None = None  # the instance that served it (None: a single instance)
 
     def line(self) -> dict[str, Any]:
         """The per-request JSON line of `hycache simulate`."""
-        return {
+        out: dict[str, Any] = {
             "id": self.id,
             "prompt_tokens": self.prompt_tokens,
             "hit_tokens": self.hit_tokens,
@@ -54,6 +62,11 @@ class RequestRecord:
             "prefill_steps": self.prefill_steps,
             "junction": self.junction,
         }
+        if self.store_hit_tokens is not None:
+            out["store_hit_tokens"] = self.store_hit_tokens
+        if self.instance is not None:
+            out["instance"] = self.instance
+        return out
 
 
 @dataclass
@@ -66,6 +79,8 @@ class SimResult:
     ssm_pages_stored: int = 0  # SSM state pages keyed over the run
     ssm_pages_peak: int = 0  # most keyed SSM state pages held at once (cached or in use)
     ssm_snapshot_pages: int = 0  # of the pages stored: decode snapshots (past the prompt)
+    store: dict[str, float] | None = None  # the second tier's totals (see `store_summary`)
+    instances: list[dict[str, float]] = field(default_factory=list)  # per instance, if > 1
 
     def by_id(self) -> dict[int | str, RequestRecord]:
         return {r.id: r for r in self.records}
@@ -107,21 +122,40 @@ def summarize(result: SimResult) -> dict[str, float]:
         "ssm_pages_peak": result.ssm_pages_peak,
         "makespan_s": result.makespan_s,
         "steps": result.steps,
+        **(_store_keys(result) if result.store is not None else {}),
     }
 
 
-def step_work(out: SchedulerOutput) -> StepWork:
-    """What the cost model needs to know about one scheduled step."""
-    seqs = tuple(
-        SeqWork(
-            num_new_tokens=s.num_tokens + len(s.draft_token_ids),
-            context_len=s.start,
-            num_draft_tokens=len(s.draft_token_ids),
-            is_prefill=s.num_tokens > 1,
-        )
-        for s in out.scheduled
-    )
-    return StepWork(seqs, num_block_copies=len(out.block_copies))
+def _store_keys(result: SimResult) -> dict[str, float]:
+    recs = result.records
+    prompt = sum(r.prompt_tokens for r in recs)
+    store_hit = sum(r.store_hit_tokens or 0 for r in recs)
+    return {
+        "store_hit_tokens": store_hit,
+        "store_token_hit_rate": store_hit / prompt if prompt else 0.0,
+        **(result.store or {}),
+    }
+
+
+def store_summary(
+    insts: Sequence[Instance], store: SimHostStore, makespan: float
+) -> dict[str, float]:
+    """The second tier over a run: what was loaded (and the time charged for it), what was
+    put, and what the store holds at the end."""
+    assert insts[0].link is not None
+    put_bytes = store.stats.put_bytes
+    return {
+        "store_loaded_bytes": sum(i.io.loaded_bytes for i in insts if i.io is not None),
+        "store_load_s": sum(i.load_s for i in insts),
+        # lookups' round trips (charged); a step's puts check `exists` off the critical path
+        "store_round_trips": sum(i.lookup_trips for i in insts),
+        "store_put_bytes": put_bytes,
+        "store_write_busy": put_bytes / insts[0].link.write_bandwidth / (makespan or 1e-12),
+        "store_used_bytes": store.used_bytes,
+        "store_objects": len(store),
+        "store_evictions": store.evictions,
+        "store_put_refused": store.stats.put_refused,
+    }
 
 
 @dataclass
@@ -177,6 +211,12 @@ class _Pending:
 
 
 class Simulator:
+    """Runs a workload through `instances` simulated engines (one by default).
+
+    `tier`: a second cache tier (`hycache.sim.tier`), one store shared by every instance,
+    each instance mirroring its own device cache into it. `routing`: how requests are spread
+    over the instances (`hycache.sim.cluster.Router`)."""
+
     def __init__(
         self,
         config: HycacheConfig,
@@ -185,12 +225,22 @@ class Simulator:
         dry_step_s: float = 0.01,
         seed: int = 0,
         vocab_size: int = 32000,
+        tier: TierConfig | None = None,
+        instances: int = 1,
+        routing: str = "round-robin",
     ) -> None:
+        if instances < 1:
+            raise ValueError(f"instances: must be >= 1, got {instances}")
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing: expected one of {', '.join(ROUTINGS)}, got {routing!r}")
         self.config = config
         self.cost = cost
         self.dry_step_s = dry_step_s
         self.seed = seed
         self.vocab_size = vocab_size
+        self.tier = tier
+        self.num_instances = instances
+        self.routing = routing
 
     def run(
         self,
@@ -202,16 +252,31 @@ class Simulator:
         on_finish: Callable[[RequestRecord], None] | None = None,
     ) -> SimResult:
         """Run a workload to completion. Requests with an `arrival_s` arrive open loop;
-        otherwise (and for sessions) `concurrency` requests are kept in flight."""
+        otherwise (and for sessions) `concurrency` requests are kept in flight (over all
+        instances together: the clients do not know how many engines serve them).
+
+        A discrete-event loop: the next event is the earliest of the next open-loop arrival
+        and the instances' clocks (the end of each one's last step); at equal times arrivals
+        come first, then the lowest instance. An instance's step is atomic: requests routed to
+        it while it runs wait for its next step, and what finished in it is recorded (and frees
+        a closed-loop slot) when the cluster's time reaches its end."""
         cfg = self.config
-        sched = Scheduler(cfg)
-        spec = cfg.speculative
-        ex = DryRunExecutor(
-            vocab_size=self.vocab_size,
-            num_speculative_tokens=spec.num_speculative_tokens,
-            acceptance_rate=spec.acceptance_rate,
-            seed=self.seed,
-        )
+        store = SimHostStore(self.tier.capacity_bytes) if self.tier is not None else None
+        link = self.tier.link if self.tier is not None else None
+        insts = [
+            Instance(
+                i,
+                cfg,
+                cost=self.cost,
+                dry_step_s=self.dry_step_s,
+                seed=self.seed,
+                vocab_size=self.vocab_size,
+                store=store,
+                link=link,
+            )
+            for i in range(self.num_instances)
+        ]
+        router = Router(self.routing, insts)
         pending = _Pending(
             requests,
             (
@@ -226,53 +291,94 @@ class Simulator:
                 for s in sessions
             ),
         )
-        pages = _SSMPageCounter(cfg, sched)
         limit = 1 if sequential else (concurrency or 10**9)
-        clock = 0.0
-        in_flight: dict[str, tuple[_Item, float]] = {}
+        inf = float("inf")
+        now = 0.0
+        released = 0  # requests released and not finished
         records: list[RequestRecord] = []
-        first_token: dict[str, float] = {}
-        steps = peak = 0
         order: dict[int | str, int] = {}  # key -> admission index (the last one, if a key repeats)
         admitted = 0
-        while pending or in_flight:
-            while pending and len(in_flight) < limit:
+        while True:
+            while pending and released < limit:
                 item = pending.peek()
-                if not sequential and item.arrival_s is not None and item.arrival_s > clock:
+                if not sequential and item.arrival_s is not None and item.arrival_s > now:
                     break
                 pending.pop()
                 order[item.key] = admitted
                 admitted += 1
-                req = self._request(sched, item)
-                in_flight[req.request_id] = (item, clock)
-                sched.add_request(req)
-            if not sched.has_unfinished():
-                clock = max(clock, pending.peek().arrival_s or clock)
+                released += 1
+                req = self._request(insts[0].sched, item)
+                router.pick(req).route(item, req, now)
+            nxt = inf
+            if pending and released < limit:
+                item = pending.peek()
+                if not sequential and item.arrival_s is not None:
+                    nxt = item.arrival_s
+            inst = min((i for i in insts if i.busy()), key=lambda i: i.clock, default=None)
+            if inst is None or nxt < inst.clock:
+                if nxt == inf:
+                    assert not pending, "requests left that nothing will release"
+                    break
+                now = nxt
                 continue
-            out = sched.schedule()
-            sampling = [s.request.request_id for s in out.scheduled if s.samples]
-            done = sched.update(out, ex.execute(out))
-            sched.finished.clear()  # nobody inspects them here; they hold whole prompts
-            pages.attribute(done)
-            clock += self.cost.step_time(step_work(out)) if self.cost else self.dry_step_s
-            steps += 1
-            peak = max(peak, sched.cache.pool.num_blocks - 1 - sched.cache.pool.num_free)
-            for rid in sampling:
-                first_token.setdefault(rid, clock)
-            for req in done:
-                item, arrived = in_flight.pop(req.request_id)
-                rec = self._record(item, req, arrived, first_token.pop(req.request_id), clock)
-                records.append(rec)
-                if on_finish:
-                    on_finish(rec)
-                nxt = self._next_turn(item, req)
-                if nxt is not None:
-                    pending.append(nxt)
+            now = max(now, inst.clock)
+            if inst.done:
+                done, inst.done = inst.done, []
+                for req in done:
+                    released -= 1
+                    item, arrived = inst.in_flight.pop(req.request_id)
+                    first = inst.first_token.pop(req.request_id)
+                    rec = self._record(item, req, arrived, first, inst.clock)
+                    if store is not None:
+                        rec.store_hit_tokens = req.first_outcome.store_hit_tokens
+                    if len(insts) > 1:
+                        rec.instance = inst.index
+                    records.append(rec)
+                    if on_finish:
+                        on_finish(rec)
+                    turn = self._next_turn(item, req)
+                    if turn is not None:
+                        pending.append(turn)
+                continue
+            inst.admit()
+            if inst.sched.has_unfinished():
+                inst.step()
         records.sort(key=lambda r: order[r.id])
+        return self._result(records, insts, store)
+
+    @staticmethod
+    def _result(
+        records: list[RequestRecord], insts: list[Instance], store: SimHostStore | None
+    ) -> SimResult:
+        makespan = max(i.clock for i in insts)
+        tier = store_summary(insts, store, makespan) if store is not None else None
         result = SimResult(
-            records, clock, steps, peak, {}, pages.stored, pages.peak, pages.snapshots
+            records,
+            makespan,
+            sum(i.steps for i in insts),
+            max(i.peak_blocks for i in insts),
+            {},
+            sum(i.pages.stored for i in insts),
+            sum(i.pages.peak for i in insts),
+            sum(i.pages.snapshots for i in insts),
+            tier,
         )
         result.summary = summarize(result)
+        if len(insts) > 1:
+            for inst in insts:
+                mine = [r for r in records if r.instance == inst.index]
+                part = SimResult(
+                    mine,
+                    makespan,
+                    inst.steps,
+                    inst.peak_blocks,
+                    {},
+                    inst.pages.stored,
+                    inst.pages.peak,
+                    inst.pages.snapshots,
+                    {"store_load_s": inst.load_s} if store is not None else None,
+                )
+                result.instances.append({"instance": inst.index, **summarize(part)})
         return result
 
     @staticmethod
@@ -322,45 +428,3 @@ class Simulator:
             outputs,
             prefix_hints=s.prefix_hints,
         )
-
-
-class _SSMPageCounter:
-    """Counts keyed SSM state pages from the block pool's events (as `hycache explain` reads
-    checkpoints): one key per SSM page, so keys stored = pages stored. A page keyed in a step
-    at the prompt's end or past it, under the key of a request that finished in that step, is
-    that request's decode snapshot (`limit` keys it when the request lets go)."""
-
-    def __init__(self, config: HycacheConfig, sched: Scheduler) -> None:
-        self.groups = {i for i, g in enumerate(config.cache.groups) if g is GroupKind.SSM}
-        self.stored = 0
-        self.snapshots = 0
-        self.live = 0
-        self.peak = 0
-        self._step: list[BlockEvent] = []  # SSM keys stored since the last `attribute`
-        sched.cache.pool.subscribe(self.on_event)
-
-    def on_event(self, event: BlockEvent) -> None:
-        if event.key.group not in self.groups:
-            return
-        if event.kind == "stored":
-            self.stored += 1
-            self.live += 1
-            self.peak = max(self.peak, self.live)
-            self._step.append(event)
-        elif event.kind == "removed":
-            self.live -= 1
-
-    def attribute(self, finished: Sequence[Request]) -> None:
-        """Count the decode snapshots among this step's stored keys."""
-        events, self._step = self._step, []
-        if not finished:
-            return
-        for e in events:
-            for req in finished:
-                pos = e.position
-                if (
-                    req.num_prompt_tokens <= pos <= req.hashes.num_hashed_tokens
-                    and req.hashes.at(pos) == e.key.hash
-                ):
-                    self.snapshots += 1
-                    break

@@ -429,6 +429,7 @@ class _Session:
     ids: list[int]
     length: int
     turns_left: int
+    ready_ms: float = 0.0  # the next turn comes no earlier (with a turn gap)
 
 
 def _lognormal_ints(
@@ -456,6 +457,7 @@ def generate_mooncake_like(
     system_prompt_median_tokens: float = 2048.0,
     max_open_sessions: int = 128,
     mean_turns: float = 6.0,
+    turn_gap_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """A synthetic trace shaped like Mooncake's conversation trace (see ``docs/cost-model.md``).
 
@@ -467,13 +469,28 @@ def generate_mooncake_like(
     of reusing are steered by the running token deficit against the target (an integral
     controller), so the unbounded token hit ceiling lands near ``target_hit_ceiling`` for any
     seed and any size past a few hundred requests.
+
+    ``turn_gap_s``: a conversation's next turn comes no sooner than a gap drawn lognormal
+    around this median (sigma 0.5) after its last one, as a user reads and types (Mooncake's
+    conversation trace: about two minutes); None (default): whenever it is picked. With a gap,
+    at least 2,048 conversations stay open, so that they outlive it.
     """
     if num_requests < 0:
         raise ValueError(f"num_requests must be >= 0, got {num_requests}")
     if block_tokens < 1 or arrival_rate <= 0 or not 0.0 <= target_hit_ceiling < 1.0:
         raise ValueError("need block_tokens >= 1, arrival_rate > 0, 0 <= target_hit_ceiling < 1")
+    if turn_gap_s is not None and turn_gap_s <= 0:
+        raise ValueError(f"turn_gap_s must be > 0, got {turn_gap_s}")
     rng = np.random.default_rng(seed)
     n = num_requests
+    if turn_gap_s is not None:
+        max_open_sessions = max(max_open_sessions, 2048)
+
+    def ready(now_ms: float) -> float:
+        if turn_gap_s is None:
+            return 0.0
+        return now_ms + float(rng.lognormal(math.log(turn_gap_s * 1000.0), 0.5))
+
     gaps = rng.exponential(1000.0 / arrival_rate, n)
     times_ms = np.rint(np.cumsum(gaps) - (gaps[0] if n else 0.0)).astype(np.int64)
     inputs = _lognormal_ints(rng, n, input_median, input_sigma, 1, max_input_tokens)
@@ -515,7 +532,11 @@ def generate_mooncake_like(
             want_session = rng.random() < p_continue
             if want_session:
                 eligible = [
-                    s for s in sessions if s.length // block_tokens > 0 and s.length < length
+                    s
+                    for s in sessions
+                    if s.length // block_tokens > 0
+                    and s.length < length
+                    and s.ready_ms <= times_ms[i]
                 ]
                 if eligible:
                     # The next turn of a conversation is a little longer than the last one:
@@ -525,6 +546,7 @@ def generate_mooncake_like(
                     prefix = s.ids[: s.length // block_tokens]
                     ids = prefix + fresh(need - len(prefix))
                     s.ids, s.length = ids, length
+                    s.ready_ms = ready(float(times_ms[i]))
                     continued = True
                     s.turns_left -= 1
                     if s.turns_left <= 0:
@@ -539,7 +561,7 @@ def generate_mooncake_like(
             # A new conversation (fresh or behind a system prompt) may be continued later.
             turns = int(rng.geometric(1.0 / max(mean_turns, 1.0)))
             if turns > 1:
-                sessions.append(_Session(ids=ids, length=length, turns_left=turns - 1))
+                sessions.append(_Session(ids, length, turns - 1, ready(float(times_ms[i]))))
                 if len(sessions) > max_open_sessions:
                     sessions.pop(0)
 
@@ -567,14 +589,24 @@ def trace_gen(
     num_requests: int = 12000,
     seed: int = 0,
     block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    turn_gap_s: float | None = None,
+    num_system_prompts: int = 64,
 ) -> dict[str, Any]:
     """Generate a Mooncake-like trace, write it to ``out_path``, return its statistics."""
     records = generate_mooncake_like(
-        num_requests=num_requests, seed=seed, block_tokens=block_tokens
+        num_requests=num_requests,
+        seed=seed,
+        block_tokens=block_tokens,
+        turn_gap_s=turn_gap_s,
+        num_system_prompts=num_system_prompts,
     )
     write_trace(records, out_path)
     stats: dict[str, Any] = dict(trace_stats(records, block_tokens))
     stats["path"] = str(out_path)
     stats["seed"] = seed
     stats["block_tokens"] = block_tokens
+    if turn_gap_s is not None:
+        stats["turn_gap_s"] = turn_gap_s
+    if num_system_prompts != 64:
+        stats["num_system_prompts"] = num_system_prompts
     return stats

@@ -1,14 +1,17 @@
 """`host`: the embedded default second tier, a bounded host-RAM LRU in this process.
 
 Capacity is in bytes of stored values. A put evicts least recently used objects until the new
-one fits; an object larger than the whole store is refused. `get` and `exists` refresh an
+one fits; an object larger than the whole store is refused. `get` (and a repeated `put`) refresh an
 object's recency (a hit is a use).
+
+`size_of` (default `len`) says how many bytes a value counts for: the simulator stores tiny
+stand-in values that name the size of the block they model (`hycache.sim.tier`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hycache.store.base import KVStore
 
@@ -16,7 +19,7 @@ from hycache.store.base import KVStore
 class HostStore(KVStore):
     name = "host"
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, size_of: Callable[[bytes], int] | None = None) -> None:
         super().__init__()
         if capacity_bytes <= 0:
             raise ValueError(
@@ -25,6 +28,7 @@ class HostStore(KVStore):
         self._capacity = int(capacity_bytes)
         self._used = 0
         self._objects: OrderedDict[str, bytes] = OrderedDict()
+        self._size: Callable[[bytes], int] = size_of or len
         self.evictions = 0
 
     @property
@@ -63,7 +67,7 @@ class HostStore(KVStore):
                 self._objects.move_to_end(key)
                 out.append(True)
                 continue
-            size = len(value)
+            size = self._size(value)
             if size > self._capacity:
                 self.stats.put_refused += 1
                 self.stats.warn_once(
@@ -75,7 +79,7 @@ class HostStore(KVStore):
                 continue
             while self._used + size > self._capacity:
                 _, old = self._objects.popitem(last=False)
-                self._used -= len(old)
+                self._used -= self._size(old)
                 self.evictions += 1
             self._objects[key] = bytes(value)
             self._used += size
@@ -89,7 +93,7 @@ class HostStore(KVStore):
         for k in keys:
             value = self._objects.pop(k, None)
             if value is not None:
-                self._used -= len(value)
+                self._used -= self._size(value)
                 n += 1
         self.stats.removed += n
         return n

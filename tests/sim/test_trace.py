@@ -182,6 +182,37 @@ def test_hit_ceiling_is_a_knob(target: float) -> None:
     assert token_hit_ceiling(records) == pytest.approx(target, abs=0.03)
 
 
+def _continuation_gaps_s(records: list[dict]) -> list[float]:
+    """Seconds between a request and the last one holding the deepest block it reuses, for
+    requests that reuse at least 4 blocks (conversation turns, not system prompts)."""
+    last: dict[int, int] = {}
+    gaps = []
+    for r in records:
+        ids, lead = r["hash_ids"], 0
+        while lead < len(ids) and ids[lead] in last:
+            lead += 1
+        if lead >= 4:
+            gaps.append((r["timestamp"] - last[ids[lead - 1]]) / 1000)
+        last.update((h, r["timestamp"]) for h in ids)
+    return gaps
+
+
+def test_turn_gap_and_system_prompts_are_knobs(tmp_path: Path) -> None:
+    plain = generate_mooncake_like(1500, seed=2)
+    gapped = generate_mooncake_like(1500, seed=2, turn_gap_s=120.0)
+    assert [r["timestamp"] for r in plain] == [r["timestamp"] for r in gapped]
+    assert np.median(_continuation_gaps_s(plain)) < 60
+    gaps = _continuation_gaps_s(
+        generate_mooncake_like(1500, seed=2, turn_gap_s=120.0, num_system_prompts=0)
+    )
+    assert 80 <= np.median(gaps) <= 180 and min(gaps) > 20
+    assert np.median(_continuation_gaps_s(gapped)) > np.median(_continuation_gaps_s(plain))
+    stats = trace_gen(tmp_path / "g.jsonl", 300, 1, turn_gap_s=120.0, num_system_prompts=0)
+    assert stats["turn_gap_s"] == 120.0 and stats["num_system_prompts"] == 0
+    with pytest.raises(ValueError, match="turn_gap_s"):
+        generate_mooncake_like(10, turn_gap_s=0.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Lazy prompts
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,251 @@
+"""Simulated serving instances and the router in front of them.
+
+An `Instance` is one engine: its own scheduler, cache manager and device pool, a dry-run
+executor, and its own clock (the end of its last step). With a second tier, its cache is
+mirrored into a store that every instance may share (`hycache.sim.tier`), and the step that
+admits a request whose hit was loaded from the store is longer by the load time.
+
+Routing (`Router`), decided when a request is released to the cluster:
+
+* `round-robin`: instance 0, 1, ..., N-1, 0, ...
+* `prefix-aware`: the instance holding the longest prefix of the request: the deeper of its
+  device cache's joint hit (`CacheManager.lookup`, which changes nothing) and the longest
+  prefix, on the unit grid, of the prompts recently sent to it (prompts in flight are not
+  cached yet; without this, siblings released together would scatter). Ties go to the least
+  loaded instance (requests waiting, running or routed and not yet admitted), then the lowest
+  index. As in SGLang's cache-aware router, a load guard overrides the prefix: when the best
+  instance has more than `balance_threshold` requests more than the least loaded one, the
+  least loaded one takes the request.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+from hycache.cache.block_pool import BlockEvent
+from hycache.config import GroupKind, HycacheConfig
+from hycache.request import Request
+from hycache.sched.executor import DryRunExecutor
+from hycache.sched.scheduler import Scheduler, SchedulerOutput
+from hycache.sim.costmodel import CostModel, SeqWork, StepWork
+from hycache.sim.tier import SimBlockIO, SimHostStore, StoreLink, attach_sim_store
+
+__all__ = ["ROUTINGS", "Instance", "Router", "SSMPageCounter", "step_work"]
+
+ROUTINGS = ("round-robin", "prefix-aware")
+ROUTED_KEYS = 1 << 18  # prefix keys a prefix-aware router remembers per instance (LRU)
+BALANCE_THRESHOLD = 32  # SGLang router's default balance_abs_threshold
+
+
+def step_work(out: SchedulerOutput) -> StepWork:
+    """What the cost model needs to know about one scheduled step."""
+    seqs = tuple(
+        SeqWork(
+            num_new_tokens=s.num_tokens + len(s.draft_token_ids),
+            context_len=s.start,
+            num_draft_tokens=len(s.draft_token_ids),
+            is_prefill=s.num_tokens > 1,
+        )
+        for s in out.scheduled
+    )
+    return StepWork(seqs, num_block_copies=len(out.block_copies))
+
+
+class Instance:
+    """One simulated engine on its own clock."""
+
+    def __init__(
+        self,
+        index: int,
+        config: HycacheConfig,
+        *,
+        cost: CostModel | None,
+        dry_step_s: float,
+        seed: int,
+        vocab_size: int,
+        store: SimHostStore | None = None,
+        link: StoreLink | None = None,
+    ) -> None:
+        self.index = index
+        self.cost = cost
+        self.dry_step_s = dry_step_s
+        self.sched = Scheduler(config)
+        spec = config.speculative
+        self.executor = DryRunExecutor(
+            vocab_size=vocab_size,
+            num_speculative_tokens=spec.num_speculative_tokens,
+            acceptance_rate=spec.acceptance_rate,
+            seed=seed,  # the same for every instance: a request's tokens do not depend on routing
+        )
+        self.pages = SSMPageCounter(config, self.sched)
+        self.store = store
+        self.link = link
+        self.io: SimBlockIO | None = None
+        if store is not None:
+            self.io = attach_sim_store(self.sched.cache, store, config, cost)
+        self.clock = 0.0  # end of the last step
+        self.steps = 0
+        self.peak_blocks = 0
+        self.load_s = 0.0  # load time charged to this instance's steps
+        self.lookup_trips = 0  # store round trips its admissions made (charged as latency)
+        self.inbox: deque[tuple[Any, Request]] = deque()  # routed, not yet added
+        self.in_flight: dict[str, tuple[Any, float]] = {}  # request id -> (item, arrival)
+        self.first_token: dict[str, float] = {}
+        self.done: list[Request] = []  # finished in the last step, not yet recorded
+
+    @property
+    def load(self) -> int:
+        s = self.sched
+        return len(s.waiting) + len(s.running) + len(self.inbox)
+
+    def busy(self) -> bool:
+        return bool(self.done or self.inbox or self.sched.has_unfinished())
+
+    def route(self, item: Any, req: Request, now: float) -> None:
+        """`req` arrives at `now`; an idle instance that fell behind moves up to it."""
+        if not self.sched.has_unfinished() and not self.done:
+            self.clock = max(self.clock, now)
+        self.inbox.append((item, req))
+        self.in_flight[req.request_id] = (item, now)
+
+    def admit(self) -> None:
+        while self.inbox:
+            self.sched.add_request(self.inbox.popleft()[1])
+
+    def step(self) -> None:
+        """One scheduler step: the clock moves by its cost, plus any store load it did."""
+        sched = self.sched
+        store = self.store
+        trips = store.round_trips if store is not None else 0
+        loaded = self.io.loaded_bytes if self.io is not None else 0
+        out = sched.schedule()
+        load = 0.0
+        if store is not None and self.io is not None and self.link is not None:
+            nbytes = self.io.loaded_bytes - loaded
+            calls = store.round_trips - trips
+            self.lookup_trips += calls
+            if nbytes or calls:
+                load = self.link.load_time(nbytes, calls)
+        sampling = [s.request.request_id for s in out.scheduled if s.samples]
+        done = sched.update(out, self.executor.execute(out))
+        sched.finished.clear()  # nobody inspects them here; they hold whole prompts
+        self.pages.attribute(done)
+        dt = self.cost.step_time(step_work(out)) if self.cost else self.dry_step_s
+        if load:
+            dt += load
+            self.load_s += load
+        self.clock += dt
+        self.steps += 1
+        pool = sched.cache.pool
+        self.peak_blocks = max(self.peak_blocks, pool.num_blocks - 1 - pool.num_free)
+        for rid in sampling:
+            self.first_token.setdefault(rid, self.clock)
+        self.done = done
+
+
+class Router:
+    """Picks the instance a request goes to (see the module docstring)."""
+
+    def __init__(
+        self,
+        kind: str,
+        instances: Sequence[Instance],
+        *,
+        balance_threshold: int = BALANCE_THRESHOLD,
+    ) -> None:
+        if kind not in ROUTINGS:
+            raise ValueError(f"routing: expected one of {', '.join(ROUTINGS)}, got {kind!r}")
+        self.kind = kind
+        self.instances = list(instances)
+        self.balance_threshold = balance_threshold
+        self._next = 0
+        self._sent: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in self.instances]
+
+    def pick(self, req: Request) -> Instance:
+        insts = self.instances
+        if len(insts) == 1:
+            return insts[0]
+        if self.kind == "round-robin":
+            inst = insts[self._next % len(insts)]
+            self._next += 1
+            return inst
+        keys = self._keys(req)
+        scored = [
+            (-max(i.sched.cache.lookup(req).resume_point, self._sent_match(i, keys)), i.load, i)
+            for i in insts
+        ]
+        best = min(scored, key=lambda s: (s[0], s[1], s[2].index))[2]
+        least = min(insts, key=lambda i: (i.load, i.index))
+        if best.load - least.load > self.balance_threshold:
+            best = least
+        self._remember(best, keys)
+        return best
+
+    @staticmethod
+    def _keys(req: Request) -> list[bytes]:
+        h = req.hashes
+        u = h.unit
+        limit = min(h.num_hashed_tokens, req.num_prompt_tokens)
+        return [h.at(p) for p in range(u, limit + 1, u)]
+
+    def _sent_match(self, inst: Instance, keys: list[bytes]) -> int:
+        sent = self._sent[inst.index]
+        n = 0
+        for k in keys:
+            if k not in sent:
+                break
+            n += 1
+        return n * self.instances[0].sched.cache.bounds.unit
+
+    def _remember(self, inst: Instance, keys: list[bytes]) -> None:
+        sent = self._sent[inst.index]
+        for k in keys:
+            sent[k] = None
+            sent.move_to_end(k)
+        while len(sent) > ROUTED_KEYS:
+            sent.popitem(last=False)
+
+
+class SSMPageCounter:
+    """Counts keyed SSM state pages from the block pool's events (as `hycache explain` reads
+    checkpoints): one key per SSM page, so keys stored = pages stored. A page keyed in a step
+    at the prompt's end or past it, under the key of a request that finished in that step, is
+    that request's decode snapshot (`limit` keys it when the request lets go). Pages loaded
+    from a second tier count as stored too (they are keyed in the pool)."""
+
+    def __init__(self, config: HycacheConfig, sched: Scheduler) -> None:
+        self.groups = {i for i, g in enumerate(config.cache.groups) if g is GroupKind.SSM}
+        self.stored = 0
+        self.snapshots = 0
+        self.live = 0
+        self.peak = 0
+        self._step: list[BlockEvent] = []  # SSM keys stored since the last `attribute`
+        sched.cache.subscribe(self.on_event)
+
+    def on_event(self, event: BlockEvent) -> None:
+        if event.key.group not in self.groups:
+            return
+        if event.kind == "stored":
+            self.stored += 1
+            self.live += 1
+            self.peak = max(self.peak, self.live)
+            self._step.append(event)
+        elif event.kind == "removed":
+            self.live -= 1
+
+    def attribute(self, finished: Sequence[Request]) -> None:
+        """Count the decode snapshots among this step's stored keys."""
+        events, self._step = self._step, []
+        if not finished:
+            return
+        for e in events:
+            for req in finished:
+                pos = e.position
+                if (
+                    req.num_prompt_tokens <= pos <= req.hashes.num_hashed_tokens
+                    and req.hashes.at(pos) == e.key.hash
+                ):
+                    self.snapshots += 1
+                    break

@@ -24,12 +24,13 @@ Lookup (`extend`), after the device lookup:
                   ──▶ fresh blocks, loaded and keyed; the device lookup now finds the deeper hit
 
 Loaded (and path) blocks keep a staging reference until the admission adopts them (`unstage`).
+A device hit's own keys are queued for the next flush too, so the store heals: what it lost (or
+missed during an outage) while the device still held it is written again once it is used.
 Any object that is missing, corrupt or of the wrong size makes the whole fetch a miss (counted).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -44,7 +45,6 @@ from hycache.request import Request
 from hycache.store import codec
 from hycache.store.base import KVStore
 
-RECENT_PUTS = 1 << 16  # names put lately, not put again (a store keeps the first value anyway)
 UNITS = "units"  # the kind of a block's unit index object
 MARKER = -(1 << 40)  # virtual ids at and below this: a unit the store knows, holding no data
 
@@ -102,7 +102,6 @@ class StoreMirror:
         self._pending: list[BlockEvent] = []
         self._staged: list[tuple[BlockPool, int]] = []
         self._loading = False
-        self._recent: OrderedDict[str, None] = OrderedDict()
         for pool in pools:
             pool.subscribe(self._on_event)
 
@@ -143,34 +142,43 @@ class StoreMirror:
         return []
 
     def flush(self) -> None:
-        """Write what the last step's commits stored (see the module diagram)."""
+        """Write what the last step's commits stored (see the module diagram). One batched
+        `exists` first: what the store already holds (another engine's, or ours from before a
+        device eviction) is not read or sent again, and what it lost (evicted, or a restarted
+        master) is written anew."""
         events, self._pending = self._pending, []
         if self.io is None or not events:
             return
-        items: dict[str, bytes] = {}
+        wanted: dict[str, tuple[CacheKey, int, int] | bytes] = {}
         for event in events:
             if self._lookup(event.key) != event.block_id:
                 continue  # evicted since (cannot happen within a step; cheap to check)
             for key, block, pos in self._wanted(event):
-                name = self.name(key, pos)
-                if name in items or name in self._recent:
-                    continue
-                payload = self.io.read(key.group, block, self._rows(pos))
-                items[name] = codec.encode(name, payload)
+                wanted.setdefault(self.name(key, pos), (key, block, pos))
             index = self._unit_index(event)
-            if index is not None and index[0] not in self._recent:
-                items[index[0]] = codec.encode(*index)
+            if index is not None:
+                wanted.setdefault(index[0], index[1])
+        if not wanted:
+            return
+        names = list(wanted)
+        missing = [n for n, there in zip(names, self.store.exists(names), strict=True) if not there]
+        items: list[tuple[str, bytes]] = []
+        for name in missing:
+            what = wanted[name]
+            if isinstance(what, bytes):  # a unit index
+                items.append((name, codec.encode(name, what)))
+                continue
+            key, block, pos = what
+            items.append(
+                (name, codec.encode(name, self.io.read(key.group, block, self._rows(pos))))
+            )
         if not items:
             return
-        ok = self.store.put(list(items.items()))
-        for name, stored in zip(items, ok, strict=True):
+        for stored in self.store.put(items):
             if stored:
                 self.stats.put_objects += 1
-                self._recent[name] = None
             else:
                 self.stats.put_refused += 1
-        while len(self._recent) > RECENT_PUTS:
-            self._recent.popitem(last=False)
 
     def _unit_index(self, event: BlockEvent) -> tuple[str, bytes] | None:
         """(name, the unit keys) of a full attention block under `limit`, when it carries a
@@ -228,6 +236,7 @@ class StoreMirror:
         """A deeper hit from the store, loaded into device blocks; `hit` when there is none."""
         if self.io is None:
             return hit
+        self._recheck(hit, attention, ssm)
         bounds = self.bounds
         limit = bounds.lookup_limit(req.num_tokens)
         if floor_to(limit, bounds.unit) <= hit.resume_point:
@@ -297,6 +306,24 @@ class StoreMirror:
             self.stats.hits += 1
             self.stats.hit_tokens += gained
         return replace(new, store_hit_tokens=max(gained, 0))
+
+    def _recheck(
+        self, hit: CacheHit, attention: list[AttentionManager], ssm: list[SSMManager]
+    ) -> None:
+        """Queue the device hit's own keys for the next `flush`, which writes whatever of them
+        the store lacks: objects it lost (LRU eviction, a restarted master) or never got (an
+        outage) while the device still held them are written again once they are used."""
+        if not hit.resume_point:
+            return
+        for g, blocks in zip(attention, hit.attention_blocks, strict=True):
+            for block in blocks:
+                for key, pos in g.pool.keys[block]:
+                    if key.group == g.group and pos <= hit.resume_point + self.bounds.block_size:
+                        self._pending.append(BlockEvent("stored", key, block, pos))
+        for g, block in zip(ssm, hit.ssm_blocks, strict=True):
+            if block is not None:
+                for key, pos in g.pool.keys[block]:
+                    self._pending.append(BlockEvent("stored", key, block, pos))
 
     def _observe(self, hit: CacheHit, seen: CacheHit) -> CacheHit:
         """`hit` with the junction the store revealed, when it lies further than the device's."""

@@ -75,6 +75,7 @@ class MooncakeStore(KVStore):
         self._factory = MooncakeDistributedStore
         self._client: Any = None
         self._retry_at = 0.0
+        self._suspect = False  # a call failed: probe the master's port before the next
         self._put_bytes = 0
         self._connect()
 
@@ -114,17 +115,29 @@ class MooncakeStore(KVStore):
         self._retry_at = time.monotonic() + RETRY_SECONDS
 
     def _ready(self) -> bool:
+        """Whether to call the store now: not while backing off, and after a failure only
+        once the master's port answers again (a call against a dead master blocks for
+        seconds in the client's RPC timeout)."""
         if time.monotonic() < self._retry_at:
             return False
         if self._client is None:
             return self._connect()
+        if self._suspect:
+            if not self._reachable():
+                self._down(f"mooncake master {self.host}:{self.port} is unreachable")
+                return False
+            self._suspect = False
         return True
 
     def _failed(self, rc: int) -> None:
-        """A call answered an RPC failure: the master is gone; back off and probe later."""
-        self._down(f"mooncake store call failed ({rc})")
+        """A call failed. A master that is gone: back off, and probe its port before the next
+        call. One that answers (a restarted master takes the client back on its next call):
+        go on at once."""
+        self.stats.errors += 1
+        self.stats.warn_once("call", f"mooncake store call failed ({rc}); counted as a miss")
         if not self._reachable():
-            self._retry_at = time.monotonic() + RETRY_SECONDS
+            self._down(f"mooncake master {self.host}:{self.port} is unreachable")
+            self._suspect = True
 
     # -- the interface --------------------------------------------------------------------------
 

@@ -134,3 +134,22 @@ def test_engines_sharing_only_a_store_observe_the_junction_to_the_unit(k: int) -
     assert got[1].junction == want[1].junction > 0
     assert got[2].hit_tokens == got[2].store_hit_tokens == want[2].hit_tokens
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+def test_the_store_heals_what_it_lost_while_the_device_held_it() -> None:
+    """A store that lost everything (a restarted master, an eviction) is written again from
+    the device cache once a request uses those blocks: another engine then hits it."""
+    from hycache.store import HostStore
+
+    kw = {**GEOMETRY, "num_speculative_tokens": 2}
+    fam = family(seed=6)
+    store = HostStore(1 << 28)
+    first = LLM("tiny", kv_store=store, **kw)
+    first.generate([fam[0]], SP)
+    first.generate([fam[1]], SP)
+    store.close()  # everything gone; the device pool still holds the family
+    assert len(store) == 0
+    used = first.generate([fam[2]], SP)[0]
+    assert used.hit_tokens > 0 and used.store_hit_tokens == 0
+    other = LLM("tiny", kv_store=store, **kw).generate([fam[2]], SP)[0]
+    assert other.hit_tokens == other.store_hit_tokens >= used.hit_tokens

@@ -377,6 +377,8 @@ class EngineWorker:
             finish_reason="stop",
             logprobs=out.logprobs[:n] if out.logprobs is not None else None,
         )
+        if event.output is None:  # ended here, not by the engine: count it as finished
+            self.llm.count_finished(output)
         return StreamEvent(
             rid, event.new_token_ids[:keep], True, output, lps[:keep] if lps is not None else None
         )

@@ -113,6 +113,7 @@ def test_stop_string_across_tokens_cuts_text_and_ends_the_request(
     assert full.text is not None
     want = full.text[: full.text.index(stop)]
     body = {"prompt": text, "max_tokens": 200, "stop": [stop, "never-occurs"]}
+    before = client.get("/v1/stats").json()["engine"]
     out = post(client, body)
     choice = out["choices"][0]
     assert choice["text"] == want and stop not in choice["text"]
@@ -120,6 +121,9 @@ def test_stop_string_across_tokens_cuts_text_and_ends_the_request(
     assert choice["finish_reason"] == "stop"
     assert out["usage"]["completion_tokens"] == kept
     assert idle(client)
+    after = client.get("/v1/stats").json()["engine"]  # counted as a finished request
+    assert after["output_tokens"] - before["output_tokens"] == kept
+    assert after["prompt_tokens"] - before["prompt_tokens"] == out["usage"]["prompt_tokens"]
 
     chunks = stream(client, "/v1/completions", body)
     assert "".join(c["choices"][0]["text"] for c in chunks) == want

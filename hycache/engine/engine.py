@@ -347,13 +347,18 @@ class LLM:
         for req in finished:
             self.runner.release(req.request_id)
             output = self.request_output(req)
-            self.stats.prompt_tokens += req.num_prompt_tokens
-            self.stats.hit_tokens += output.hit_tokens
-            self.stats.output_tokens += req.num_output_tokens
+            self.count_finished(output)
             for e in events:
                 if e.request_id == req.request_id:
                     e.output = output
         return events
+
+    def count_finished(self, output: RequestOutput) -> None:
+        """Add a finished request to `stats` (the server calls it for a request it ends at a
+        stop string, which the engine sees only as an abort)."""
+        self.stats.prompt_tokens += len(output.prompt_token_ids)
+        self.stats.hit_tokens += output.hit_tokens
+        self.stats.output_tokens += len(output.token_ids)
 
     def request_output(self, req: Request) -> RequestOutput:
         """What `req` has produced so far, as a `RequestOutput` (its text decoded)."""

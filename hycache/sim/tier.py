@@ -111,8 +111,9 @@ class TierConfig:
 
 
 def modelled_size(value: bytes) -> int:
-    """What a stored stand-in value counts for: its frame plus the block it models."""
-    if len(value) < HEADER_BYTES + _PAYLOAD.size:
+    """What a stored stand-in value counts for: its frame plus the block it models. Other
+    objects (a block's unit index: 16-byte keys) count as their own bytes."""
+    if len(value) != HEADER_BYTES + _PAYLOAD.size:
         return len(value)
     _, nbytes = _PAYLOAD.unpack_from(value, HEADER_BYTES)
     return len(value) + nbytes

@@ -264,3 +264,17 @@ def test_tier_config_is_per_arm_fresh() -> None:
     a, b = run(reqs, 24, TierConfig(1)), run(reqs, 24, TierConfig(1))
     assert [r.hit_tokens for r in a.records] == [r.hit_tokens for r in b.records]
     assert replace(a, records=[]).summary == replace(b, records=[]).summary
+
+
+def test_without_hints_four_instances_sharing_a_store_resume_where_one_does() -> None:
+    """No prefix hints: the junction is observed from the store's unit indexes, to the unit,
+    so every request resumes where it would on one instance, and members 3+ at the limit."""
+    reqs = family_workload(4, 5, (30, 100), (3, 12), (2, 5), seed=7, prefix_hint=False)
+    hinted = family_workload(4, 5, (30, 100), (3, 12), (2, 5), seed=7, prefix_hint=True)
+    one = run(reqs, 400, TierConfig(1), instances=1)
+    four = run(reqs, 400, TierConfig(1), instances=4, routing="round-robin")
+    assert [r.hit_tokens for r in four.records] == [r.hit_tokens for r in one.records]
+    for members in families(reqs).values():
+        limit = (hinted[members[0]].prefix_hints[0] - 1) // U * U
+        assert all(four.records[i].hit_tokens == limit for i in members[2:])
+    assert four.summary["store_hit_tokens"] > 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hycache.cache.layout import shared_page_bytes
 from hycache.sim.presets import GpuSpec, ModelSpec
 
 __all__ = [
@@ -197,7 +198,8 @@ class CostModel:
         """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        return max(block_size * self.attention_bytes_per_token, self.model.ssm_state_bytes)
+        attention = block_size * self.attention_bytes_per_token
+        return shared_page_bytes(attention, self.model.ssm_state_bytes)
 
     def balanced_block_size(self, multiple: int = 16) -> int:
         """Smallest block size (a multiple of ``multiple``) whose attention block is at least

@@ -23,7 +23,7 @@ from hycache.config import HycacheConfig
 from hycache.engine.block_io import RunnerBlockIO
 from hycache.engine.runner import ModelRunner
 from hycache.store import KVStore, open_store
-from hycache.store.codec import fingerprint
+from hycache.store.codec import fingerprint, layout_parts
 
 EDGE_BYTES = 1 << 16
 
@@ -55,7 +55,6 @@ def engine_fingerprint(
     drafter: str | None,
     draft_seed: int | None,
 ) -> str:
-    c = config.cache
     cfg = (
         dataclasses.asdict(model_config)
         if dataclasses.is_dataclass(model_config)
@@ -67,12 +66,7 @@ def engine_fingerprint(
             "dtype": str(dtype),
             "weights": weights_identity(model),
             "drafter": weights_identity(drafter) if drafter else draft_seed,
-            "block_size": c.block_size,
-            "unit": c.unit,
-            "hash_seed": c.hash_seed,
-            "policy": str(c.policy),
-            "speculative": config.speculative.num_speculative_tokens > 0,
-            "groups": [str(g) for g in c.groups],
+            **layout_parts(config),
         }
     )
 

@@ -32,7 +32,7 @@ from hycache.cache.mirror import StoreMirror
 from hycache.config import GroupKind, HycacheConfig
 from hycache.sim.costmodel import CostModel
 from hycache.store import GB
-from hycache.store.codec import HEADER_BYTES, fingerprint
+from hycache.store.codec import HEADER_BYTES, fingerprint, layout_parts
 from hycache.store.host import HostStore
 
 __all__ = [
@@ -169,18 +169,8 @@ class SimBlockIO:
 def sim_fingerprint(config: HycacheConfig, cost: CostModel | None) -> str:
     """What makes two simulated instances' objects interchangeable (the engine's fingerprint,
     with the model preset's name standing in for its weights)."""
-    c = config.cache
-    return fingerprint(
-        {
-            "model": cost.model.name if cost is not None else None,
-            "block_size": c.block_size,
-            "unit": c.unit,
-            "hash_seed": c.hash_seed,
-            "policy": str(c.policy),
-            "speculative": config.speculative.num_speculative_tokens > 0,
-            "groups": [str(g) for g in c.groups],
-        }
-    )
+    model = cost.model.name if cost is not None else None
+    return fingerprint({"model": model, **layout_parts(config)})
 
 
 def attach_sim_store(

@@ -21,6 +21,8 @@ from typing import Any
 
 import xxhash
 
+from hycache.config import HycacheConfig
+
 MAGIC = b"HYC1"
 VERSION = 1
 _HEADER = struct.Struct("<4sIQQQ")
@@ -33,6 +35,20 @@ def object_name(
     """`kind` names an object other than a block or state at that key (e.g. "units")."""
     suffix = f"/{kind}" if kind else ""
     return f"hycache/{fingerprint}/{group}/{position}/{prefix_hash.hex()}{suffix}"
+
+
+def layout_parts(config: HycacheConfig) -> dict[str, Any]:
+    """The cache layout and key scheme in a fingerprint: what every engine (and simulated
+    instance) sharing objects must agree on besides the model."""
+    c = config.cache
+    return {
+        "block_size": c.block_size,
+        "unit": c.unit,
+        "hash_seed": c.hash_seed,
+        "policy": str(c.policy),
+        "speculative": config.speculative.num_speculative_tokens > 0,
+        "groups": [str(g) for g in c.groups],
+    }
 
 
 def fingerprint(parts: dict[str, Any]) -> str:

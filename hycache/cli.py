@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -263,8 +264,8 @@ def build_tier(args: argparse.Namespace) -> Any:
     """The simulated second tier `--kv-store-gb` / `--kv-store-link` describe (None: none)."""
     from hycache.sim.tier import STORE_LINKS, TierConfig
 
-    if args.kv_store_gb < 0:
-        raise UserError(f"--kv-store-gb: must be >= 0, got {args.kv_store_gb}")
+    if not 0 <= args.kv_store_gb < math.inf:
+        raise UserError(f"--kv-store-gb: must be a finite number >= 0, got {args.kv_store_gb}")
     if args.instances > 1 and args.request_rate == "auto":
         raise UserError("--request-rate auto measures one instance; give a rate with --instances")
     if not args.kv_store_gb:

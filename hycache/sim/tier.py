@@ -24,6 +24,7 @@ Costs (charged by the simulator, see `Simulator`):
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -102,7 +103,7 @@ class TierConfig:
     link: StoreLink = STORE_LINKS["host"]
 
     def __post_init__(self) -> None:
-        if not self.capacity_gb > 0:
+        if not 0 < self.capacity_gb < math.inf:
             raise ValueError(f"kv-store-gb: must be > 0, got {self.capacity_gb}")
 
     @property

@@ -9,6 +9,8 @@ this package owns the backends, the object names and the value framing.
 
 from __future__ import annotations
 
+import math
+
 from hycache.store.base import KVStore, StoreStats
 from hycache.store.host import HostStore
 
@@ -17,8 +19,8 @@ GB = 2**30
 
 def open_store(spec: str, gb: float) -> KVStore:
     """`host` or `mooncake://HOST:PORT`, with `gb` GiB of this process's memory."""
-    if not gb > 0:
-        raise ValueError(f"kv-store-gb: must be > 0, got {gb}")
+    if not 0 < gb < math.inf:
+        raise ValueError(f"kv-store-gb: must be a finite number > 0, got {gb}")
     if spec == "host":
         return HostStore(int(gb * GB))
     if spec.startswith("mooncake://"):

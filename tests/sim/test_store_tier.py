@@ -250,7 +250,8 @@ def test_cli_simulate_with_a_store_and_instances(tmp_path: Path) -> None:
     assert "store_hit_tokens" in b["policies"]["limit"]
     assert len(b["instances"]["limit"]) == 2
     assert {r["instance"] for r in b["requests"]["limit"]} == {0, 1}
-    assert main([*args, "--kv-store-gb", "-1"]) == 2
+    for bad in ("-1", "inf", "nan"):
+        assert main([*args, "--kv-store-gb", bad]) == 2
 
 
 def test_cli_rejects_an_auto_rate_for_several_instances() -> None:

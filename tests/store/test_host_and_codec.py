@@ -59,8 +59,9 @@ def test_host_store_refuses_what_can_never_fit_and_keeps_first_values() -> None:
     ("spec", "gb", "message"),
     [
         ("disk", 1.0, "expected 'host' or 'mooncake://HOST:PORT'"),
-        ("host", 0.0, "must be > 0"),
-        ("host", float("nan"), "must be > 0"),
+        ("host", 0.0, "must be a finite number > 0"),
+        ("host", float("nan"), "must be a finite number > 0"),
+        ("host", float("inf"), "must be a finite number > 0"),
         ("mooncake://127.0.0.1", 1.0, "needs a port"),
         ("mooncake://127.0.0.1:99999", 1.0, "needs a port"),
         ("mooncake://:5000", 1.0, "expected mooncake://HOST:PORT"),

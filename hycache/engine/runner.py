@@ -93,7 +93,9 @@ class ModelRunner:
             if s.samples:
                 first = starts[i] + s.num_tokens - 1
                 rows.extend(range(first, first + len(s.draft_token_ids) + 1))
-        logits = self.model.compute_logits(hidden[rows]) if rows else None
+        logits = None
+        if rows:
+            logits = self.model.compute_logits(_rows(hidden, rows))
         results: dict[str, StepResult] = {}
         new_tokens: list[list[int]] = []
         at = 0
@@ -191,13 +193,15 @@ class ModelRunner:
             tables.append(s.alloc.block_tables[self.draft_table])
             sel.extend(range(starts[i], starts[i] + verified))
         batch = _batch(ids, positions, qlens, ctx, tables, [], [], self.model.device)
-        x, _ = self.drafter(batch, hidden[sel], self.draft_kv, self.model, compute_logits=False)
+        x, _ = self.drafter(
+            batch, _rows(hidden, sel), self.draft_kv, self.model, compute_logits=False
+        )
         live = [i for i, s in enumerate(sched) if s.samples]
         if not live:
             return
         ends = _starts(qlens)
         last_rows = [ends[i + 1] - 1 for i in live]
-        prev_hidden = x[last_rows]  # (R_live, hidden)
+        prev_hidden = _rows(x, last_rows)  # (R_live, hidden)
         prev_pos = [positions[j] for j in last_rows]
         drafts: list[list[int]] = [[] for _ in live]
         probs: list[list[torch.Tensor]] = [[] for _ in live]
@@ -236,6 +240,12 @@ class ModelRunner:
             self._draft_probs[rid] = torch.stack(probs[n]) if probs[n] else None
 
 
+def _rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t[rows], the index built on the host and copied without waiting for the device."""
+    idx = torch.tensor(rows, dtype=torch.long).to(t.device, non_blocking=True)
+    return t.index_select(0, idx)
+
+
 def _starts(lengths: list[int]) -> list[int]:
     out = [0]
     for n in lengths:
@@ -254,8 +264,9 @@ def _batch(
     device: torch.device,
 ) -> StepBatch:
     return StepBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        # built on the host and copied without waiting for the device
+        input_ids=torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True),
+        positions=torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True),
         query_lens=qlens,
         context_lens=ctx,
         block_tables=tables,

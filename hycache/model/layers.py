@@ -10,6 +10,7 @@ the same block tables.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
         cdt = compute_dtype(in_dtype)
+        if cdt == in_dtype == self.weight.dtype:
+            # no casts: both weight placements are the same math; one fused op (bit-identical)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.to(cdt)  # (..., hidden)
         var = xf.pow(2).mean(-1, keepdim=True)  # (..., 1)
         normed = xf * torch.rsqrt(var + self.eps)
@@ -82,11 +86,19 @@ def rope_cos_sin(
     non-interleaved layout: frequencies repeated as [f_0 .. f_{d/2-1}, f_0 .. f_{d/2-1}].
     """
     cdt = compute_dtype(dtype)
-    exponent = torch.arange(0, rotary_dim, 2, dtype=cdt, device=positions.device) / rotary_dim
-    inv_freq = 1.0 / (theta**exponent)  # (rotary_dim / 2,)
+    inv_freq = _inv_freq(rotary_dim, theta, cdt, positions.device)  # (rotary_dim / 2,)
     freqs = positions.to(cdt)[:, None] * inv_freq[None, :]  # (N, rotary_dim / 2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (N, rotary_dim)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@functools.cache
+def _inv_freq(
+    rotary_dim: int, theta: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """RoPE inverse frequencies (rotary_dim / 2,), computed once per (dim, theta, dtype, device)."""
+    exponent = torch.arange(0, rotary_dim, 2, dtype=dtype, device=device) / rotary_dim
+    return 1.0 / (theta**exponent)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -103,20 +115,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class AttentionPlan:
     """Slot bookkeeping for one step, shared by every attention layer using these block tables.
 
+    Index tensors are built on the host and moved to the device once.
+
     Attributes:
         write_slots: (N,) flat slot (block * block_size + row) where each new token's K/V go.
         starts: request r's tokens are rows starts[r] .. starts[r + 1] - 1.
-        read_slots: per request, (context_len + query_len,) flat slots of positions 0.. in order.
+        context_lens: per request, the tokens cached before this step (its first position).
+        read_slots: per request attended through `padded` or `long_reqs`, (context_len +
+            query_len,) flat slots of positions 0.. in order (None for the others).
         positions: (N,) absolute positions (for the causal masks).
-        padded: one batched layout for the requests with short queries (decode / verify), or
-            None when there are none.
+        decode: the batched layout when every request has exactly one new token, else None.
+        padded: one batched layout for the requests with short queries (verify), or None.
         long_reqs: the other requests (prefill chunks), attended one at a time in query tiles.
     """
 
     write_slots: torch.Tensor
     starts: list[int]
-    read_slots: list[torch.Tensor]
+    context_lens: list[int]
+    read_slots: list[torch.Tensor | None]
     positions: torch.Tensor
+    decode: DecodeAttention | None
     padded: PaddedAttention | None
     long_reqs: list[int]
 
@@ -124,34 +142,91 @@ class AttentionPlan:
     def build(cls, batch: StepBatch, kv: PagedKVCache, device: torch.device) -> AttentionPlan:
         block_size = kv.block_size
         starts = batch.query_starts()
-        positions = batch.positions.to(device)
-        write_parts: list[torch.Tensor] = []
-        read_slots: list[torch.Tensor] = []
-        for r in range(batch.num_requests):
-            total = batch.context_lens[r] + batch.query_lens[r]
+        positions = batch.positions.to(device, non_blocking=True)
+        nreq = batch.num_requests
+        totals = [c + q for c, q in zip(batch.context_lens, batch.query_lens, strict=True)]
+        used: list[list[int]] = []
+        for r in range(nreq):
             table = batch.block_tables[r]
-            if len(table) * block_size < total:
+            if len(table) * block_size < totals[r]:
                 raise ValueError(
                     f"StepBatch.block_tables[{r}] has {len(table)} blocks of {block_size}, "
-                    f"too few for {total} tokens"
+                    f"too few for {totals[r]} tokens"
                 )
-            used = table[: -(-total // block_size)]
-            if any(not 0 <= blk < kv.num_blocks for blk in used):
+            blocks = table[: -(-totals[r] // block_size)]
+            if any(not 0 <= blk < kv.num_blocks for blk in blocks):
                 raise ValueError(
                     f"StepBatch.block_tables[{r}] holds block ids outside [0, {kv.num_blocks})"
                 )
-            bt = torch.tensor(used, dtype=torch.int64, device=device)  # (blocks,)
-            pos = torch.arange(total, dtype=torch.int64, device=device)  # (T,)
-            slots = bt[pos // block_size] * block_size + pos % block_size  # (T,)
-            read_slots.append(slots)
-            write_parts.append(slots[batch.context_lens[r] :])
-        write_slots = torch.cat(write_parts)  # (N,)
+            used.append(blocks)
+        if PADDED_ATTENTION_MAX_QUERY >= 1 and all(q == 1 for q in batch.query_lens):
+            writes = [
+                used[r][p // block_size] * block_size + p % block_size
+                for r, p in enumerate(batch.context_lens)
+            ]
+            write_slots = torch.tensor(writes, dtype=torch.int64).to(device, non_blocking=True)
+            decode = DecodeAttention.build(used, totals, block_size, device)
+            return cls(
+                write_slots, starts, batch.context_lens, [None] * nreq, positions, decode, None, []
+            )
+        read_cpu = [
+            _slots(blocks, total, block_size) for blocks, total in zip(used, totals, strict=True)
+        ]
+        write_slots = torch.cat(
+            [slots[c:] for slots, c in zip(read_cpu, batch.context_lens, strict=True)]
+        ).to(device, non_blocking=True)  # (N,)
+        read_slots: list[torch.Tensor | None] = [t.to(device, non_blocking=True) for t in read_cpu]
         short = [r for r, q in enumerate(batch.query_lens) if q <= PADDED_ATTENTION_MAX_QUERY]
         long_reqs = [r for r, q in enumerate(batch.query_lens) if q > PADDED_ATTENTION_MAX_QUERY]
         padded = None
         if short:
-            padded = PaddedAttention.build(batch, short, read_slots, positions, starts, device)
-        return cls(write_slots, starts, read_slots, positions, padded, long_reqs)
+            padded = PaddedAttention.build(batch, short, read_cpu, starts, device)
+        return cls(
+            write_slots, starts, batch.context_lens, read_slots, positions, None, padded, long_reqs
+        )
+
+
+def _slots(blocks: list[int], total: int, block_size: int) -> torch.Tensor:
+    """(total,) flat slots of positions 0 .. total - 1 on the host, from the block ids."""
+    bt = torch.tensor(blocks, dtype=torch.int64)  # (blocks,)
+    pos = torch.arange(total, dtype=torch.int64)  # (T,)
+    return bt[pos // block_size] * block_size + pos % block_size  # (T,)
+
+
+@dataclass
+class DecodeAttention:
+    """Every request has one new token: its keys are gathered whole blocks at a time from the
+    block tables into (R, nb * block_size) rows, and one SDPA call attends them all.
+
+    Attributes:
+        blocks: (R * nb,) block ids, request-major, padded with block 0.
+        nb: blocks per request after padding.
+        keys: keys attended (the longest request's context + 1); the gathered rows are cut there.
+        mask: (R, 1, 1, keys) bool, True for real keys, or None when every request has
+            `keys` of them (the fast, mask-free SDPA path).
+    """
+
+    blocks: torch.Tensor
+    nb: int
+    keys: int
+    mask: torch.Tensor | None
+
+    @classmethod
+    def build(
+        cls, used: list[list[int]], totals: list[int], block_size: int, device: torch.device
+    ) -> DecodeAttention:
+        nb = max(len(b) for b in used)
+        flat = [blk for b in used for blk in (*b, *[0] * (nb - len(b)))]
+        keys = max(totals)
+        mask = None
+        if min(totals) != keys:
+            lens = torch.tensor(totals, dtype=torch.int64)  # (R,)
+            mask = (torch.arange(keys)[None, :] < lens[:, None])[:, None, None, :].to(
+                device, non_blocking=True
+            )
+        return cls(
+            torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True), nb, keys, mask
+        )
 
 
 @dataclass
@@ -177,27 +252,36 @@ class PaddedAttention:
         batch: StepBatch,
         reqs: list[int],
         read_slots: list[torch.Tensor],
-        positions: torch.Tensor,
         starts: list[int],
         device: torch.device,
     ) -> PaddedAttention:
         nreq = len(reqs)
         q_max = max(batch.query_lens[r] for r in reqs)
         t_max = max(read_slots[r].shape[0] for r in reqs)
-        rows = torch.zeros(nreq, q_max, dtype=torch.int64, device=device)  # (R, q_max)
-        valid = torch.zeros(nreq, q_max, dtype=torch.bool, device=device)  # (R, q_max)
-        slots = torch.zeros(nreq, t_max, dtype=torch.int64, device=device)  # (R, T_max)
-        lens = torch.tensor([read_slots[r].shape[0] for r in reqs], device=device)  # (R,)
+        rows = torch.zeros(nreq, q_max, dtype=torch.int64)  # (R, q_max)
+        valid = torch.zeros(nreq, q_max, dtype=torch.bool)  # (R, q_max)
+        qpos = torch.zeros(nreq, q_max, dtype=torch.int64)  # (R, q_max)
+        slots = torch.zeros(nreq, t_max, dtype=torch.int64)  # (R, T_max)
+        lens = torch.tensor([read_slots[r].shape[0] for r in reqs])  # (R,)
         for i, r in enumerate(reqs):
             q = batch.query_lens[r]
-            rows[i, :q] = torch.arange(starts[r], starts[r] + q, device=device)
+            rows[i, :q] = torch.arange(starts[r], starts[r] + q)
             valid[i, :q] = True
+            # a request's positions are context_len .. context_len + q - 1; padding queries
+            # sit at the last position (fully masked rows would give NaN)
+            c = batch.context_lens[r]
+            qpos[i] = c + q - 1
+            qpos[i, :q] = torch.arange(c, c + q)
             slots[i, : read_slots[r].shape[0]] = read_slots[r]
-        qpos = torch.where(valid, positions[rows], lens[:, None] - 1)  # (R, q_max)
-        keys = torch.arange(t_max, device=device)  # (T_max,)
+        keys = torch.arange(t_max)  # (T_max,)
         causal = keys[None, None, :] <= qpos[:, :, None]  # (R, q_max, T_max)
         mask = causal & (keys[None, None, :] < lens[:, None, None])  # (R, q_max, T_max)
-        return cls(rows, valid, slots, mask[:, None])  # mask: (R, 1, q_max, T_max)
+        return cls(
+            rows.to(device, non_blocking=True),
+            valid.to(device, non_blocking=True),
+            slots.to(device, non_blocking=True),
+            mask[:, None].to(device, non_blocking=True),
+        )
 
 
 class Attention(nn.Module):
@@ -254,34 +338,64 @@ class Attention(nn.Module):
             k = apply_rope(k, cos, sin)  # (N, kv_heads, head_dim)
         kv.write(kv_layer, plan.write_slots, k, v)
 
+        if plan.decode is not None:
+            out = self._decode(q, plan.decode, kv, kv_layer)  # (N, heads, head_dim)
+            return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
         out = torch.empty_like(q)  # (N, heads, head_dim)
         if plan.padded is not None:
             self._padded(q, out, plan.padded, kv, kv_layer)
         for r in plan.long_reqs:
             s, e = plan.starts[r], plan.starts[r + 1]
+            slots = plan.read_slots[r]
+            assert slots is not None
             out[s:e] = self._one_request(
-                q[s:e], plan.positions[s:e], plan.read_slots[r], kv, kv_layer
+                q[s:e], plan.positions[s:e], plan.context_lens[r], slots, kv, kv_layer
             )
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
     def _sdpa(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         """q: (B, heads, L, head_dim), k, v: (B, kv_heads, S, head_dim), mask: bool broadcastable
-        to (B, heads, L, S) -> (B, heads, L, head_dim)."""
+        to (B, heads, L, S), or None for causal attention with L == S -> (B, heads, L,
+        head_dim)."""
         return F.scaled_dot_product_attention(
-            q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=self.scale, enable_gqa=True
+            q,
+            k.to(q.dtype),
+            v.to(q.dtype),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=self.scale,
+            enable_gqa=True,
         )
+
+    def _decode(
+        self, q: torch.Tensor, dec: DecodeAttention, kv: PagedKVCache, kv_layer: int
+    ) -> torch.Tensor:
+        """q: (R, heads, head_dim), one query per request -> (R, heads, head_dim)."""
+        nreq = q.shape[0]
+        kvh, rep, hd = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        blocks = kv.kv[kv_layer].index_select(1, dec.blocks)  # (2, R * nb, block_size, kvh, hd)
+        kv_rows = blocks.view(2, nreq, -1, kvh, hd)[:, :, : dec.keys]  # (2, R, T, kvh, hd)
+        k = kv_rows[0].transpose(1, 2).to(q.dtype)  # (R, kvh, T, hd)
+        v = kv_rows[1].transpose(1, 2).to(q.dtype)  # (R, kvh, T, hd)
+        # One query per request: the `rep` heads sharing a KV head become `rep` query rows of
+        # that head (all at the same position), so no KV head is repeated.
+        qg = q.view(nreq, kvh, rep, hd)  # (R, kvh, rep, hd)
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=dec.mask, scale=self.scale)
+        return o.reshape(nreq, self.num_heads, hd)
 
     def _one_request(
         self,
         q: torch.Tensor,
         qpos: torch.Tensor,
+        context: int,
         slots: torch.Tensor,
         kv: PagedKVCache,
         kv_layer: int,
     ) -> torch.Tensor:
-        """q: (q_len, heads, head_dim) attending causally to the keys at `slots` (T,)."""
+        """q: (q_len, heads, head_dim) at positions qpos = context .. context + q_len - 1,
+        attending causally to the keys at `slots` (T,)."""
         k, v = kv.gather(kv_layer, slots)  # (T, kv_heads, head_dim) each
         k = k.transpose(0, 1)[None]  # (1, kv_heads, T, head_dim)
         v = v.transpose(0, 1)[None]  # (1, kv_heads, T, head_dim)
@@ -289,8 +403,9 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # (q_len, heads, head_dim)
         for a in range(0, q.shape[0], ATTENTION_QUERY_TILE):
             b = min(a + ATTENTION_QUERY_TILE, q.shape[0])
-            hi = int(qpos[b - 1].item()) + 1  # keys beyond the tile's last position are unused
-            mask = keys[None, :hi] <= qpos[a:b, None]  # (tile, hi)
+            hi = context + b  # keys beyond the tile's last position are unused
+            # a tile from position 0 is plain causal attention: the mask-free SDPA path
+            mask = None if context + a == 0 else keys[None, :hi] <= qpos[a:b, None]  # (tile, hi)
             qt = q[a:b].transpose(0, 1)[None]  # (1, heads, tile, head_dim)
             o = self._sdpa(qt, k[:, :, :hi], v[:, :, :hi], mask)  # (1, heads, tile, head_dim)
             out[a:b] = o[0].transpose(0, 1)

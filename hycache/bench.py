@@ -42,7 +42,8 @@ from hycache.sim.compare import (
 from hycache.sim.costmodel import CostModel
 from hycache.sim.load import DEFAULT_LOAD, sustainable_arrivals
 from hycache.sim.presets import load_gpu, load_model_spec
-from hycache.sim.trace import generate_mooncake_like, requests_from_records
+from hycache.sim.trace import requests_from_records
+from hycache.sim.trace_gen import generate_mooncake_like
 from hycache.sim.workloads import (
     ChatShape,
     FamilyShape,

@@ -244,7 +244,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_gen(args: argparse.Namespace) -> int:
-    from hycache.sim.trace import trace_gen
+    from hycache.sim.trace_gen import trace_gen
 
     check_writable(args.out, "--out")
     if args.turn_gap_s is not None and not args.turn_gap_s > 0:

@@ -16,7 +16,8 @@ from hycache.sim.load import (
     sustainable_arrivals,
 )
 from hycache.sim.presets import load_gpu, load_model_spec
-from hycache.sim.trace import generate_mooncake_like, requests_from_records
+from hycache.sim.trace import requests_from_records
+from hycache.sim.trace_gen import generate_mooncake_like
 from hycache.sim.workloads import RequestSpec, system_prompt_workload
 
 

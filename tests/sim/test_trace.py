@@ -19,12 +19,14 @@ from hycache.sim.simulator import Simulator
 from hycache.sim.trace import (
     TraceFormatError,
     TraceRequest,
-    generate_mooncake_like,
     hash_block_tokens,
     iter_mooncake_trace,
     lazy_mooncake_trace,
     read_mooncake_records,
     read_mooncake_trace,
+)
+from hycache.sim.trace_gen import (
+    generate_mooncake_like,
     token_hit_ceiling,
     trace_gen,
     trace_stats,

@@ -1,0 +1,299 @@
+"""Mooncake-format request traces: writing, measuring and synthesising them.
+
+* :func:`generate_mooncake_like` synthesises a trace with the published statistics of
+  Mooncake's conversation trace (request count, input/output medians, arrival rate, and an
+  unbounded token hit ceiling of about 40%); :func:`write_trace` saves it;
+  :func:`token_hit_ceiling` and :func:`trace_stats` measure a trace; :func:`trace_gen` is the
+  one call behind ``hycache trace-gen``. Reading traces lives in :mod:`hycache.sim.trace`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hycache.sim.trace import MOONCAKE_BLOCK_TOKENS, TRACE_FIELDS
+
+__all__ = [
+    "generate_mooncake_like",
+    "token_hit_ceiling",
+    "trace_gen",
+    "trace_stats",
+    "write_trace",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing and measuring
+# ---------------------------------------------------------------------------------------------
+
+
+def write_trace(records: Iterable[Mapping[str, Any]], path: str | Path) -> None:
+    """Write records (dicts with the four Mooncake fields) as JSONL: the whole file or
+    nothing (an interrupted write leaves no truncated trace)."""
+    from hycache.report import jsonl, write_atomic
+
+    rows = []
+    for rec in records:
+        row = {k: rec[k] for k in TRACE_FIELDS}
+        row["hash_ids"] = [int(h) for h in row["hash_ids"]]
+        rows.append(row)
+    write_atomic(path, jsonl(rows))
+
+
+def _ordered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(records, key=lambda r: r["timestamp"])
+
+
+def token_hit_ceiling(
+    records: Sequence[Mapping[str, Any]], block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> float:
+    """Unbounded prefix-cache token hit ceiling of a trace.
+
+    In timestamp order, each request hits the leading run of its hash ids that some earlier
+    request already had, times ``block_tokens``, capped at its ``input_length``; the ceiling is
+    the sum of hits over the sum of input lengths (an infinite cache, no EAGLE drop, no SSM
+    checkpoint constraint).
+    """
+    seen: set[int] = set()
+    hit = 0
+    total = 0
+    for r in _ordered(records):
+        length = int(r["input_length"])
+        ids = list(r["hash_ids"])[: -(-length // block_tokens)]
+        lead = 0
+        for h in ids:
+            if h not in seen:
+                break
+            lead += 1
+        hit += min(lead * block_tokens, length)
+        total += length
+        seen.update(ids)
+    return hit / total if total else 0.0
+
+
+def trace_stats(
+    records: Sequence[Mapping[str, Any]], block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> dict[str, float]:
+    """Summary statistics of a trace (request count, medians, rate, hit ceiling...)."""
+    n = len(records)
+    if n == 0:
+        return {"num_requests": 0}
+    rs = _ordered(records)
+    ts = np.array([r["timestamp"] for r in rs], dtype=np.float64) / 1000.0
+    inp = np.array([r["input_length"] for r in rs], dtype=np.int64)
+    outp = np.array([r["output_length"] for r in rs], dtype=np.int64)
+    duration = float(ts[-1] - ts[0])
+    unique = len({h for r in rs for h in r["hash_ids"]})
+    return {
+        "num_requests": n,
+        "duration_s": duration,
+        "arrival_rate_per_s": (n - 1) / duration if duration > 0 else float("inf"),
+        "input_median": float(np.median(inp)),
+        "input_mean": float(inp.mean()),
+        "input_p99": float(np.percentile(inp, 99)),
+        "input_max": int(inp.max()),
+        "output_median": float(np.median(outp)),
+        "output_mean": float(outp.mean()),
+        "total_input_tokens": int(inp.sum()),
+        "unique_blocks": unique,
+        "token_hit_ceiling": token_hit_ceiling(rs, block_tokens),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Generating
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    ids: list[int]
+    length: int
+    turns_left: int
+    ready_ms: float = 0.0  # the next turn comes no earlier (with a turn gap)
+
+
+def _lognormal_ints(
+    rng: np.random.Generator, n: int, median: float, sigma: float, lo: int, hi: int
+) -> np.ndarray:
+    x = np.exp(np.log(median) + sigma * rng.standard_normal(n))
+    out: np.ndarray = np.clip(np.rint(x), lo, hi).astype(np.int64)
+    return out
+
+
+def generate_mooncake_like(
+    num_requests: int = 12000,
+    seed: int = 0,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    *,
+    arrival_rate: float = 3.4,
+    input_median: float = 6900.0,
+    input_sigma: float = 1.0,
+    max_input_tokens: int = 131072,
+    output_median: float = 350.0,
+    output_sigma: float = 0.7,
+    max_output_tokens: int = 8192,
+    target_hit_ceiling: float = 0.40,
+    num_system_prompts: int = 64,
+    system_prompt_median_tokens: float = 2048.0,
+    max_open_sessions: int = 128,
+    mean_turns: float = 6.0,
+    turn_gap_s: float | None = None,
+) -> list[dict[str, Any]]:
+    """A synthetic trace shaped like Mooncake's conversation trace (see ``docs/cost-model.md``).
+
+    Arrivals are Poisson at ``arrival_rate``; input and output lengths are lognormal around
+    their medians (inputs capped at ``max_input_tokens``). Prefix structure: each request
+    either continues an open conversation (its hash ids start with all the full blocks of the
+    conversation's previous prompt), opens a new conversation behind one of
+    ``num_system_prompts`` shared system prompts (Zipf popularity), or starts fresh. The odds
+    of reusing are steered by the running token deficit against the target (an integral
+    controller), so the unbounded token hit ceiling lands near ``target_hit_ceiling`` for any
+    seed and any size past a few hundred requests.
+
+    ``turn_gap_s``: a conversation's next turn comes no sooner than a gap drawn lognormal
+    around this median (sigma 0.5) after its last one, as a user reads and types (Mooncake's
+    conversation trace: about two minutes); None (default): whenever it is picked. With a gap,
+    at least 2,048 conversations stay open, so that they outlive it.
+    """
+    if num_requests < 0:
+        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+    if block_tokens < 1 or arrival_rate <= 0 or not 0.0 <= target_hit_ceiling < 1.0:
+        raise ValueError("need block_tokens >= 1, arrival_rate > 0, 0 <= target_hit_ceiling < 1")
+    if turn_gap_s is not None and turn_gap_s <= 0:
+        raise ValueError(f"turn_gap_s must be > 0, got {turn_gap_s}")
+    rng = np.random.default_rng(seed)
+    n = num_requests
+    if turn_gap_s is not None:
+        max_open_sessions = max(max_open_sessions, 2048)
+
+    def ready(now_ms: float) -> float:
+        if turn_gap_s is None:
+            return 0.0
+        return now_ms + float(rng.lognormal(math.log(turn_gap_s * 1000.0), 0.5))
+
+    gaps = rng.exponential(1000.0 / arrival_rate, n)
+    times_ms = np.rint(np.cumsum(gaps) - (gaps[0] if n else 0.0)).astype(np.int64)
+    inputs = _lognormal_ints(rng, n, input_median, input_sigma, 1, max_input_tokens)
+    outputs = _lognormal_ints(rng, n, output_median, output_sigma, 1, max_output_tokens)
+
+    next_id = 0
+
+    def fresh(count: int) -> list[int]:
+        nonlocal next_id
+        ids = list(range(next_id, next_id + count))
+        next_id += count
+        return ids
+
+    sys_tokens = _lognormal_ints(
+        rng, num_system_prompts, system_prompt_median_tokens, 0.6, block_tokens, max_input_tokens
+    )
+    sys_blocks = sys_tokens // block_tokens
+    system_prompts = [fresh(int(b)) for b in sys_blocks]
+    zipf = 1.0 / np.arange(1, num_system_prompts + 1)
+    zipf /= zipf.sum()
+
+    sessions: list[_Session] = []
+    seen: set[int] = set()
+    hit_sum = 0.0
+    tok_sum = 0.0
+    p_continue = 0.75  # share of reuses that continue a conversation (vs. a system prompt)
+    records: list[dict[str, Any]] = []
+
+    for i in range(n):
+        length = int(inputs[i])
+        need = -(-length // block_tokens)
+        full = length // block_tokens
+        # Integral control: the token deficit against the target sets the odds of reusing.
+        deficit = target_hit_ceiling * tok_sum - hit_sum
+        p_reuse = float(np.clip(0.5 + deficit / (20.0 * input_median), 0.0, 1.0))
+        ids: list[int] | None = None
+        continued = False
+        if rng.random() < p_reuse:
+            want_session = rng.random() < p_continue
+            if want_session:
+                eligible = [
+                    s
+                    for s in sessions
+                    if s.length // block_tokens > 0
+                    and s.length < length
+                    and s.ready_ms <= times_ms[i]
+                ]
+                if eligible:
+                    # The next turn of a conversation is a little longer than the last one:
+                    # pick among the few longest conversations that still fit under this prompt.
+                    eligible.sort(key=lambda c: c.length, reverse=True)
+                    s = eligible[int(rng.integers(min(len(eligible), 4)))]
+                    prefix = s.ids[: s.length // block_tokens]
+                    ids = prefix + fresh(need - len(prefix))
+                    s.ids, s.length = ids, length
+                    s.ready_ms = ready(float(times_ms[i]))
+                    continued = True
+                    s.turns_left -= 1
+                    if s.turns_left <= 0:
+                        sessions.remove(s)
+            if ids is None and full > 0 and num_system_prompts > 0:
+                k = int(rng.choice(num_system_prompts, p=zipf))
+                prefix = system_prompts[k][:full]
+                ids = prefix + fresh(need - len(prefix))
+        if ids is None:
+            ids = fresh(need)
+        if not continued:
+            # A new conversation (fresh or behind a system prompt) may be continued later.
+            turns = int(rng.geometric(1.0 / max(mean_turns, 1.0)))
+            if turns > 1:
+                sessions.append(_Session(ids, length, turns - 1, ready(float(times_ms[i]))))
+                if len(sessions) > max_open_sessions:
+                    sessions.pop(0)
+
+        lead = 0
+        for h in ids:
+            if h not in seen:
+                break
+            lead += 1
+        hit_sum += min(lead * block_tokens, length)
+        tok_sum += length
+        seen.update(ids)
+        records.append(
+            {
+                "timestamp": int(times_ms[i]),
+                "input_length": length,
+                "output_length": int(outputs[i]),
+                "hash_ids": ids,
+            }
+        )
+    return records
+
+
+def trace_gen(
+    out_path: str | Path,
+    num_requests: int = 12000,
+    seed: int = 0,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    turn_gap_s: float | None = None,
+    num_system_prompts: int = 64,
+) -> dict[str, Any]:
+    """Generate a Mooncake-like trace, write it to ``out_path``, return its statistics."""
+    records = generate_mooncake_like(
+        num_requests=num_requests,
+        seed=seed,
+        block_tokens=block_tokens,
+        turn_gap_s=turn_gap_s,
+        num_system_prompts=num_system_prompts,
+    )
+    write_trace(records, out_path)
+    stats: dict[str, Any] = dict(trace_stats(records, block_tokens))
+    stats["path"] = str(out_path)
+    stats["seed"] = seed
+    stats["block_tokens"] = block_tokens
+    if turn_gap_s is not None:
+        stats["turn_gap_s"] = turn_gap_s
+    if num_system_prompts != 64:
+        stats["num_system_prompts"] = num_system_prompts
+    return stats

@@ -6,7 +6,7 @@ caches (`paged.py`) and the engine's byte counts read; and one subclass per arch
 maps a Hugging Face `config.json` onto it (`from_hf_dict`) and back (`to_hf_dict`):
 
     BambaConfig          model_type "bamba"
-    NemotronHConfig      model_type "nemotron_h"       (per-layer pattern of M / * / - blocks)
+    NemotronHConfig      model_type "nemotron_h"       (per-layer pattern of M / * / - / E blocks)
     GraniteHybridConfig  model_type "granitemoehybrid" (MoE or dense MLPs, multipliers)
 
 `config_from_hf_dict` dispatches on `model_type` and names the supported ones otherwise.
@@ -335,7 +335,16 @@ _NEMOTRON_BLOCKS = {
 @dataclass(frozen=True, kw_only=True)
 class NemotronHConfig(HybridConfig):
     """Nemotron-H (NVIDIA): one block per layer - Mamba2 `M`, attention `*` (no positional
-    encoding) or a squared-ReLU MLP `-` - each pre-normed with its own residual."""
+    encoding), a squared-ReLU MLP `-` or a mixture of squared-ReLU experts `E` - each
+    pre-normed with its own residual.
+
+    `E` blocks (`moe_layers`): a sigmoid router with a score-correction bias picks
+    `num_experts_per_tok` of `n_routed_experts` experts, only among the `topk_group` best of
+    `n_group` expert groups (a group scores the sum of its two best biased scores); the chosen
+    unbiased scores, normalised when `norm_topk_prob`, times `routed_scaling_factor`, weight
+    the experts (width `moe_intermediate_size`, run in a `moe_latent_size` space when set), and
+    one shared expert (width `moe_shared_expert_intermediate_size`) is always added. Field
+    names and defaults are transformers'."""
 
     model_type: ClassVar[str] = "nemotron_h"
     architecture: ClassVar[str] = "NemotronHForCausalLM"
@@ -343,24 +352,106 @@ class NemotronHConfig(HybridConfig):
     use_rope: bool = False
     mamba_expand: int | None = None
     mlp_hidden_act: str = "relu2"
+    moe_layers: tuple[int, ...] = ()
+    n_routed_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 7688
+    moe_shared_expert_intermediate_size: int = 7688
+    moe_latent_size: int | None = None
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "moe_layers", tuple(sorted(self.moe_layers)))
+        super().__post_init__()
 
     @property
     def pattern(self) -> str:
-        """The layer pattern in Nemotron-H's notation, e.g. "M-M*-"."""
+        """The layer pattern in Nemotron-H's notation, e.g. "M-M*E"."""
+        moe = set(self.moe_layers)
         kinds = []
         for i in range(self.num_hidden_layers):
             kinds.append(
-                "*" if self.is_attention_layer(i) else "M" if self.is_mamba_layer(i) else "-"
+                "*"
+                if self.is_attention_layer(i)
+                else "M"
+                if self.is_mamba_layer(i)
+                else "E"
+                if i in moe
+                else "-"
             )
         return "".join(kinds)
 
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
+    @property
+    def num_mlp_layers(self) -> int:
+        """Dense MLP `-` blocks."""
+        mixers = self.num_attention_layers + self.num_mamba_layers
+        return self.num_hidden_layers - mixers - self.num_moe_layers
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
     def validate(self) -> None:
         super().validate()
-        self._need(not self.use_rope, "use_rope", "Nemotron-H attention has no RoPE")
-        self._need(
+        need = self._need
+        need(not self.use_rope, "use_rope", "Nemotron-H attention has no RoPE")
+        need(
             self.mlp_hidden_act == "relu2",
             "mlp_hidden_act",
             f"only 'relu2' is supported, got {self.mlp_hidden_act!r}",
+        )
+        moe = self.moe_layers
+        need(
+            all(0 <= i < self.num_hidden_layers for i in moe) and len(set(moe)) == len(moe),
+            "moe_layers",
+            f"{moe} out of range for {self.num_hidden_layers} layers or duplicated",
+        )
+        mixers = set(self.attn_layer_indices) | set(self.mamba_layer_indices)
+        both = sorted(mixers & set(moe))
+        need(not both, "moe_layers", f"layers {both} are also attention or Mamba2 layers")
+        if not moe:
+            return
+        for name in (
+            "n_routed_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "moe_shared_expert_intermediate_size",
+            "n_group",
+            "topk_group",
+        ):
+            value = getattr(self, name)
+            ok = isinstance(value, int) and value > 0
+            need(ok, name, f"must be a positive int, got {value!r}")
+        if self.moe_latent_size is not None:
+            need(
+                isinstance(self.moe_latent_size, int) and self.moe_latent_size > 0,
+                "moe_latent_size",
+                f"must be a positive int or null, got {self.moe_latent_size!r}",
+            )
+        experts, groups = self.n_routed_experts, self.n_group
+        need(
+            experts % groups == 0 and experts // groups >= 2,
+            "n_group",
+            f"{groups} groups of n_routed_experts={experts} must be equal and hold at least two "
+            "experts each (a group scores the sum of its two best)",
+        )
+        need(
+            self.topk_group <= groups,
+            "topk_group",
+            f"must be in [1, n_group={groups}], got {self.topk_group}",
+        )
+        selectable = self.topk_group * (experts // groups)
+        need(
+            self.num_experts_per_tok <= selectable,
+            "num_experts_per_tok",
+            f"{self.num_experts_per_tok} exceeds the {selectable} experts of the topk_group="
+            f"{self.topk_group} selected groups",
         )
 
     @classmethod
@@ -368,12 +459,7 @@ class NemotronHConfig(HybridConfig):
         cls._check_model_type(d)
         req = _required(d)
         pattern = _nemotron_pattern(d)
-        moe = [i for i, c in enumerate(pattern) if c == "E"]
-        if moe:
-            raise ValueError(
-                f"nemotron_h: MoE blocks ('E' / 'moe', layers {moe}) are not supported yet; "
-                "supported blocks: 'M' (Mamba2), '*' (attention), '-' (MLP)"
-            )
+        latent = d.get("moe_latent_size")
         hidden_size = int(req("hidden_size"))
         num_heads, kv_heads, head_dim = _attention_shape(
             d, hidden_size, head_dim_keys=("head_dim", "attention_head_dim")
@@ -410,10 +496,22 @@ class NemotronHConfig(HybridConfig):
             attention_bias=False,  # transformers builds q/k/v/o without biases
             mlp_bias=bool(d.get("mlp_bias", False)),
             mlp_hidden_act=str(d.get("mlp_hidden_act", "relu2")),
+            moe_layers=tuple(i for i, c in enumerate(pattern) if c == "E"),
+            n_routed_experts=int(_first(d, ("n_routed_experts", "num_local_experts"), 8)),
+            num_experts_per_tok=int(d.get("num_experts_per_tok", 2)),
+            moe_intermediate_size=int(d.get("moe_intermediate_size", 7688)),
+            moe_shared_expert_intermediate_size=int(
+                d.get("moe_shared_expert_intermediate_size", 7688)
+            ),
+            moe_latent_size=None if latent is None else int(latent),
+            n_group=int(d.get("n_group", 1)),
+            topk_group=int(d.get("topk_group", 1)),
+            norm_topk_prob=bool(d.get("norm_topk_prob", True)),
+            routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
-        names = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+        names = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
         return {
             **self._hf_common(),
             "intermediate_size": self.intermediate_size,
@@ -430,6 +528,15 @@ class NemotronHConfig(HybridConfig):
             "time_step_min": self.time_step_limit[0],
             "mamba_hidden_act": self.hidden_act,
             "mlp_hidden_act": self.mlp_hidden_act,
+            "n_routed_experts": self.n_routed_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "moe_shared_expert_intermediate_size": self.moe_shared_expert_intermediate_size,
+            "moe_latent_size": self.moe_latent_size,
+            "n_group": self.n_group,
+            "topk_group": self.topk_group,
+            "norm_topk_prob": self.norm_topk_prob,
+            "routed_scaling_factor": self.routed_scaling_factor,
         }
 
 

@@ -14,6 +14,8 @@ Attention scores are scaled by `attention_multiplier`; RoPE only with
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,7 +25,33 @@ from hycache.model.hybrid import HybridForCausalLM, HybridStep
 from hycache.model.layers import Attention, RMSNorm, compute_dtype
 from hycache.model.mamba2 import Mamba2Mixer
 
-__all__ = ["GraniteDecoderLayer", "GraniteHybridForCausalLM", "GraniteMoE", "GraniteSharedMLP"]
+__all__ = [
+    "GraniteDecoderLayer",
+    "GraniteHybridForCausalLM",
+    "GraniteMoE",
+    "GraniteSharedMLP",
+    "dispatch_to_experts",
+]
+
+
+def dispatch_to_experts(
+    x: torch.Tensor,
+    top_idx: torch.Tensor,
+    weights: torch.Tensor,
+    expert: Callable[[int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """sum_k weights[n, k] * expert(top_idx[n, k], x[n]) for every token n, as one
+    `expert(e, x[tokens of e])` call per chosen expert e, in ascending expert order.
+
+    x: (N, d); top_idx, weights: (N, k); `expert` maps (n_e, d) -> (n_e, d). Returns (N, d),
+    accumulated in `weights`' dtype.
+    """
+    out = x.new_zeros(x.shape, dtype=weights.dtype)
+    for e in top_idx.unique().tolist():
+        tok, slot = torch.where(top_idx == e)  # (n_e,) each
+        y = expert(e, x[tok]) * weights[tok, slot, None]  # (n_e, d)
+        out.index_add_(0, tok, y.to(out.dtype))
+    return out
 
 
 class GraniteSharedMLP(nn.Module):
@@ -68,14 +96,13 @@ class GraniteMoE(nn.Module):
         logits = self.router.layer(x).to(compute_dtype(x.dtype))  # (N, experts)
         top_logits, top_idx = logits.topk(self.top_k, dim=-1)  # (N, k) each
         weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # (N, k)
-        out = torch.zeros_like(x)
         w_in, w_out = self.input_linear.weight, self.output_linear.weight
-        for e in top_idx.unique().tolist():  # one matmul per expert over its tokens
-            tok, slot = torch.where(top_idx == e)  # (n_e,) each
-            gate, up = F.linear(x[tok], w_in[e]).chunk(2, dim=-1)  # (n_e, width) each
-            y = F.linear(F.silu(gate) * up, w_out[e]) * weights[tok, slot, None]  # (n_e, hidden)
-            out.index_add_(0, tok, y)
-        return out
+
+        def swiglu(e: int, xe: torch.Tensor) -> torch.Tensor:
+            gate, up = F.linear(xe, w_in[e]).chunk(2, dim=-1)  # (n_e, width) each
+            return F.linear(F.silu(gate) * up, w_out[e])  # (n_e, hidden)
+
+        return dispatch_to_experts(x, top_idx, weights, swiglu)
 
 
 class GraniteDecoderLayer(nn.Module):

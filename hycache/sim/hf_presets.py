@@ -6,7 +6,8 @@
 The cost model's quantities follow from the architecture:
 
     bamba             every layer: mixer (Mamba2 or attention) + a gated (SwiGLU) MLP
-    nemotron_h        one block per layer: Mamba2 `M`, attention `*` or a squared-ReLU MLP `-`
+    nemotron_h        one block per layer: Mamba2 `M`, attention `*`, a squared-ReLU MLP `-` or
+                      a MoE `E` of squared-ReLU experts plus a shared one
     granitemoehybrid  every layer: mixer + a shared gated MLP (+ routed experts when it has any)
 """
 
@@ -46,10 +47,21 @@ def model_spec_from_hf(data: Mapping[str, Any], name: str, where: str = "<dict>"
         raise ValueError(f"{where}: {e}") from e
     n = cfg.num_hidden_layers
     attention, mamba = len(cfg.attn_layer_indices), len(cfg.mamba_layer_indices)
-    mlp_only = n - attention - mamba
+    mlp_only, moe_only = n - attention - mamba, 0
     moe: MoeSpec | None = None
     if isinstance(cfg, NemotronHConfig):
+        mlp_only, moe_only = cfg.num_mlp_layers, cfg.num_moe_layers
         mlp = MlpSpec(cfg.intermediate_size, gated=False, num_blocks=mlp_only)
+        if moe_only:
+            # (experts in a `moe_latent_size` space are counted at hidden_size width)
+            moe = MoeSpec(
+                num_blocks=moe_only,
+                num_experts=cfg.n_routed_experts,
+                experts_per_token=cfg.num_experts_per_tok,
+                expert_intermediate_size=cfg.moe_intermediate_size,
+                shared_expert_intermediate_size=cfg.moe_shared_expert_intermediate_size,
+                gated=False,
+            )
     elif isinstance(cfg, GraniteHybridConfig):
         mlp = MlpSpec(cfg.intermediate_size, gated=True, num_blocks=n)
         if cfg.num_local_experts:
@@ -68,7 +80,7 @@ def model_spec_from_hf(data: Mapping[str, Any], name: str, where: str = "<dict>"
         hidden_size=cfg.hidden_size,
         vocab_size=cfg.vocab_size,
         num_layers=n,
-        layers=LayerCounts(attention=attention, mamba=mamba, mlp_only=mlp_only),
+        layers=LayerCounts(attention=attention, mamba=mamba, mlp_only=mlp_only, moe_only=moe_only),
         attention=AttentionSpec(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
         mamba=_mamba(cfg),
         mlp=mlp,

@@ -32,6 +32,7 @@ from .utils import (
 # engine tests run; transformers' greedy reference for it)
 ARCHS: dict[str, tuple[ModuleType, str, Callable[..., Any]]] = {
     "nemotron_h": (nemotron, "gqa2-groups2-untied", hf_greedy_recompute),
+    "nemotron_h_moe": (nemotron, "moe-latent-groups2-topgroup1", hf_greedy_recompute),
     "granitemoehybrid": (granite, "moe-top2-rope-gqa2-untied", hf_generate),
 }
 
@@ -47,8 +48,8 @@ def saved(
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_sharded_checkpoint_loads(arch: str, tmp_path: Path) -> None:
-    mod = ARCHS[arch][0]
-    hf = mod._hf_model({}, seed=4)
+    mod, case, _ = ARCHS[arch]
+    hf = mod._hf_model(mod.CASES[case], seed=4)
     path = save_hf(hf, tmp_path / "sharded", max_shard_size="40KB")
     assert len(list(path.glob("*.safetensors"))) > 1
     assert (path / "model.safetensors.index.json").is_file()

@@ -11,6 +11,7 @@ import torch
 
 from hycache.engine.engine import attention_block_bytes, state_bytes
 from hycache.model.config import config_from_hf_dict
+from hycache.sim.hf_presets import model_spec_from_hf
 from hycache.sim.presets import load_model_spec
 from tests.cache.test_layout import BAMBA_9B
 
@@ -62,3 +63,39 @@ def test_model_config_takes_a_checkpoint_config_json(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"model_type": "qwen3_next"}))
     with pytest.raises(ValueError, match=r"qwen\.json: config field model_type 'qwen3_next'"):
         load_model_spec(bad)
+
+
+def test_nemotron_h_moe_blocks_become_the_moe_spec() -> None:
+    from hycache.model.nemotron_h import NemotronHForCausalLM
+
+    data = {
+        "model_type": "nemotron_h",
+        "vocab_size": 96,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "layers_block_type": ["mamba", "moe", "attention", "mlp", "moe", "mamba", "moe"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "n_groups": 2,
+        "ssm_state_size": 8,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24,
+        "moe_shared_expert_intermediate_size": 40,
+        "n_group": 2,
+        "topk_group": 1,
+    }
+    spec = model_spec_from_hf(data, "tiny-nemotron-3")
+    assert (spec.layers.attention, spec.layers.mamba) == (1, 2)
+    assert (spec.layers.mlp_only, spec.layers.moe_only, spec.mlp.num_blocks) == (1, 3, 1)
+    assert spec.moe is not None
+    assert (spec.moe.num_blocks, spec.moe.num_experts, spec.moe.experts_per_token) == (3, 8, 2)
+    assert (spec.moe.expert_intermediate_size, spec.moe.shared_expert_intermediate_size) == (24, 40)
+    assert not spec.moe.gated
+    # the cost model counts every weight of the engine's model but the routers' correction biases
+    model = NemotronHForCausalLM.empty(config_from_hf_dict(data))
+    weights = sum(p.numel() for p in model.parameters())
+    assert spec.total_params == weights - 3 * 8

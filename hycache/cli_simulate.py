@@ -121,6 +121,7 @@ def build_cost(args: argparse.Namespace) -> Any:
         speculative=k > 0,
         num_speculative_tokens=k,
         block_size=args.block_size,
+        pool_layout=args.pool_layout,
     )
 
 
@@ -157,17 +158,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workload = build_workload(args)
     if not workload.size:
         raise UserError("the workload has no requests")
+    separate = args.pool_layout == "separate"
+    if separate and (args.num_blocks is not None or args.cost_model == "none"):
+        raise UserError(
+            "--pool-layout separate: the pools are sized from the cost model's memory; drop "
+            "--num-blocks and use --cost-model roofline"
+        )
     cost = build_cost(args)
     max_len = workload.max_tokens_per_request() + args.num_speculative_tokens + 1
     sized = args.num_blocks is None and cost is not None
+    num_state_pages = None
     if args.num_blocks is not None:
         num_blocks = args.num_blocks
     elif cost is not None:
-        num_blocks = cost.num_blocks(args.block_size)
+        pools = cost.pool_sizes(args.block_size, max_len, layout=args.pool_layout)
+        num_blocks, num_state_pages = pools.num_blocks, pools.num_state_pages
     else:
         per_req = -(-max_len // args.block_size) + 4
         num_blocks = max(args.max_num_seqs, 1) * per_req * 2 + 16
     config = build_config(args, policy="replay", max_model_len=max_len, num_blocks=num_blocks)
+    if num_state_pages is not None:
+        config = replace(config, cache=replace(config.cache, num_state_pages=num_state_pages))
     with progress_bar(disable=args.quiet or workload.size < 50) as progress:
         offered = apply_request_rate(args, workload, config, cost, sized)
         tasks = {
@@ -206,6 +217,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "gpu": args.gpu_config or args.gpu if cost else None,
         "seed": args.seed,
     }
+    if separate:  # only then, so that a shared-pool run's output stays as it was
+        inputs["pool_layout"] = args.pool_layout
+        inputs["num_state_pages"] = num_state_pages  # the drafter arms'; per arm in `policies`
     if scaled:  # only then, so that a plain run's output stays as it was
         inputs["kv_store_gb"] = args.kv_store_gb
         inputs["kv_store_link"] = args.kv_store_link if tier is not None else None
@@ -351,6 +365,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "taken against lookahead when it is there)",
     )
     g.add_argument("--cost-model", choices=("roofline", "none"), default="roofline")
+    g.add_argument(
+        "--pool-layout",
+        choices=("shared", "separate"),  # hycache.sim.costmodel.POOL_LAYOUTS
+        default="shared",
+        help="shared: one pool of max(attention block, SSM state) pages (vLLM's layout); "
+        "separate: attention blocks and SSM pages in pools of their own, the memory split in "
+        "the proportion one max-length request uses (the engine's default)",
+    )
     g.add_argument("--model", default="bamba-9b", help="model preset")
     g.add_argument("--model-config", default=None, help="model preset file (JSON)")
     g.add_argument("--gpu", default="h200", help="GPU preset")

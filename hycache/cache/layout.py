@@ -35,7 +35,7 @@ PAGES_PER_SEQUENCE = 4
 @dataclass(frozen=True)
 class PoolSizes:
     num_blocks: int  # attention blocks (with the null block)
-    num_state_pages: int  # SSM state pages (with the null page)
+    num_state_pages: int | None  # SSM state pages (with the null page); None: one shared pool
 
 
 def split_budget(

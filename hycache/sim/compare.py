@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hycache.config import POLICY_NAMES, HycacheConfig, Policy
+from hycache.config import POLICY_NAMES, CacheConfig, HycacheConfig, Policy
 from hycache.sim.costmodel import CostModel
 from hycache.sim.simulator import RequestRecord, SimResult, Simulator
 from hycache.sim.tier import TierConfig
@@ -51,6 +51,8 @@ SUMMARY_KEYS = (
     "requests",
     "makespan_s",
 )
+# with separate pools (`CostModel.pool_layout` "separate"): reported only then
+POOL_KEYS = ("num_state_pages",)
 # with a second tier (and several instances): reported only when the run had them
 STORE_KEYS = (
     "store_hit_tokens",
@@ -111,6 +113,19 @@ def arm_cost(cost: CostModel | None, arm: Arm) -> CostModel | None:
     if cost is None or arm.drafter or not cost.speculative:
         return cost
     return cost.without_drafter()
+
+
+def sized_cache(cache: CacheConfig, cost: CostModel) -> CacheConfig:
+    """`cache` with the pools `cost`'s memory holds in its layout (`CostModel.pool_layout`):
+    one shared pool of `CostModel.num_blocks` pages, or separate attention and SSM pools
+    (`CostModel.pool_sizes`), for the cache's block size, `max_model_len` and groups."""
+    pools = cost.pool_sizes(
+        cache.block_size,
+        cache.max_model_len,
+        layout=cost.pool_layout,
+        attention_groups=cache.num_attention_groups,
+    )
+    return replace(cache, num_blocks=pools.num_blocks, num_state_pages=pools.num_state_pages)
 
 
 def reference_arm(names: Sequence[str]) -> str:
@@ -195,10 +210,11 @@ def compare_policies(
 ) -> dict[str, SimResult]:
     """One simulation per arm on the same stream, in the order given.
 
-    `size_cache`: each arm's cache gets the pages its own memory holds
-    (`CostModel.num_blocks` of the arm's cost model: without a drafter, more); otherwise every
-    arm uses `config.cache.num_blocks`. Summaries gain `num_blocks` and
-    `extra_prefill_steps_max` (against the reference arm, see `reference_arm`).
+    `size_cache`: each arm's cache gets the pools its own memory holds in the cost model's
+    `pool_layout` (`sized_cache` of the arm's cost model: without a drafter, more); otherwise
+    every arm uses `config.cache.num_blocks` (and `num_state_pages`). Summaries gain
+    `num_blocks`, `num_state_pages` with separate pools, and `extra_prefill_steps_max`
+    (against the reference arm, see `reference_arm`).
 
     `tier`, `instances`, `routing`: see `Simulator`; each arm gets its own fresh store.
     """
@@ -209,9 +225,7 @@ def compare_policies(
         cfg = arm_config(config, arm)
         arm_cm = arm_cost(cost, arm)
         if size_cache and arm_cm is not None:
-            cfg = replace(
-                cfg, cache=replace(cfg.cache, num_blocks=arm_cm.num_blocks(cfg.cache.block_size))
-            )
+            cfg = replace(cfg, cache=sized_cache(cfg.cache, arm_cm))
         sim = Simulator(
             cfg,
             cost=arm_cm,
@@ -230,6 +244,8 @@ def compare_policies(
             on_finish=cb,
         )
         res.summary["num_blocks"] = cfg.cache.num_blocks
+        if cfg.cache.num_state_pages is not None:
+            res.summary["num_state_pages"] = cfg.cache.num_state_pages
         results[name] = res
     ref = results[reference_arm(names)]
     for res in results.values():
@@ -241,7 +257,7 @@ def policies_json(results: Mapping[str, SimResult]) -> dict[str, dict[str, Any]]
     out: dict[str, dict[str, Any]] = {}
     for name, res in results.items():
         doc = {k: res.summary.get(k) for k in SUMMARY_KEYS}
-        doc.update({k: res.summary[k] for k in STORE_KEYS if k in res.summary})
+        doc.update({k: res.summary[k] for k in POOL_KEYS + STORE_KEYS if k in res.summary})
         out[name] = doc
     return out
 

@@ -4,7 +4,8 @@ This module owns the step-time arithmetic of the simulator. The simulator runs t
 scheduler and cache; for every step it describes the work (:class:`StepWork`: per request, how
 many tokens are computed, over how much cached context, how many of them are drafts) and asks
 :meth:`CostModel.step_time` how far to advance its virtual clock. It also sizes the cache:
-:meth:`CostModel.block_bytes` and :meth:`CostModel.num_blocks`.
+:meth:`CostModel.block_bytes` and :meth:`CostModel.num_blocks` (one shared pool), or
+:meth:`CostModel.pool_sizes` (either layout, see :data:`POOL_LAYOUTS`).
 
 A step is a sequence of phases, each timed by a roofline,
 ``max(FLOPs / (peak * compute_eff), bytes / (bandwidth * bw_eff))``, plus fixed overheads:
@@ -16,8 +17,9 @@ equations, what they ignore and where the constants come from are in ``docs/cost
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-from hycache.cache.layout import shared_page_bytes
+from hycache.cache.layout import PoolSizes, shared_page_bytes, split_budget
 from hycache.sim.presets import GpuSpec, ModelSpec
 
 __all__ = [
@@ -25,8 +27,10 @@ __all__ = [
     "DEFAULT_COMPUTE_EFFICIENCY",
     "DEFAULT_DRAFT_PASS_OVERHEAD_S",
     "DEFAULT_STEP_OVERHEAD_S",
+    "POOL_LAYOUTS",
     "CostModel",
     "PhaseCost",
+    "PoolLayout",
     "SeqWork",
     "StepWork",
 ]
@@ -35,6 +39,12 @@ DEFAULT_COMPUTE_EFFICIENCY = 0.6
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
 DEFAULT_STEP_OVERHEAD_S = 1.5e-3
 DEFAULT_DRAFT_PASS_OVERHEAD_S = 2.0e-4
+
+# How the cache budget becomes pools (`hycache.cache.layout`): "shared", one pool whose page is
+# the larger kind (vLLM's layout, the simulator's default); "separate", attention blocks and SSM
+# pages in pools of their own, the budget split in the proportion one max-length sequence uses.
+PoolLayout = Literal["shared", "separate"]
+POOL_LAYOUTS: tuple[PoolLayout, ...] = get_args(PoolLayout)
 
 # FLOPs per SSM-state element per token (state update a*h + dt*x*B, then the C.h read-out).
 SSM_STATE_FLOPS_PER_ELEMENT = 6
@@ -112,9 +122,12 @@ class CostModel:
     :data:`DEFAULT_STEP_OVERHEAD_S`.
 
     ``block_size`` (optional) lets block copies cost a whole page (:meth:`block_bytes`); without
-    it a copy costs one SSM state. ``intermediate_state_writes`` models verify kernels that
-    write the SSM state after every verified position (so a rejected draft can be rolled back);
-    turn it off for kernels that write only the final state.
+    it a copy costs one SSM state. ``pool_layout`` is the cache layout the copies run in: with
+    ``"separate"`` pools a copy (always a copy-on-write of an attention block) moves one
+    attention block (:meth:`attention_block_bytes`), not a shared page.
+    ``intermediate_state_writes`` models verify kernels that write the SSM state after every
+    verified position (so a rejected draft can be rolled back); turn it off for kernels that
+    write only the final state.
     """
 
     def __init__(
@@ -130,6 +143,7 @@ class CostModel:
         draft_pass_overhead_s: float = DEFAULT_DRAFT_PASS_OVERHEAD_S,
         block_size: int | None = None,
         intermediate_state_writes: bool = True,
+        pool_layout: PoolLayout = "shared",
     ) -> None:
         self.model = model
         self.gpu = gpu
@@ -154,11 +168,13 @@ class CostModel:
             raise ValueError("speculative decoding needs num_speculative_tokens >= 1")
         if block_size is not None and block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        check_pool_layout(pool_layout)
         self.speculative = speculative
         self.num_speculative_tokens = num_speculative_tokens if speculative else 0
         self.draft_pass_overhead_s = draft_pass_overhead_s
         self.block_size = block_size
         self.intermediate_state_writes = intermediate_state_writes
+        self.pool_layout: PoolLayout = pool_layout
 
         self._flops_rate = gpu.peak_flops * self.compute_efficiency
         self._bytes_rate = gpu.hbm_bandwidth * self.bandwidth_efficiency
@@ -177,6 +193,7 @@ class CostModel:
             draft_pass_overhead_s=self.draft_pass_overhead_s,
             block_size=self.block_size,
             intermediate_state_writes=self.intermediate_state_writes,
+            pool_layout=self.pool_layout,
         )
 
     # --- memory sizing ------------------------------------------------------------------------
@@ -189,6 +206,13 @@ class CostModel:
         layers = m.layers.attention + (m.drafter.num_layers if self.speculative else 0)
         return layers * m.kv_bytes_per_token_per_layer
 
+    def attention_block_bytes(self, block_size: int) -> int:
+        """Bytes of one attention block: ``block_size`` tokens of K and V for every cached
+        attention layer (the drafter's too when speculative)."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        return block_size * self.attention_bytes_per_token
+
     def block_bytes(self, block_size: int) -> int:
         """Bytes of one page of the shared pool.
 
@@ -196,10 +220,7 @@ class CostModel:
         SSM block holds one conv + SSM state for every Mamba layer. The pool is shared, so one
         page is as large as the larger of the two.
         """
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        attention = block_size * self.attention_bytes_per_token
-        return shared_page_bytes(attention, self.model.ssm_state_bytes)
+        return shared_page_bytes(self.attention_block_bytes(block_size), self.model.ssm_state_bytes)
 
     def balanced_block_size(self, multiple: int = 16) -> int:
         """Smallest block size (a multiple of ``multiple``) whose attention block is at least
@@ -219,7 +240,45 @@ class CostModel:
         return self.model.weight_bytes + extra
 
     def num_blocks(self, block_size: int, *, memory_fraction: float = 0.9) -> int:
-        """Pages that fit in ``memory_fraction`` of GPU memory after the weights."""
+        """Pages of one shared pool that fit in ``memory_fraction`` of GPU memory after the
+        weights."""
+        return self.cache_budget_bytes(memory_fraction) // self.block_bytes(block_size)
+
+    def pool_sizes(
+        self,
+        block_size: int,
+        max_model_len: int,
+        *,
+        layout: PoolLayout,
+        memory_fraction: float = 0.9,
+        attention_groups: int = 1,
+    ) -> PoolSizes:
+        """The cache's pools in ``memory_fraction`` of GPU memory after the weights.
+
+        ``"shared"``: :meth:`num_blocks` pages of one pool, ``num_state_pages`` None (the
+        :class:`~hycache.config.CacheConfig` meaning of one shared pool). ``"separate"``:
+        :func:`hycache.cache.layout.split_budget` of the same budget into attention blocks of
+        :meth:`attention_block_bytes` and SSM pages of one state each, in the proportion one
+        ``max_model_len`` sequence uses. ``attention_groups`` is the number of attention
+        groups in the cache config; the simulator's config has one (the drafter's K/V rides in
+        the same blocks: :attr:`attention_bytes_per_token` counts its layer).
+        """
+        check_pool_layout(layout)
+        if layout == "shared":
+            pages = self.num_blocks(block_size, memory_fraction=memory_fraction)
+            # None: CacheConfig's "one shared pool" (PoolSizes annotates the field as int)
+            return PoolSizes(pages, None)
+        return split_budget(
+            self.cache_budget_bytes(memory_fraction),
+            attention_block_bytes=self.attention_block_bytes(block_size),
+            state_page_bytes=self.model.ssm_state_bytes,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            attention_groups=attention_groups,
+        )
+
+    def cache_budget_bytes(self, memory_fraction: float = 0.9) -> int:
+        """Bytes left for the cache in ``memory_fraction`` of GPU memory after the weights."""
         if not 0.0 < memory_fraction <= 1.0:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
         budget = int(self.gpu.memory_bytes * memory_fraction) - self.resident_weight_bytes
@@ -229,7 +288,7 @@ class CostModel:
                 f"do not fit in {memory_fraction:.0%} of {self.gpu.name} memory "
                 f"({self.gpu.memory_bytes / 1e9:.1f} GB)"
             )
-        return budget // self.block_bytes(block_size)
+        return budget
 
     # --- step time ------------------------------------------------------------------------
 
@@ -282,13 +341,12 @@ class CostModel:
     def phases(self, work: StepWork) -> list[PhaseCost]:
         """The step's phases in execution order (empty for an empty step)."""
         self._check(work)
-        m = self.model
         out: list[PhaseCost] = []
         if not work.seqs and not work.num_block_copies:
             return out
 
         if work.num_block_copies:
-            page = self.block_bytes(self.block_size) if self.block_size else m.ssm_state_bytes
+            page = self.copy_bytes()
             out.append(self._phase("block_copies", 0.0, 2.0 * work.num_block_copies * page, 0.0))
 
         if work.seqs:
@@ -359,6 +417,16 @@ class CostModel:
                 out.append(self._phase(f"draft_{j}", flops, nbytes, self.draft_pass_overhead_s))
         return out
 
+    def copy_bytes(self) -> int:
+        """Bytes one block copy moves (read and written once each). The copies are
+        copy-on-write copies of attention blocks: a whole shared page in one shared pool, one
+        attention block with separate pools; without a ``block_size``, one SSM state."""
+        if not self.block_size:
+            return self.model.ssm_state_bytes
+        if self.pool_layout == "separate":
+            return self.attention_block_bytes(self.block_size)
+        return self.block_bytes(self.block_size)
+
     def step_time(self, work: StepWork) -> float:
         """Seconds the step takes (0 for a step with no work)."""
         return sum(p.time_s for p in self.phases(work))
@@ -390,6 +458,12 @@ class CostModel:
             "copy_bytes": sum(p.bytes for p in copies),
             "tokens": float(work.num_tokens),
         }
+
+
+def check_pool_layout(layout: str) -> None:
+    """Raise ValueError unless ``layout`` is one of :data:`POOL_LAYOUTS`."""
+    if layout not in POOL_LAYOUTS:
+        raise ValueError(f"pool layout must be one of {', '.join(POOL_LAYOUTS)}, got {layout!r}")
 
 
 def _pick(explicit: float | None, preset: float | None, default: float) -> float:

@@ -120,9 +120,15 @@ class HybridConfig:
         if not cond:
             raise ValueError(f"{type(self).__name__}.{field}: {msg}")
 
+    def _need_positive_ints(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            ok = isinstance(value, int) and value > 0
+            self._need(ok, name, f"must be a positive int, got {value!r}")
+
     def validate(self) -> None:
         need = self._need
-        for name in (
+        self._need_positive_ints(
             "vocab_size",
             "hidden_size",
             "intermediate_size",
@@ -136,10 +142,7 @@ class HybridConfig:
             "mamba_d_state",
             "mamba_d_conv",
             "mamba_chunk_size",
-        ):
-            value = getattr(self, name)
-            ok = isinstance(value, int) and value > 0
-            need(ok, name, f"must be a positive int, got {value!r}")
+        )
         need(
             self.num_attention_heads % self.num_key_value_heads == 0,
             "num_key_value_heads",
@@ -417,17 +420,14 @@ class NemotronHConfig(HybridConfig):
         need(not both, "moe_layers", f"layers {both} are also attention or Mamba2 layers")
         if not moe:
             return
-        for name in (
+        self._need_positive_ints(
             "n_routed_experts",
             "num_experts_per_tok",
             "moe_intermediate_size",
             "moe_shared_expert_intermediate_size",
             "n_group",
             "topk_group",
-        ):
-            value = getattr(self, name)
-            ok = isinstance(value, int) and value > 0
-            need(ok, name, f"must be a positive int, got {value!r}")
+        )
         if self.moe_latent_size is not None:
             need(
                 isinstance(self.moe_latent_size, int) and self.moe_latent_size > 0,

@@ -50,6 +50,16 @@ def _ordered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return sorted(records, key=lambda r: r["timestamp"])
 
 
+def _leading_seen(ids: Sequence[int], seen: set[int]) -> int:
+    """How many of `ids`, from the first, some earlier request already had."""
+    lead = 0
+    for h in ids:
+        if h not in seen:
+            break
+        lead += 1
+    return lead
+
+
 def token_hit_ceiling(
     records: Sequence[Mapping[str, Any]], block_tokens: int = MOONCAKE_BLOCK_TOKENS
 ) -> float:
@@ -66,12 +76,7 @@ def token_hit_ceiling(
     for r in _ordered(records):
         length = int(r["input_length"])
         ids = list(r["hash_ids"])[: -(-length // block_tokens)]
-        lead = 0
-        for h in ids:
-            if h not in seen:
-                break
-            lead += 1
-        hit += min(lead * block_tokens, length)
+        hit += min(_leading_seen(ids, seen) * block_tokens, length)
         total += length
         seen.update(ids)
     return hit / total if total else 0.0
@@ -252,12 +257,7 @@ def generate_mooncake_like(
                 if len(sessions) > max_open_sessions:
                     sessions.pop(0)
 
-        lead = 0
-        for h in ids:
-            if h not in seen:
-                break
-            lead += 1
-        hit_sum += min(lead * block_tokens, length)
+        hit_sum += min(_leading_seen(ids, seen) * block_tokens, length)
         tok_sum += length
         seen.update(ids)
         records.append(

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test test-all lint demo bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/vllm.txt
 	@# Mooncake's native client links libibverbs; as root with apt (CI, a fresh machine) fetch it
 	@ldconfig -p 2>/dev/null | grep -q libibverbs.so.1 || { [ "$$(id -u)" = 0 ] && \
 		command -v apt-get >/dev/null && apt-get update -qq && \
@@ -14,7 +14,12 @@ $(STAMP): pyproject.toml
 		echo "libibverbs1 is missing: the mooncake store tests will be skipped"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	@# the CPU build of torch (pyproject.toml only asks for a range)
+	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@# vLLM 0.33's real scheduler (tests/vllm, hycache.vllm): its wheel without its dependencies
+	@# (they pin torch 2.14 and CUDA kernels), plus what its scheduler imports
+	$(BIN)/python -m pip install -q --no-deps -r requirements/vllm.txt
 	touch $(STAMP)
 
 setup: $(STAMP)

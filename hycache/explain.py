@@ -77,10 +77,17 @@ def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
     ssm_group = cfg.cache.groups.index(GroupKind.SSM)
     checkpoints: dict[str, list[int]] = {}
     current = [""]
+    held = [0, 0]  # SSM pages keyed now, and the most at any time: what the states cost
 
     def on_event(e: BlockEvent) -> None:
-        if e.kind == "stored" and e.key.group == ssm_group:
+        if e.key.group != ssm_group:
+            return
+        if e.kind == "stored":
             checkpoints.setdefault(current[0], []).append(e.position)
+            held[0] += 1
+            held[1] = max(held)
+        else:
+            held[0] -= 1
 
     sched.cache.subscribe(on_event)
     ex = DryRunExecutor(num_speculative_tokens=cfg.speculative.num_speculative_tokens)
@@ -113,6 +120,7 @@ def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
         "sibling_prefill_steps": [s.num_prefill_steps for s in siblings],
         "producer_prefill_steps": producer.num_prefill_steps,
         "limit": bounds.limit(p),
+        "ssm_pages_held": [held[0], held[1]],
     }
 
 

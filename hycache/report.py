@@ -132,6 +132,7 @@ def explain_table(result: Mapping[str, Any]) -> Table:
         ("sibling junctions observed", "sibling_junctions"),
         ("sibling prefill steps", "sibling_prefill_steps"),
         ("the limit floor((P-1)/u)*u", "limit"),
+        ("SSM pages keyed: at the end / peak", "ssm_pages_held"),
     ]
     for label, key in rows:
         table.add_row(label, *(fmt(p[key]) for p in policies.values()))

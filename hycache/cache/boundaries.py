@@ -129,6 +129,21 @@ class Boundaries:
             return max(floor_to(t, u) - u, 0)
         return floor_to(max(t - 1, 0), u)
 
+    def tail_stops(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        """The prefill stops (and checkpoints) at the prompt's tail, ascending.
+
+        The tail checkpoint; under `limit` with a drafter also the unit below it, where a later
+        prompt that is a prefix of this one ending at the tail's unit resumes (its limit is
+        one unit lower). The drop scheme reaches that request through its own tail, `T - u`:
+
+            long  T = 2130, B = 1056, u = 32:  tail 2112, unit below 2080
+            short P = 2112 (long's first 2112): limit floor((P-1)/u)*u = 2080
+        """
+        tail = self.tail_checkpoint(num_prompt_tokens)
+        if self.keys_every_unit and self.drafter and tail > self.unit:
+            return (tail - self.unit, tail)
+        return (tail,)
+
     def attention_keys(self, num_prompt_tokens: int) -> tuple[int, ...]:
         """Mid-block attention keys a request registers over its prompt (full blocks are keyed
         separately; under `limit` every unit is keyed instead): the unshifted prompt tail, and
@@ -208,10 +223,7 @@ class Boundaries:
         self, start: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
     ) -> list[int]:
         """Mandatory chunk ends after `start`, ascending (the split also ends at the grid)."""
-        stops = {
-            self.replay_boundary(num_prompt_tokens),
-            self.tail_checkpoint(num_prompt_tokens),
-        }
+        stops = {self.replay_boundary(num_prompt_tokens), *self.tail_stops(num_prompt_tokens)}
         stops.update(junction_stops)
         if start % self.block_size:
             stops.add(floor_to(start, self.block_size) + self.block_size)
@@ -230,7 +242,7 @@ class Boundaries:
         t = num_prompt_tokens
         if end <= 0 or end > t - self.lookahead or end % self.unit:
             return False
-        if end in junction_stops or end == self.tail_checkpoint(t):
+        if end in junction_stops or end in self.tail_stops(t):
             return True
         if end in self.replay_boundaries(t):
             return True

@@ -170,12 +170,19 @@ def test_junction_costs_at_most_two_prefill_steps_and_nothing_without_a_junction
     prompts = random_prompts(seed, 12, b)
     s_rep, rep = run_sequential(cfg_for(b, u, pair[0]), prompts)
     s_jun, jun = run_sequential(cfg_for(b, u, pair[1]), prompts)
+    bounds = s_jun.bounds
     for r, j in zip(rep, jun, strict=True):
         if r.first_hit_tokens != j.first_hit_tokens:
             continue  # a different resume point is a different request to chunk
+        # `limit` also stops one unit below its tail (for a later prompt that is a prefix of
+        # this one): one more prefill step, and the only chunk end it adds
+        t = j.num_prompt_tokens
+        extra = {p for p in bounds.tail_stops(t) if p != bounds.tail_checkpoint(t)}
         if not j.outcome.junction and not r.outcome.junction:
-            assert chunk_ends(s_jun, j.request_id) == chunk_ends(s_rep, r.request_id)
-        assert j.num_prefill_steps <= r.num_prefill_steps + 2
+            ours = [e for _, e in chunk_ends(s_jun, j.request_id) if e not in extra]
+            theirs = [e for _, e in chunk_ends(s_rep, r.request_id) if e not in extra]
+            assert ours == theirs
+        assert j.num_prefill_steps <= r.num_prefill_steps + 2 + len(extra)
 
 
 def check_step(sched: Scheduler, out) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,304 @@
+"""vLLM 0.33's real scheduler, driven on a sharing scenario: the reference hycache is held to.
+
+No model runs. vLLM's own `Scheduler` (its `KVCacheManager`, hybrid coordinator, Mamba manager
+and chunk split) schedules the requests; a scripted model-runner output samples each request's
+answer when its prefill completes, and proposes drafts that verify a known number of tokens.
+Requests are hashed as `EngineCore` hashes them (`get_request_block_hasher` with vLLM's own
+lookahead count), so a hit here is a hit the engine gives.
+
+    scenario (prompts, answers, drafts) ──▶ vllm.Scheduler.schedule / update_from_output
+                                            update_draft_token_ids (scripted MTP proposals)
+                                        ◀── per request: hit, chunk ends
+
+Two Mamba specs (`exporting`):
+
+    True   vLLM 0.33's `MambaMixer2.get_kv_cache_spec` (every Mamba2 model: Nemotron-H,
+           Granite-4.0-H, Bamba): one checkpoint per forward exported from inside the pass
+           (`num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1`).
+    False  a Mamba layer that cannot export: the scheduler splits prefill at its checkpoints.
+
+Two drafter setups (`lookahead`): vLLM's default hashes that cover the token after each unit,
+or the EAGLE block drop (`disable_lookahead_block_hashes=True`), optionally with the junction
+checkpoint flag `enable_mamba_shared_prefix_checkpoint`.
+
+The scheduler class is vLLM's `Scheduler` unless `scheduler_cls` names another (hycache's own
+`hycache.vllm.SyncScheduler`, say), resolved the way `vllm serve --scheduler-cls` resolves it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from hycache.vllm.scenario import VOCAB, RequestTrace, Turn, propose, verify
+
+# the model config vLLM inspects: Nemotron-H with one MTP layer (vLLM 0.33 refuses Bamba)
+_MODEL_CONFIG: dict[str, Any] = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "vocab_size": VOCAB,
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "hybrid_override_pattern": "M*M*",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 512,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 32,
+    "ssm_state_size": 16,
+    "n_groups": 1,
+    "conv_kernel": 4,
+    "expand": 2,
+    "chunk_size": 128,
+    "mamba_hidden_act": "silu",
+    "mlp_hidden_act": "relu2",
+    "max_position_embeddings": 1 << 20,
+    "num_nextn_predict_layers": 1,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "layer_norm_epsilon": 1e-5,
+}
+
+MAX_MODEL_LEN = 1 << 20
+
+
+def available() -> bool:
+    """Whether vLLM's scheduler can be imported here (vllm installed)."""
+    try:
+        import vllm.v1.core.sched.scheduler  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@cache
+def _model_dir() -> str:
+    path = os.path.join(tempfile.mkdtemp(prefix="hycache-vllm-model-"), "config.json")
+    with open(path, "w") as f:
+        json.dump(_MODEL_CONFIG, f)
+    return os.path.dirname(path)
+
+
+@cache
+def _quiet_vllm() -> None:
+    for name in ("vllm", "vllm.config", "vllm.platforms"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@dataclass(frozen=True)
+class VllmSetup:
+    """One vLLM deployment: cache geometry, budget, drafter and Mamba spec."""
+
+    block_size: int
+    unit: int
+    budget: int = 8192
+    num_speculative_tokens: int = 1
+    lookahead: bool = True  # False: `disable_lookahead_block_hashes` (the EAGLE block drop)
+    shared_prefix_checkpoint: bool = False  # `enable_mamba_shared_prefix_checkpoint`
+    exporting: bool = True  # the Mamba2 spec (in-forward checkpoint) or a non-exporting one
+    num_blocks: int = 0  # 0: enough for the scenario, never evicting
+    max_num_seqs: int = 64
+    # `prefix_cache_retention_interval`: 0 (vLLM's default) keeps only semantic checkpoints
+    # (replay boundaries, junctions); None keeps every block-grid state; N also one per N
+    retention: int | None = 0
+    scheduler_cls: str | None = None  # qualified name; None: vLLM's `Scheduler`
+
+
+class ReferenceScheduler:
+    """vLLM's real scheduler for one `VllmSetup`; requests run one after another."""
+
+    def __init__(self, setup: VllmSetup, num_blocks: int = 0) -> None:
+        _quiet_vllm()
+        from vllm.config import (
+            CacheConfig,
+            DeviceConfig,
+            ModelConfig,
+            ParallelConfig,
+            SchedulerConfig,
+            SpeculativeConfig,
+            VllmConfig,
+        )
+
+        self.setup = setup
+        b, k = setup.block_size, setup.num_speculative_tokens
+        model = ModelConfig(
+            model=_model_dir(), skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN
+        )
+        cache_cfg = CacheConfig(
+            block_size=b,
+            prefix_match_unit=setup.unit,
+            mamba_cache_mode="align",
+            enable_prefix_caching=True,
+            enable_mamba_shared_prefix_checkpoint=setup.shared_prefix_checkpoint,
+            prefix_cache_retention_interval=setup.retention,
+        )
+        sched_cfg = SchedulerConfig(
+            max_num_batched_tokens=setup.budget,
+            max_num_seqs=min(setup.max_num_seqs, setup.budget),
+            max_model_len=MAX_MODEL_LEN,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            **({"scheduler_cls": setup.scheduler_cls} if setup.scheduler_cls else {}),
+        )
+        parallel = ParallelConfig()
+        spec = (
+            SpeculativeConfig(
+                method="mtp",
+                num_speculative_tokens=k,
+                target_model_config=model,
+                target_parallel_config=parallel,
+                disable_lookahead_block_hashes=not setup.lookahead,
+            )
+            if k
+            else None
+        )
+        self.vllm_config = VllmConfig(
+            model_config=model,
+            cache_config=cache_cfg,
+            scheduler_config=sched_cfg,
+            speculative_config=spec,
+            device_config=DeviceConfig(device="cpu"),
+            parallel_config=parallel,
+        )
+        self.num_blocks = num_blocks or setup.num_blocks or 4096
+        self.scheduler = self._build()
+
+    def _kv_cache_config(self) -> Any:
+        import torch
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            MambaSpec,
+        )
+
+        s = self.setup
+        attn = FullAttentionSpec(
+            block_size=s.block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16
+        )
+        mamba = MambaSpec(
+            block_size=s.block_size,
+            shapes=((3, 576), (8, 32, 16)),
+            dtypes=(torch.bfloat16, torch.float32),
+            mamba_cache_mode="align",
+            num_speculative_blocks=s.num_speculative_tokens,
+            num_prefill_checkpoint_blocks=1 if s.exporting else 0,
+            prefill_checkpoint_alignment=1 if s.exporting else None,
+        )
+        groups = [
+            KVCacheGroupSpec(["model.layers.1.mixer"], attn),
+            KVCacheGroupSpec(["model.layers.0.mixer"], mamba),
+        ]
+        return KVCacheConfig(
+            num_blocks=self.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=groups,
+            prefix_cache_retention_interval=(
+                self.vllm_config.cache_config.prefix_cache_retention_interval
+            ),
+        )
+
+    def _build(self) -> Any:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import (
+            get_request_block_hasher,
+            init_none_hash,
+            resolve_cache_hit_alignment_tokens,
+            resolve_kv_cache_block_sizes,
+        )
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        vc = self.vllm_config
+        kv = self._kv_cache_config()
+        vc.cache_config.num_gpu_blocks = self.num_blocks
+        block_size, hash_block_size = resolve_kv_cache_block_sizes(kv, vc)
+        kv.hash_block_size = hash_block_size
+        kv.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
+            kv, vc, block_size, hash_block_size
+        )
+        cls = vc.scheduler_config.get_scheduler_cls()
+        sched = cls(
+            vllm_config=vc,
+            kv_cache_config=kv,
+            structured_output_manager=StructuredOutputManager(vc),
+            block_size=block_size,
+            hash_block_size=hash_block_size,
+        )
+        hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher: Callable[[Any], Any] = get_request_block_hasher(
+            hash_block_size, hash_fn, vc.num_hash_lookahead_tokens
+        )
+        return sched
+
+    # -- running requests ----------------------------------------------------------------------
+
+    def num_free_blocks(self) -> int:
+        return int(self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+
+    def run(self, request_id: str, turn: Turn) -> RequestTrace:
+        """Add one request and step the scheduler until nothing is left."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+        from vllm.v1.request import Request
+
+        extra = {"prefix_hints": list(turn.prefix_hints)} if turn.prefix_hints else None
+        sp = SamplingParams(max_tokens=max(len(turn.answer), 1), ignore_eos=True, extra_args=extra)
+        req = Request(request_id, list(turn.prompt), sp, None, block_hasher=self.hasher)
+        traces: dict[str, RequestTrace] = {request_id: RequestTrace(request_id)}
+        answers = {request_id: (list(turn.answer) or [1], list(turn.accept))}
+        proposals = 0
+        s = self.scheduler
+        s.add_request(req)
+        while s.has_requests():
+            out = s.schedule()
+            for new in out.scheduled_new_reqs:
+                traces[new.req_id].hit = new.num_computed_tokens
+            ids = list(out.num_scheduled_tokens)
+            sampled: list[list[int]] = []
+            for rid in ids:
+                r, tr = s.requests[rid], traces[rid]
+                answer, _ = answers[rid]
+                at = r.num_output_tokens
+                if r.num_computed_tokens <= r.num_prompt_tokens or not tr.chunk_ends:
+                    tr.chunk_ends.append(min(r.num_computed_tokens, r.num_prompt_tokens))
+                drafts = out.scheduled_spec_decode_tokens.get(rid, [])
+                prefilling = r.num_computed_tokens - len(drafts) < r.num_tokens
+                sampled.append([] if prefilling else verify(answer, at, drafts))
+            mro = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={rid: i for i, rid in enumerate(ids)},
+                sampled_token_ids=sampled,
+            )
+            s.update_from_output(out, mro)
+            draft_ids, draft_lists = [], []
+            for rid, toks in zip(ids, sampled, strict=True):
+                r = s.requests.get(rid)
+                answer, accept = answers[rid]
+                if toks:
+                    traces[rid].output.extend(toks)
+                if not toks or r is None or r.is_finished() or not accept:
+                    continue
+                k = self.setup.num_speculative_tokens
+                good = accept[proposals % len(accept)]
+                proposals += 1
+                draft_ids.append(rid)
+                draft_lists.append(propose(answer, r.num_output_tokens, k, good))
+            if draft_ids:
+                s.update_draft_token_ids(DraftTokenIds(draft_ids, draft_lists))
+        return traces[request_id]
+
+    def run_all(self, turns: Sequence[Turn]) -> list[RequestTrace]:
+        return [self.run(f"r{i}", t) for i, t in enumerate(turns)]
+
+
+def run_reference(setup: VllmSetup, turns: Sequence[Turn]) -> list[RequestTrace]:
+    """Each turn runs to completion before the next arrives, on one fresh vLLM scheduler."""
+    return ReferenceScheduler(setup).run_all(turns)

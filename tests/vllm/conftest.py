@@ -1,0 +1,27 @@
+"""The vLLM reference tests need vllm 0.33 (`make setup` installs it); hypothesis profiles."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from hycache.vllm.reference import available
+
+# default suite: 25 examples per property; `HYCACHE_VLLM_EXAMPLES=300 pytest tests/vllm` for
+# the long run the closing notes quote
+settings.register_profile(
+    "vllm-reference",
+    max_examples=int(os.environ.get("HYCACHE_VLLM_EXAMPLES", "25")),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+if not available():
+    if os.environ.get("HYCACHE_SKIP_VLLM") != "1":
+        raise pytest.UsageError(
+            "tests/vllm need vllm 0.33 (make setup installs it); HYCACHE_SKIP_VLLM=1 skips them"
+        )
+    collect_ignore_glob = ["test_*.py"]

@@ -1,0 +1,80 @@
+"""Random sharing scenarios for the vLLM reference tests: families, resends, nested prefixes,
+chains, mid-block resumes and chat turns that contain the previous answer."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from hycache.config import HycacheConfig
+from hycache.vllm.reference import VllmSetup
+from hycache.vllm.scenario import Turn
+from tests.helpers import make_config
+
+GEOMETRIES = [(16, 4), (32, 8), (64, 16), (64, 8), (128, 8), (128, 32), (256, 64), (528, 66)]
+
+
+def toks(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(30000) for _ in range(n)]
+
+
+def scenario(rng: random.Random, b: int, u: int, k: int = 1, drafts: bool = False) -> list[Turn]:
+    """3 to 6 turns of one random shape, all below 6 blocks."""
+    shape = rng.choice(["family", "resend", "nested", "chain", "midblock", "chat", "mixed"])
+    n = rng.randint(3, 6)
+    span = 6 * b
+    accept = (lambda: [rng.randint(0, k) for _ in range(3)]) if drafts else (lambda: [])
+
+    def answer() -> list[int]:
+        return toks(rng, rng.choice([1, 1, 2, rng.randint(1, 2 * b)]))
+
+    prefix = toks(rng, rng.randint(1, span // 2))
+    turns: list[Turn] = []
+    if shape == "chat":
+        p = prefix
+        for _ in range(n):
+            a = answer()
+            turns.append(Turn(p, a, accept()))
+            p = p + a + toks(rng, rng.randint(1, b))
+        return turns
+    for _ in range(n):
+        kind = shape if shape != "mixed" else rng.choice(["family", "resend", "nested", "chain"])
+        if kind == "resend" and turns:
+            p = list(rng.choice(turns).prompt)
+        elif kind == "nested" and turns:
+            base = list(rng.choice(turns).prompt)
+            p = (
+                base[: rng.randint(1, len(base))]
+                if rng.random() < 0.5
+                else base + toks(rng, rng.randint(1, b))
+            )
+        elif kind == "chain" and turns:
+            p = list(turns[-1].prompt) + toks(rng, rng.randint(1, 2 * b))
+        elif kind == "midblock":
+            cut = rng.randint(1, len(prefix))
+            p = prefix[:cut] + toks(rng, rng.randint(1, 2 * b))
+        else:
+            p = prefix + toks(rng, rng.randint(1, 2 * b))
+        turns.append(Turn(p, answer(), accept()))
+    return turns
+
+
+def budget(rng: random.Random, b: int) -> int:
+    return rng.choice([max(16, b // 2 + 3), b, b + 39, 2 * b, 8192, 1 << 20])
+
+
+def hycache_config(setup: VllmSetup, policy: str, turns: Sequence[Turn]) -> HycacheConfig:
+    """hycache's config for the same deployment: geometry, budget, drafter and retention
+    (vLLM's `prefix_cache_retention_interval` 0 is hycache's `semantic`, None `dense`)."""
+    retention = {0: "semantic", None: "dense"}.get(setup.retention, setup.retention)
+    length = max(len(t.prompt) + len(t.answer) for t in turns)
+    return make_config(
+        block_size=setup.block_size,
+        unit=setup.unit,
+        policy=policy,
+        eagle=setup.num_speculative_tokens > 0,
+        k=setup.num_speculative_tokens,
+        budget=setup.budget,
+        max_model_len=max(length + 64, 8 * setup.block_size),
+        retention=retention,  # type: ignore[arg-type]
+    )

@@ -18,9 +18,10 @@ from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import BlockEvent, BlockPool
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
+from hycache.cache.eviction import FlopValue
 from hycache.cache.mirror import StoreMirror
 from hycache.cache.ssm import SSMManager, StateIO
-from hycache.config import CacheConfig, GroupKind, SpeculativeConfig
+from hycache.config import CacheConfig, Eviction, GroupKind, RecomputeCost, SpeculativeConfig
 from hycache.request import Request
 
 
@@ -55,9 +56,15 @@ class CacheManager:
     def __init__(self, cache: CacheConfig, spec: SpeculativeConfig) -> None:
         self.config = cache
         self.bounds = Boundaries.from_config(cache, spec)
-        self.pool = BlockPool(cache.num_blocks)
+        value = None
+        if cache.eviction is Eviction.FLOP_AWARE:
+            cost = cache.recompute_cost or RecomputeCost()
+            value = FlopValue(cost, cache.groups, cache.block_size, cache.eviction_alpha)
+        self.pool = BlockPool(cache.num_blocks, value)
         self.state_pool = (
-            BlockPool(cache.num_state_pages) if cache.num_state_pages is not None else self.pool
+            BlockPool(cache.num_state_pages, value)
+            if cache.num_state_pages is not None
+            else self.pool
         )
         self.attention: list[AttentionManager] = []
         self.ssm: list[SSMManager] = []

@@ -70,9 +70,9 @@ class Eviction(StrEnum):
 
 EVICTION_NAMES: tuple[str, ...] = tuple(e.value for e in Eviction)
 
-# alpha of `flop-aware`, chosen by measurement (README, "Eviction under memory pressure"): in
-# pool turnovers per block-prefill's worth of FLOPs saved (`hycache.cache.eviction`)
-DEFAULT_EVICTION_ALPHA = 1.0
+# alpha of `flop-aware`, chosen by measurement (README, "Eviction under memory pressure", and
+# `hycache.cache.eviction`): pool turnovers of recency per block-prefill's worth of FLOPs saved
+DEFAULT_EVICTION_ALPHA = 0.05
 
 
 def parse_eviction(value: str | Eviction) -> Eviction:

@@ -69,7 +69,8 @@ class IntegrityError(AssertionError):
 class BlockPool:
     """`value`: score keyed free blocks for eviction (see the module docstring); None: LRU.
     `snapshots_first`: with a value, low-priority pages (decode snapshots) still go before
-    every other cached block; False scores them like the rest."""
+    every other cached block; False scores them like the rest, their value times
+    `snapshot_reuse`."""
 
     def __init__(
         self, num_blocks: int, value: BlockValue | None = None, *, snapshots_first: bool = True
@@ -95,6 +96,8 @@ class BlockPool:
         self.hits = [0] * num_blocks
         self._low = [False] * num_blocks  # freed as low priority while keyed
         self.evicted: Counter[tuple[int, bool, bool]] = Counter()
+        self._low_seen = 0  # low-priority pages hit, or evicted never hit
+        self._low_hit = 0  # of those, hit
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -113,6 +116,14 @@ class BlockPool:
 
     def is_free(self, block_id: int) -> bool:
         return block_id in self._free or block_id in self._free_low or block_id in self._scored
+
+    @property
+    def snapshot_reuse(self) -> float:
+        """The observed chance that a low-priority page (a decode snapshot) is hit before it is
+        evicted, (hit + 1) / (hit or evicted + 2): what scores a snapshot's value when
+        `snapshots_first` is off (so snapshots that are never reused, as on a trace whose
+        next turns do not contain the answer, sink to the front of the heap)."""
+        return (self._low_hit + 1) / (self._low_seen + 2)
 
     def subscribe(self, callback: Callable[[BlockEvent], None]) -> None:
         self._subscribers.append(callback)
@@ -146,6 +157,8 @@ class BlockPool:
         assert self.value is not None
         self._clock += 1
         value = max(self.value(k, pos) for k, pos in self.keys[block_id])
+        if self._low[block_id]:
+            value *= self.snapshot_reuse
         score = self._clock / (self.num_blocks - 1) + value
         self._scored[block_id] = self._clock
         heapq.heappush(self._heap, (score, self._clock, block_id))
@@ -164,6 +177,9 @@ class BlockPool:
                 else:
                     (self._free_low if b in self._free_low else self._free).pop(b)
             if self.keys[b]:
+                if self._low[b] and not self.hits[b]:
+                    self._low_seen += 1
+                    self._low_hit += 1
                 self.hits[b] += 1
             self.ref_cnt[b] += 1
 
@@ -208,6 +224,8 @@ class BlockPool:
         keys = self.keys[block_id]
         if keys:
             self.evicted[(keys[0][0].group, self._low[block_id], self.hits[block_id] > 0)] += 1
+            if self._low[block_id] and not self.hits[block_id]:
+                self._low_seen += 1
         for key, position in keys:
             del self._key_to_block[key]
             self._emit(BlockEvent("removed", key, block_id, position))

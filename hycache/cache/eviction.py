@@ -29,9 +29,19 @@ is split by the layers each entry restores, so that the entries of one hit add u
 So a deep state is worth far more than any one block (Bamba-9B: a state at 20k tokens saves as
 much as ~30 blocks), which is the point: a state that its running request passed is freed long
 before the blocks under it, and LRU evicts it first although the whole hit depends on it.
-Decode snapshots stay in their low-priority queue (evicted first) unless the pool is told
-otherwise. The cache core prices nothing itself: the per-token numbers come in through
-`RecomputeCost` (the simulator derives them from its cost model, the engine from its layers).
+
+Decode snapshots (`limit`) are the one kind whose reuse varies by workload (a chat's next turn
+resumes there; nothing ever does on families or on a conversation trace whose prompts omit the
+answer). Under `flop-aware` they are scored like the rest, their value multiplied by the
+observed chance that a snapshot is hit before it is evicted (`BlockPool.snapshot_reuse`), and
+admitted only while that chance is high enough (`CacheManager.admit_snapshot`).
+
+alpha defaults to 0.05 (`DEFAULT_EVICTION_ALPHA`), chosen on the eviction curves (README):
+0.03-0.1 all beat LRU under pressure; 0.3 and 1 keep deep states so long that they crowd out
+the blocks of more recent prefixes (multi-turn at 1/4 of the memory: 0.85 and 0.75 token hit
+rate against 0.88 at 0.05). The cache core prices nothing itself: the per-token numbers come in
+through `RecomputeCost` (the simulator derives them from its cost model, the engine from its
+layers).
 """
 
 from __future__ import annotations

@@ -262,3 +262,42 @@ def test_the_cache_manager_scores_only_under_flop_aware() -> None:
         spec,
     )
     assert isinstance(fa.pool.value, FlopValue) and fa.state_pool.value is fa.pool.value
+
+
+def _snapshot_cache(**kw: object) -> CacheManager:
+    from hycache.config import Policy
+
+    cfg = CacheConfig(
+        block_size=8,
+        prefix_match_unit=4,
+        num_blocks=64,
+        num_state_pages=32,
+        max_model_len=128,
+        policy=Policy.LIMIT,
+        **kw,  # type: ignore[arg-type]
+    )
+    return CacheManager(cfg, SpeculativeConfig(num_speculative_tokens=2))
+
+
+def test_snapshot_admission_follows_the_observed_reuse() -> None:
+    from hycache.cache.manager import SNAPSHOT_EXPLORE
+    from hycache.request import Request, SamplingParams
+
+    cache = _snapshot_cache(eviction="flop-aware")
+    pool = cache.state_pool
+    assert pool.snapshot_reuse == 0.5  # the prior: every request is admitted
+    assert all(cache.admit_snapshot() for _ in range(20))
+    pool._low_seen = 40  # 40 snapshots evicted, none ever hit
+    decisions = [cache.admit_snapshot() for _ in range(4 * SNAPSHOT_EXPLORE)]
+    assert sum(decisions) == 4  # one in SNAPSHOT_EXPLORE keeps exploring
+    pool._low_hit = 30  # most of them were hit after all
+    pool._low_seen = 40
+    assert all(cache.admit_snapshot() for _ in range(20))
+    # one decision per request, kept over its steps
+    req = Request.new("r", list(range(1, 12)), SamplingParams(max_tokens=8), unit=4, lookahead=True)
+    pool._low_hit = 0
+    first = [cache.will_snapshot(req, req.num_tokens, 2) for _ in range(5)]
+    assert len(set(first)) == 1
+    lru = _snapshot_cache()
+    lru.state_pool._low_seen = 40
+    assert lru.will_snapshot(req, req.num_tokens, 2)  # lru: always, as before

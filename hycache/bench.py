@@ -28,7 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from hycache.config import CacheConfig, GroupKind, HycacheConfig, SchedulerConfig, SpeculativeConfig
+from hycache.config import (
+    DEFAULT_EVICTION_ALPHA,
+    CacheConfig,
+    GroupKind,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from hycache.sim.compare import (
     BASELINE,
     DEFAULT_ARMS,
@@ -77,6 +84,8 @@ class EngineBench:
     # this kind and closes it at its end, so arms and repeats never share stored objects
     kv_store: str | None = None
     kv_store_gb: float = 4.0
+    eviction: str = "lru"
+    eviction_alpha: float = DEFAULT_EVICTION_ALPHA
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -118,6 +127,8 @@ def _run_engine(b: EngineBench, policy: str) -> dict[str, Any]:
         seed=b.seed,
         kv_store=b.kv_store,
         kv_store_gb=b.kv_store_gb,
+        eviction=b.eviction,
+        eviction_alpha=b.eviction_alpha,
     )
     try:
         return _closed_loop(b, llm, prompts)
@@ -254,6 +265,8 @@ class SimBench:
     curve_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     curve_requests: int = 96  # per point, at least 2x the point's concurrency
     seed: int = 0
+    eviction: str = "lru"
+    eviction_alpha: float = DEFAULT_EVICTION_ALPHA
 
 
 def sim_cost(s: SimBench) -> CostModel:
@@ -276,6 +289,8 @@ def sim_config(s: SimBench, w: Workload, cost: CostModel) -> HycacheConfig:
             num_blocks=cost.num_blocks(s.block_size),
             max_model_len=w.max_tokens_per_request() + 2 * s.num_speculative_tokens + 8,
             groups=(GroupKind.ATTENTION, GroupKind.SSM),
+            eviction=s.eviction,
+            eviction_alpha=s.eviction_alpha,
         ),
         SpeculativeConfig(
             num_speculative_tokens=s.num_speculative_tokens, acceptance_rate=s.acceptance_rate

@@ -21,6 +21,8 @@ from hycache.cli_common import (
     positive_float,
     positive_int,
 )
+from hycache.config import DEFAULT_EVICTION_ALPHA
+from hycache.engine.args import add_eviction_flags
 from hycache.report import (
     check_writable,
     console,
@@ -63,17 +65,59 @@ def quick_bench(engine: Any, sim: Any) -> tuple[Any, Any]:
     return engine, sim
 
 
+def cmd_eviction_curves(args: argparse.Namespace) -> int:
+    """`hycache bench --eviction-curves`: hit rate and TTFT p95 over cache memory, `lru`
+    against `flop-aware` (hycache.bench_eviction); writes out/eviction.json and .png unless
+    `--json` / `--plot` name other files."""
+    from hycache.bench_eviction import (
+        EvictionBench,
+        curves_table,
+        eviction_curves,
+        plot_eviction,
+        quick,
+    )
+
+    json_path = "out/eviction.json" if args.json == BENCH_JSON else args.json
+    plot_path = "out/eviction.png" if args.plot == BENCH_ONLY_DEFAULTS["plot"] else args.plot
+    check_writable(json_path, "--json")
+    check_writable(plot_path, "--plot")
+    b = EvictionBench(alpha=args.eviction_alpha)
+    if args.quick:
+        b = quick(b)
+    if args.trace_requests:
+        b = replace(b, sim=replace(b.sim, trace_requests=args.trace_requests))
+    with progress_reporter("eviction curves") as progress:
+        doc = eviction_curves(b, progress, workers=args.jobs)
+    console.print(curves_table(doc))
+    g = doc["goal"]
+    console.print(
+        f"goal at {g['fraction']:g} of the memory (flop-aware >= 1.2x lru hit rate and <= 0.85x "
+        f"TTFT p95 on two workloads, hit rate never below 0.98x): "
+        f"{'met' if g['met'] else 'not met'}; wall time {doc['wall_s']:.1f} s"
+    )
+    if json_path:
+        write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        plot_eviction(plot_path, doc)
+        console.print(f"wrote {plot_path}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from hycache.bench import EngineBench, SimBench, bench
     from hycache.report import curves_table, plot_bench, policy_table
 
+    if args.eviction_curves:
+        return cmd_eviction_curves(args)
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
     check_store_args(args)
     if args.kv_store is not None and args.skip_engine:
         raise UserError("--kv-store: a second tier is for the engine part; drop --skip-engine")
-    engine = None if args.skip_engine else EngineBench()
-    sim = None if args.skip_simulated else SimBench()
+    ev = {"eviction": args.eviction, "eviction_alpha": args.eviction_alpha}
+    engine = None if args.skip_engine else EngineBench(**ev)
+    sim = None if args.skip_simulated else SimBench(**ev)
     if args.quick:
         engine, sim = quick_bench(engine, sim)
     if engine is not None and args.engine_requests:
@@ -125,6 +169,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCH_JSON = "out/bench.json"
 BENCH_ONLY_DEFAULTS: dict[str, Any] = {
     "plot": "out/bench.png",
     "quick": False,
@@ -136,6 +181,9 @@ BENCH_ONLY_DEFAULTS: dict[str, Any] = {
     "trace_requests": None,
     "kv_store": None,
     "kv_store_gb": DEFAULT_KV_STORE_GB,
+    "eviction": "lru",
+    "eviction_alpha": DEFAULT_EVICTION_ALPHA,
+    "eviction_curves": False,
 }
 
 
@@ -333,7 +381,7 @@ def add_bench_serve_parser(bench: argparse.ArgumentParser) -> None:
 def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The `bench` sub-parser, with `bench serve` under it."""
     p = sub.add_parser("bench", help="every arm side by side: CPU engine and simulated")
-    p.add_argument("--json", default="out/bench.json", help="write results here")
+    p.add_argument("--json", default=BENCH_JSON, help="write results here")
     p.add_argument("--plot", default="out/bench.png", help="write a PNG plot here")
     p.add_argument("--quick", action="store_true", help="smaller workloads (a smoke test)")
     p.add_argument("--skip-engine", action="store_true")
@@ -351,5 +399,14 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.add_argument("--trace-requests", type=positive_int, default=None)
     add_store_args(p)  # the engine part's arms: each its own store of this kind
+    g = p.add_argument_group("eviction")
+    add_eviction_flags(g)  # every arm of the tables, engine and simulated
+    g.add_argument(
+        "--eviction-curves",
+        action="store_true",
+        help="instead: token hit rate and TTFT p95 over 1/8..1x of the cache memory, lru "
+        "against flop-aware, on the family, multi-turn and trace workloads (writes "
+        "out/eviction.json and out/eviction.png unless --json / --plot name other files)",
+    )
     p.set_defaults(func=cmd_bench)
     add_bench_serve_parser(p)

@@ -16,6 +16,7 @@ from hycache.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from hycache.engine.args import add_eviction_flags
 
 
 class UserError(Exception):
@@ -41,6 +42,7 @@ def add_cache_flags(p: argparse.ArgumentParser, *, block_size: int = 4416, unit:
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--num-blocks", type=int, default=None, help="cache blocks (default: sized)")
     g.add_argument("--hash-seed", type=int, default=0)
+    add_eviction_flags(g)
 
 
 def build_config(
@@ -57,6 +59,8 @@ def build_config(
             retention=args.retention,
             hash_seed=args.hash_seed,
             groups=(GroupKind.ATTENTION, GroupKind.SSM),
+            eviction=args.eviction,
+            eviction_alpha=args.eviction_alpha,
         ),
         SpeculativeConfig(num_speculative_tokens=k, acceptance_rate=args.acceptance_rate),
         SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs),

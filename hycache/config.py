@@ -56,6 +56,66 @@ def parse_retention(value: str | int) -> str | int:
     )
 
 
+class Eviction(StrEnum):
+    """Which free cached entry (attention block or SSM state page) is reused first.
+
+    `lru`: least recently freed first (decode snapshots before everything else cached).
+    `flop-aware`: lowest score first, score = recency + alpha * (recompute FLOPs a hit on the
+    entry saves / bytes it holds) (Marconi, MLSys'25; `hycache.cache.eviction`).
+    """
+
+    LRU = "lru"
+    FLOP_AWARE = "flop-aware"
+
+
+EVICTION_NAMES: tuple[str, ...] = tuple(e.value for e in Eviction)
+
+# alpha of `flop-aware`, chosen by measurement (README, "Eviction under memory pressure", and
+# `hycache.cache.eviction`): pool turnovers of recency per block-prefill's worth of FLOPs saved
+DEFAULT_EVICTION_ALPHA = 0.05
+
+
+def parse_eviction(value: str | Eviction) -> Eviction:
+    if isinstance(value, Eviction):
+        return value
+    try:
+        return Eviction(value)
+    except ValueError:
+        raise ValueError(
+            f"eviction: unknown eviction {value!r}; choose one of {', '.join(EVICTION_NAMES)}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class RecomputeCost:
+    """What prefilling tokens costs, as the few numbers `flop-aware` eviction needs to value a
+    cached entry (filled in from the cost model's own per-token terms by the simulator,
+    `CostModel.recompute_cost`, and from the model's layers by the engine).
+
+    Prefilling token `i` (at context `i`) costs `token_flops + pair_flops * (i + 1)`:
+    `token_flops` is every layer's context-free work (weights, SSM state update, conv),
+    `pair_flops` the attention work per (query, key) pair over every attention layer (the
+    drafter's too). `ssm_fraction` of `token_flops` belongs to the SSM layers (their mixers and
+    their share of the MLPs), the rest to the attention layers. The defaults describe a model
+    whose tokens all cost the same, 90% of it in SSM layers (Bamba-9B: 29 of 32 mixers)."""
+
+    token_flops: float = 1.0
+    pair_flops: float = 0.0
+    ssm_fraction: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("token_flops", "pair_flops"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"recompute_cost.{name}: must be a finite number >= 0, got {v}")
+        if not 0.0 <= self.ssm_fraction <= 1.0:
+            raise ValueError(
+                f"recompute_cost.ssm_fraction: must lie in [0, 1], got {self.ssm_fraction}"
+            )
+        if self.token_flops == 0 and self.pair_flops == 0:
+            raise ValueError("recompute_cost: token_flops and pair_flops cannot both be 0")
+
+
 class GroupKind(StrEnum):
     ATTENTION = "attention"
     SSM = "ssm"
@@ -71,6 +131,10 @@ class CacheConfig:
     `num_state_pages`: SSM states live in a pool of their own of this many pages, and
     `num_blocks` counts attention blocks only; None: one pool of `num_blocks` pages serves both
     kinds (see `hycache.cache.layout`).
+
+    `eviction`: which free cached entry is reused first (`Eviction`); under `flop-aware`,
+    `eviction_alpha` weighs the FLOPs a hit saves against recency and `recompute_cost`
+    prices them (None: `RecomputeCost()`'s defaults).
     """
 
     block_size: int = 16
@@ -83,9 +147,16 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     hash_seed: int = 0
     groups: tuple[GroupKind, ...] = (GroupKind.ATTENTION, GroupKind.SSM)
+    eviction: Eviction = Eviction.LRU
+    eviction_alpha: float = DEFAULT_EVICTION_ALPHA
+    recompute_cost: RecomputeCost | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", parse_policy(self.policy))
+        object.__setattr__(self, "eviction", parse_eviction(self.eviction))
+        a = self.eviction_alpha
+        if isinstance(a, bool) or not isinstance(a, int | float) or not (0 <= a < math.inf):
+            raise ValueError(f"eviction_alpha: must be a finite number >= 0, got {a!r}")
         object.__setattr__(self, "retention", parse_retention(self.retention))
         object.__setattr__(self, "groups", tuple(GroupKind(g) for g in self.groups))
         if self.block_size <= 0:

@@ -1,4 +1,4 @@
-"""The block pool: fixed blocks shared by every layer group, ref counts, keys, LRU eviction.
+"""The block pool: fixed blocks shared by every layer group, ref counts, keys, eviction.
 
 Block 0 is the null block (never allocated, never keyed). A block is either referenced
 (ref_cnt > 0) or in the free queue; a free block may still carry keys (a cached block), and
@@ -13,13 +13,22 @@ Free blocks are reused in this order (head, next to reuse, on the left):
 
 A low-priority page that is hit and freed again joins the ordinary LRU queue.
 
+With a `value` (`flop-aware` eviction, `hycache.cache.eviction`) the last queue is a heap
+instead: each keyed free block gets, when it is freed, the score
+`freed_at / (num_blocks - 1) + value`, with `freed_at` a counter of keyed frees and `value` the
+largest `value(key, position)` over its keys, and the lowest score is evicted first (ties:
+least recently freed, so the order is deterministic). A hit removes the entry (lazily: a stale
+heap entry is skipped when it surfaces, and the heap is rebuilt when stale entries outnumber
+live ones), so an eviction costs O(log n). Without a value the pool is exactly the LRU above.
+
 A block may carry several keys: one per registered position (a full-block key and mid-block
 keys). Every key is `(group_id, prefix hash)`.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import heapq
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -35,6 +44,8 @@ class CacheKey(NamedTuple):
 
 
 KeyLookup = Callable[[CacheKey], int | None]  # a key -> the block holding it, or None
+# a key and its position -> what keeping it is worth, in pool turnovers (`flop-aware`)
+BlockValue = Callable[[CacheKey, int], float]
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,14 @@ class IntegrityError(AssertionError):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    """`value`: score keyed free blocks for eviction (see the module docstring); None: LRU.
+    `snapshots_first`: with a value, low-priority pages (decode snapshots) still go before
+    every other cached block; False scores them like the rest, their value times
+    `snapshot_reuse`."""
+
+    def __init__(
+        self, num_blocks: int, value: BlockValue | None = None, *, snapshots_first: bool = True
+    ) -> None:
         if num_blocks < 2:
             raise ValueError(
                 f"num_blocks: need at least 2 (one is the null block), got {num_blocks}"
@@ -68,12 +86,24 @@ class BlockPool:
         self._free_low: OrderedDict[int, None] = OrderedDict()
         self._key_to_block: dict[CacheKey, int] = {}
         self._subscribers: list[Callable[[BlockEvent], None]] = []
+        self.value = value
+        self.snapshots_first = snapshots_first
+        self._scored: dict[int, int] = {}  # keyed free block -> its heap entry's `freed_at`
+        self._heap: list[tuple[float, int, int]] = []  # (score, freed_at, block)
+        self._clock = 0  # keyed frees so far
+        # reuse accounting (the admission analysis): hits on a block since it was last keyed,
+        # and per (group, low priority, ever hit) the keyed blocks evicted
+        self.hits = [0] * num_blocks
+        self._low = [False] * num_blocks  # freed as low priority while keyed
+        self.evicted: Counter[tuple[int, bool, bool]] = Counter()
+        self._low_seen = 0  # low-priority pages hit, or evicted never hit
+        self._low_hit = 0  # of those, hit
 
     # -- queries -----------------------------------------------------------------------------
 
     @property
     def num_free(self) -> int:
-        return len(self._free) + len(self._free_low)
+        return len(self._free) + len(self._free_low) + len(self._scored)
 
     @property
     def num_cached(self) -> int:
@@ -85,7 +115,15 @@ class BlockPool:
         return self._key_to_block.get(key)
 
     def is_free(self, block_id: int) -> bool:
-        return block_id in self._free or block_id in self._free_low
+        return block_id in self._free or block_id in self._free_low or block_id in self._scored
+
+    @property
+    def snapshot_reuse(self) -> float:
+        """The observed chance that a low-priority page (a decode snapshot) is hit before it is
+        evicted, (hit + 1) / (hit or evicted + 2): what scores a snapshot's value when
+        `snapshots_first` is off (so snapshots that are never reused, as on a trace whose
+        next turns do not contain the answer, sink to the front of the heap)."""
+        return (self._low_hit + 1) / (self._low_seen + 2)
 
     def subscribe(self, callback: Callable[[BlockEvent], None]) -> None:
         self._subscribers.append(callback)
@@ -98,12 +136,35 @@ class BlockPool:
             raise NoFreeBlocksError(f"need {n} blocks, {self.num_free} free")
         out = []
         for _ in range(n):
-            low = self._free_low and (not self._free or self.keys[next(iter(self._free))])
-            block_id, _ = (self._free_low if low else self._free).popitem(last=False)
+            if self.value is not None and not self._free and not self._free_low:
+                block_id = self._pop_scored()
+            else:
+                low = self._free_low and (not self._free or self.keys[next(iter(self._free))])
+                block_id, _ = (self._free_low if low else self._free).popitem(last=False)
             self._evict(block_id)
             self.ref_cnt[block_id] = 1
             out.append(block_id)
         return out
+
+    def _pop_scored(self) -> int:
+        while True:
+            _, freed_at, block_id = heapq.heappop(self._heap)
+            if self._scored.get(block_id) == freed_at:
+                del self._scored[block_id]
+                return block_id
+
+    def _push_scored(self, block_id: int) -> None:
+        assert self.value is not None
+        self._clock += 1
+        value = max(self.value(k, pos) for k, pos in self.keys[block_id])
+        if self._low[block_id]:
+            value *= self.snapshot_reuse
+        score = self._clock / (self.num_blocks - 1) + value
+        self._scored[block_id] = self._clock
+        heapq.heappush(self._heap, (score, self._clock, block_id))
+        if len(self._heap) > 2 * len(self._scored) + 64:  # drop the stale entries
+            self._heap = [e for e in self._heap if self._scored.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take a reference on cached blocks (a cache hit); free ones leave the queue."""
@@ -111,7 +172,15 @@ class BlockPool:
             if b == NULL_BLOCK:
                 continue
             if self.ref_cnt[b] == 0:
-                (self._free_low if b in self._free_low else self._free).pop(b)
+                if b in self._scored:
+                    del self._scored[b]  # its heap entry is now stale
+                else:
+                    (self._free_low if b in self._free_low else self._free).pop(b)
+            if self.keys[b]:
+                if self._low[b] and not self.hits[b]:
+                    self._low_seen += 1
+                    self._low_hit += 1
+                self.hits[b] += 1
             self.ref_cnt[b] += 1
 
     def free(self, block_ids: Iterable[int], low_priority: bool = False) -> None:
@@ -126,7 +195,12 @@ class BlockPool:
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
                 if low_priority and self.keys[b]:
-                    self._free_low[b] = None
+                    self._low[b] = True
+                    if self.value is None or self.snapshots_first:
+                        self._free_low[b] = None
+                        continue
+                if self.value is not None and self.keys[b]:
+                    self._push_scored(b)
                     continue
                 self._free[b] = None
                 if not self.keys[b]:
@@ -147,10 +221,17 @@ class BlockPool:
         return True
 
     def _evict(self, block_id: int) -> None:
-        for key, position in self.keys[block_id]:
+        keys = self.keys[block_id]
+        if keys:
+            self.evicted[(keys[0][0].group, self._low[block_id], self.hits[block_id] > 0)] += 1
+            if self._low[block_id] and not self.hits[block_id]:
+                self._low_seen += 1
+        for key, position in keys:
             del self._key_to_block[key]
             self._emit(BlockEvent("removed", key, block_id, position))
         self.keys[block_id] = []
+        self.hits[block_id] = 0
+        self._low[block_id] = False
 
     def _emit(self, event: BlockEvent) -> None:
         for cb in self._subscribers:
@@ -169,10 +250,12 @@ class BlockPool:
                 referenced += 1
                 if self.is_free(b):
                     raise IntegrityError(f"referenced block {b} is in the free queue")
-            elif (b in self._free) == (b in self._free_low):
+            elif (b in self._free) + (b in self._free_low) + (b in self._scored) != 1:
                 raise IntegrityError(f"block {b} has no references and is not free exactly once")
-            elif b in self._free_low and not self.keys[b]:
-                raise IntegrityError(f"unkeyed block {b} is in the low-priority queue")
+            elif (b in self._free_low or b in self._scored) and not self.keys[b]:
+                raise IntegrityError(f"unkeyed block {b} is in the low-priority or scored queue")
+            elif self.value is not None and b in self._free and self.keys[b]:
+                raise IntegrityError(f"keyed block {b} is in the unkeyed queue of a scored pool")
         if self.ref_cnt[NULL_BLOCK] != 0 or self.is_free(NULL_BLOCK):
             raise IntegrityError("the null block was allocated")
         if self.num_free + referenced + 1 != self.num_blocks:
@@ -182,6 +265,9 @@ class BlockPool:
         for key, b in self._key_to_block.items():
             if all(k != key for k, _ in self.keys[b]):
                 raise IntegrityError(f"key {key} maps to block {b}, which does not carry it")
+        live = {(t, b) for b, t in self._scored.items()}
+        if len(live & {(t, b) for _, t, b in self._heap}) != len(self._scored):
+            raise IntegrityError("a scored free block has no live heap entry")
         n_keys = sum(len(k) for k in self.keys)
         if n_keys != len(self._key_to_block):
             raise IntegrityError(f"{n_keys} keys on blocks, {len(self._key_to_block)} in the map")

@@ -18,10 +18,15 @@ from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import BlockEvent, BlockPool
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
+from hycache.cache.eviction import FlopValue
 from hycache.cache.mirror import StoreMirror
 from hycache.cache.ssm import SSMManager, StateIO
-from hycache.config import CacheConfig, GroupKind, SpeculativeConfig
+from hycache.config import CacheConfig, Eviction, GroupKind, RecomputeCost, SpeculativeConfig
 from hycache.request import Request
+
+# `flop-aware` snapshot admission (`CacheManager.admit_snapshot`)
+SNAPSHOT_ADMIT_REUSE = 0.25
+SNAPSHOT_EXPLORE = 8
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,17 @@ class CacheManager:
     def __init__(self, cache: CacheConfig, spec: SpeculativeConfig) -> None:
         self.config = cache
         self.bounds = Boundaries.from_config(cache, spec)
-        self.pool = BlockPool(cache.num_blocks)
+        value = None
+        if cache.eviction is Eviction.FLOP_AWARE:
+            cost = cache.recompute_cost or RecomputeCost()
+            value = FlopValue(cost, cache.groups, cache.block_size, cache.eviction_alpha)
+        # flop-aware: decode snapshots are scored too, their value times their observed reuse
+        first = value is None
+        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first)
         self.state_pool = (
-            BlockPool(cache.num_state_pages) if cache.num_state_pages is not None else self.pool
+            BlockPool(cache.num_state_pages, value, snapshots_first=first)
+            if cache.num_state_pages is not None
+            else self.pool
         )
         self.attention: list[AttentionManager] = []
         self.ssm: list[SSMManager] = []
@@ -68,6 +81,8 @@ class CacheManager:
                 self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
         self._live: set[str] = set()
+        self._snapshot_admitted: dict[str, bool] = {}  # flop-aware: per live request
+        self._snapshot_explore = 0
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self.mirror: StoreMirror | None = None
 
@@ -132,13 +147,36 @@ class CacheManager:
 
     def will_snapshot(self, req: Request, end: int, num_drafts: int) -> bool:
         """A step that samples (its chunk reaches the last known token) and may verify a unit
-        boundary: its SSM groups get a snapshot block (`limit`)."""
-        return (
+        boundary: its SSM groups get a snapshot block (`limit`). Under `flop-aware` eviction a
+        request is also admitted to snapshots only as often as snapshots are observed to be
+        reused (`admit_snapshot`)."""
+        if not (
             bool(self.ssm)
             and self.config.enable_prefix_caching
             and end == req.num_tokens
             and self.bounds.decode_snapshot(end, end + num_drafts) > 0
-        )
+        ):
+            return False
+        if self.config.eviction is not Eviction.FLOP_AWARE:
+            return True
+        rid = req.request_id
+        if rid not in self._snapshot_admitted:
+            self._snapshot_admitted[rid] = self.admit_snapshot()
+        return self._snapshot_admitted[rid]
+
+    def admit_snapshot(self) -> bool:
+        """Whether the next decoding request keeps a decode snapshot (`flop-aware` only).
+
+        A snapshot holds a whole state page for as long as its request decodes, and only a
+        continuation of that conversation can hit it (measured: on the family and trace
+        workloads none ever is, on multi-turn most are). So every request is admitted while
+        the observed reuse (`BlockPool.snapshot_reuse`) is at least `SNAPSHOT_ADMIT_REUSE`;
+        below it, one request in `SNAPSHOT_EXPLORE` still is, so that the estimate follows
+        the workload. Deterministic: a counter, no randomness."""
+        if self.state_pool.snapshot_reuse >= SNAPSHOT_ADMIT_REUSE:
+            return True
+        self._snapshot_explore += 1
+        return self._snapshot_explore % SNAPSHOT_EXPLORE == 0
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -201,6 +239,7 @@ class CacheManager:
 
     def free(self, req: Request) -> None:
         rid = req.request_id
+        self._snapshot_admitted.pop(rid, None)
         if rid not in self._live:
             return
         self._live.discard(rid)

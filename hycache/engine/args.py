@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from hycache.config import POLICY_NAMES
+from hycache.config import DEFAULT_EVICTION_ALPHA, EVICTION_NAMES, POLICY_NAMES
 
 if TYPE_CHECKING:
     from hycache.engine.engine import LLM
@@ -33,6 +33,26 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--seed", type=int, default=0)
+    add_eviction_flags(g)
+
+
+def add_eviction_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """`--eviction` and `--eviction-alpha`: their one definition, used by every command with
+    cache flags (simulate, explain, generate, serve) and by `bench` for its eviction curves."""
+    g.add_argument(
+        "--eviction",
+        choices=EVICTION_NAMES,
+        default="lru",
+        help="which free cached entry goes first: lru, or flop-aware (recency + alpha * "
+        "recompute FLOPs a hit saves / bytes held)",
+    )
+    g.add_argument(
+        "--eviction-alpha",
+        type=float,
+        default=DEFAULT_EVICTION_ALPHA,
+        help="flop-aware: pool turnovers of recency one block-prefill's worth of saved FLOPs is "
+        "worth",
+    )
 
 
 def port_number(text: str) -> int:
@@ -92,5 +112,7 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         seed=args.seed,
+        eviction=args.eviction,
+        eviction_alpha=args.eviction_alpha,
         **tier,
     )

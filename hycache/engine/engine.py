@@ -22,10 +22,12 @@ import torch
 from hycache.cache.hashing import extra_key_bytes
 from hycache.cache.layout import split_budget
 from hycache.config import (
+    DEFAULT_EVICTION_ALPHA,
     CacheConfig,
     GroupKind,
     HycacheConfig,
     Policy,
+    RecomputeCost,
     SchedulerConfig,
     SpeculativeConfig,
 )
@@ -64,6 +66,30 @@ def attention_block_bytes(
     item = torch.empty((), dtype=dtype).element_size()
     kv_layers = mc.num_attention_layers + (1 if drafter else 0)
     return kv_layers * 2 * block_size * mc.num_key_value_heads * mc.head_dim * item
+
+
+def recompute_cost(model: torch.nn.Module, mc: HybridConfig, drafter: bool) -> RecomputeCost:
+    """The prefill FLOPs `flop-aware` eviction prices entries with, from the model's own
+    layers (the simulator's `CostModel.recompute_cost` terms): 2 FLOPs per weight of every
+    decoder layer and token (MLP-only layers split over the mixer kinds by count), attention
+    `4 * heads * head_dim` per (query, key) pair per attention layer (+ the drafter's)."""
+    layers = list(getattr(model, "decoder_layers", ()))
+    ssm = attn = other = 0
+    for i, layer in enumerate(layers):
+        n = sum(p.numel() for p in layer.parameters())
+        if mc.is_mamba_layer(i):
+            ssm += n
+        elif mc.is_attention_layer(i):
+            attn += n
+        else:
+            other += n
+    mixers = mc.num_mamba_layers + mc.num_attention_layers
+    ssm_params = ssm + (other * mc.num_mamba_layers / mixers if mixers else 0)
+    token = 2.0 * (ssm + attn + other)
+    pair = 4.0 * mc.num_attention_heads * mc.head_dim * (mc.num_attention_layers + drafter)
+    if token == 0 and pair == 0:
+        return RecomputeCost()
+    return RecomputeCost(token, pair, 2.0 * ssm_params / token if token else 0.0)
 
 
 def scratch_bytes(mc: HybridConfig, dtype: torch.dtype, max_num_seqs: int, k: int) -> int:
@@ -166,6 +192,8 @@ class LLM:
         cache_memory_gb: float = 1.0,
         kv_store: str | KVStore | None = None,
         kv_store_gb: float = 1.0,
+        eviction: str = "lru",
+        eviction_alpha: float = DEFAULT_EVICTION_ALPHA,
     ) -> None:
         """Cache memory: by default `cache_memory_gb` (speculative scratch included) is split
         into attention blocks and SSM state pages (`hycache.cache.layout`); `num_blocks` alone
@@ -173,7 +201,10 @@ class LLM:
 
         `kv_store`: a second cache tier behind the device pool, "host" (this process's RAM,
         `kv_store_gb` GiB, LRU) or "mooncake://HOST:PORT" (a Mooncake master shared with other
-        processes; this one contributes `kv_store_gb` GiB), or a `KVStore`."""
+        processes; this one contributes `kv_store_gb` GiB), or a `KVStore`.
+
+        `eviction`: `lru` or `flop-aware` (entries valued by the FLOPs a hit saves, priced from
+        this model's layers: `recompute_cost`), weighed by `eviction_alpha`."""
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
@@ -228,6 +259,9 @@ class LLM:
                 enable_prefix_caching=enable_prefix_caching,
                 hash_seed=hash_seed,
                 groups=tuple(groups),
+                eviction=eviction,
+                eviction_alpha=eviction_alpha,
+                recompute_cost=recompute_cost(self.model, mc, drafter is not None),
             ),
             SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
             SchedulerConfig(max_num_batched_tokens, max_num_seqs),

@@ -131,7 +131,12 @@ class Instance:
         sampling = [s.request.request_id for s in out.scheduled if s.samples]
         done = sched.update(out, self.executor.execute(out))
         sched.finished.clear()  # nobody inspects them here; they hold whole prompts
-        self.pages.attribute(done)
+        preempted = set(out.preempted)
+        self.pages.attribute(
+            done,
+            [s.request for s in out.scheduled]
+            + [r for r in sched.waiting if r.request_id in preempted],
+        )
         dt = self.cost.step_time(step_work(out)) if self.cost else self.dry_step_s
         if load:
             dt += load
@@ -208,12 +213,20 @@ class Router:
             sent.popitem(last=False)
 
 
+PAGE_KINDS = ("snapshot", "junction", "tail", "replay", "other")
+
+
 class SSMPageCounter:
     """Counts keyed SSM state pages from the block pool's events (as `hycache explain` reads
     checkpoints): one key per SSM page, so keys stored = pages stored. A page keyed in a step
     at the prompt's end or past it, under the key of a request that finished in that step, is
     that request's decode snapshot (`limit` keys it when the request lets go). Pages loaded
-    from a second tier count as stored too (they are keyed in the pool)."""
+    from a second tier count as stored too (they are keyed in the pool).
+
+    For the admission analysis each page keyed by a request of the step is also given a kind
+    (`PAGE_KINDS`: a decode snapshot, a junction or hint stop, the tail checkpoint, a replay
+    boundary, anything else such as a block-grid resume point), and `by_kind` counts per kind
+    the pages stored, evicted, and evicted without ever having been hit."""
 
     def __init__(self, config: HycacheConfig, sched: Scheduler) -> None:
         self.groups = {i for i, g in enumerate(config.cache.groups) if g is GroupKind.SSM}
@@ -222,6 +235,12 @@ class SSMPageCounter:
         self.live = 0
         self.peak = 0
         self._step: list[BlockEvent] = []  # SSM keys stored since the last `attribute`
+        self._pool = sched.cache.state_pool
+        self._bounds = sched.cache.bounds
+        self._kind: dict[Any, str] = {}  # live SSM key -> its kind
+        self.by_kind: dict[str, dict[str, int]] = {
+            k: {"stored": 0, "evicted": 0, "evicted_never_hit": 0} for k in PAGE_KINDS
+        }
         sched.cache.subscribe(self.on_event)
 
     def on_event(self, event: BlockEvent) -> None:
@@ -234,12 +253,17 @@ class SSMPageCounter:
             self._step.append(event)
         elif event.kind == "removed":
             self.live -= 1
+            kind = self._kind.pop(event.key, None)
+            if kind is not None:
+                counts = self.by_kind[kind]
+                counts["evicted"] += 1
+                if not self._pool.hits[event.block_id]:
+                    counts["evicted_never_hit"] += 1
 
-    def attribute(self, finished: Sequence[Request]) -> None:
-        """Count the decode snapshots among this step's stored keys."""
+    def attribute(self, finished: Sequence[Request], others: Sequence[Request] = ()) -> None:
+        """Count the decode snapshots among this step's stored keys, and give each key stored
+        by a request of the step (finished, scheduled or preempted) its kind."""
         events, self._step = self._step, []
-        if not finished:
-            return
         for e in events:
             for req in finished:
                 pos = e.position
@@ -249,3 +273,25 @@ class SSMPageCounter:
                 ):
                     self.snapshots += 1
                     break
+            if self._pool.lookup(e.key) is None:
+                continue  # stored and evicted again within the step
+            for req in (*finished, *others):
+                pos = e.position
+                if pos <= req.hashes.num_hashed_tokens and req.hashes.at(pos) == e.key.hash:
+                    kind = self._classify(req, pos)
+                    self._kind[e.key] = kind
+                    self.by_kind[kind]["stored"] += 1
+                    break
+
+    def _classify(self, req: Request, pos: int) -> str:
+        t = req.num_prompt_tokens
+        b = self._bounds
+        if pos >= t:
+            return "snapshot"
+        if pos in req.junction_stops:
+            return "junction"
+        if pos == b.tail_checkpoint(t):
+            return "tail"
+        if pos in b.replay_boundaries(t):
+            return "replay"
+        return "other"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hycache.config import POLICY_NAMES, CacheConfig, HycacheConfig, Policy
+from hycache.config import POLICY_NAMES, CacheConfig, Eviction, HycacheConfig, Policy
 from hycache.sim.costmodel import CostModel
 from hycache.sim.simulator import RequestRecord, SimResult, Simulator
 from hycache.sim.tier import TierConfig
@@ -226,6 +226,10 @@ def compare_policies(
         arm_cm = arm_cost(cost, arm)
         if size_cache and arm_cm is not None:
             cfg = replace(cfg, cache=sized_cache(cfg.cache, arm_cm))
+        flop_aware = cfg.cache.eviction is Eviction.FLOP_AWARE
+        if flop_aware and arm_cm is not None and cfg.cache.recompute_cost is None:
+            # the arm's own model prices its entries
+            cfg = replace(cfg, cache=replace(cfg.cache, recompute_cost=arm_cm.recompute_cost()))
         sim = Simulator(
             cfg,
             cost=arm_cm,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from hycache.cache.layout import PoolSizes, shared_page_bytes, split_budget
+from hycache.config import RecomputeCost
 from hycache.sim.presets import GpuSpec, ModelSpec
 
 __all__ = [
@@ -416,6 +417,29 @@ class CostModel:
                     nbytes += kv_layer * (ctx + 1)
                 out.append(self._phase(f"draft_{j}", flops, nbytes, self.draft_pass_overhead_s))
         return out
+
+    def recompute_cost(self) -> RecomputeCost:
+        """The prefill FLOPs `flop-aware` eviction values cache entries by, from this model's
+        own per-token terms (the target's, and the drafter's first pass when speculative):
+
+        - `token_flops`: `2 * P_body` + every Mamba layer's state update, conv and SSD
+          intra-chunk term (at a full `chunk_size` chunk) + `2 * P_draft`;
+        - `pair_flops`: `4 * H_q * d` per attention layer, the drafter's included;
+        - `ssm_fraction`: the Mamba layers' share of `token_flops` (their mixers' weights and
+          SSM terms, plus their share, by mixer count, of the MLP / MoE weights)."""
+        m = self.model
+        n_attn, n_mamba = m.layers.attention, m.layers.mamba
+        ssm_terms = n_mamba * self._ssm_flops_per_layer(m.mamba.chunk_size) / m.mamba.chunk_size
+        mixers = n_attn * m.attention_layer_params + n_mamba * m.mamba_layer_params
+        rest = max(m.body_active_params - mixers, 0)
+        mamba_share = n_mamba / (n_attn + n_mamba) if n_attn + n_mamba else 0.0
+        ssm = 2.0 * (n_mamba * m.mamba_layer_params + rest * mamba_share) + ssm_terms
+        drafter = 2.0 * m.drafter_layer_params if self.speculative else 0.0
+        token = 2.0 * m.body_active_params + ssm_terms + drafter
+        a = m.attention
+        layers = n_attn + (m.drafter.num_layers if self.speculative else 0)
+        pair = float(ATTENTION_FLOPS_PER_PAIR_ELEMENT * a.num_heads * a.head_dim * layers)
+        return RecomputeCost(token, pair, min(ssm / token, 1.0) if token else 0.0)
 
     def copy_bytes(self) -> int:
         """Bytes one block copy moves (read and written once each). The copies are

@@ -81,6 +81,11 @@ class SimResult:
     ssm_snapshot_pages: int = 0  # of the pages stored: decode snapshots (past the prompt)
     store: dict[str, float] | None = None  # the second tier's totals (see `store_summary`)
     instances: list[dict[str, float]] = field(default_factory=list)  # per instance, if > 1
+    # the admission analysis: per SSM page kind (`cluster.PAGE_KINDS`) the pages stored,
+    # evicted, and evicted never hit; per pool entry kind ("attention", "ssm", "snapshot")
+    # the keyed blocks evicted and evicted never hit
+    page_kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    evictions: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def by_id(self) -> dict[int | str, RequestRecord]:
         return {r.id: r for r in self.records}
@@ -124,6 +129,29 @@ def summarize(result: SimResult) -> dict[str, float]:
         "steps": result.steps,
         **(_store_keys(result) if result.store is not None else {}),
     }
+
+
+def _eviction_accounting(
+    insts: Sequence[Instance],
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """`SimResult.page_kinds` and `SimResult.evictions`, summed over the instances."""
+    kinds: dict[str, dict[str, int]] = {}
+    evictions: dict[str, dict[str, int]] = {}
+    for inst in insts:
+        for kind, counts in inst.pages.by_kind.items():
+            mine = kinds.setdefault(kind, dict.fromkeys(counts, 0))
+            for k, v in counts.items():
+                mine[k] += v
+        cache = inst.sched.cache
+        groups = cache.config.groups
+        for pool in cache.pools:
+            for (group, low, hit), n in pool.evicted.items():
+                kind = "snapshot" if low else str(groups[group])
+                mine = evictions.setdefault(kind, {"evicted": 0, "evicted_never_hit": 0})
+                mine["evicted"] += n
+                if not hit:
+                    mine["evicted_never_hit"] += n
+    return kinds, evictions
 
 
 def _store_keys(result: SimResult) -> dict[str, float]:
@@ -364,6 +392,7 @@ class Simulator:
             tier,
         )
         result.summary = summarize(result)
+        result.page_kinds, result.evictions = _eviction_accounting(insts)
         if len(insts) > 1:
             for inst in insts:
                 mine = [r for r in records if r.instance == inst.index]

@@ -19,6 +19,7 @@ FAMILIES = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 9, 9, 9, 9, 8,
 
 class CacheMachine(RuleBasedStateMachine):
     policy = "junction"
+    eviction = "lru"
 
     def __init__(self) -> None:
         super().__init__()
@@ -29,6 +30,7 @@ class CacheMachine(RuleBasedStateMachine):
             max_model_len=20,
             policy=self.policy,
             groups=(GroupKind.ATTENTION, GroupKind.SSM, GroupKind.ATTENTION),
+            eviction=self.eviction,
         )
         self.cache = CacheManager(self.cfg, SpeculativeConfig(num_speculative_tokens=2))
         self.live: dict[str, Request] = {}
@@ -125,6 +127,12 @@ class LimitCacheMachine(CacheMachine):
     policy = "limit"
 
 
+class FlopAwareLimitCacheMachine(LimitCacheMachine):
+    """`limit` under `flop-aware` eviction: the scored heap instead of the LRU queue."""
+
+    eviction = "flop-aware"
+
+
 MACHINE_SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
@@ -135,3 +143,5 @@ TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = MACHINE_SETTINGS
 TestLimitCacheMachine = LimitCacheMachine.TestCase
 TestLimitCacheMachine.settings = MACHINE_SETTINGS
+TestFlopAwareLimitCacheMachine = FlopAwareLimitCacheMachine.TestCase
+TestFlopAwareLimitCacheMachine.settings = MACHINE_SETTINGS

@@ -72,7 +72,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,7 @@ from hycache.protocol import (
     ApiKeyMiddleware,
     ChatBody,
     CompletionBody,
+    JsonBodyMiddleware,
     LoopbackGuardMiddleware,
     error_response,
     is_loopback,
@@ -102,15 +103,9 @@ from hycache.protocol import (
 )
 from hycache.responses import LogprobFormatter, TextDelta, usage, usage_tail
 from hycache.server_engine import EngineWorker, ServerClosed, engine_stats, fan_out
-from hycache.server_requests import RequestRunner, read_body
+from hycache.server_requests import PromptPrep, RequestRunner, read_body
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body; a 128k-token prompt as JSON ids is about 1 MB
-
-
-def _prefix_hint(offsets: Sequence[tuple[int, int]], end: int) -> int:
-    """How many of the prompt's tokens lie wholly within its first `end` characters (0 when
-    `end` is 0: no system message)."""
-    return sum(1 for _, stop in offsets if stop <= end) if end > 0 else 0
 
 
 def create_app(
@@ -134,6 +129,7 @@ def create_app(
     started = int(time.time())
     runner = RequestRunner(worker, metrics)
     decode = llm.decode if llm.tokenizer is not None else None
+    prep = PromptPrep(llm.tokenizer, llm.config.cache.max_model_len, chat_template)
     tiered = llm.store is not None  # usage carries `store_cached_tokens`
 
     @contextlib.asynccontextmanager
@@ -142,6 +138,7 @@ def create_app(
         try:
             yield
         finally:
+            prep.close()
             stopped = await asyncio.to_thread(worker.stop)
             if stopped and llm.store is not None:  # only the worker thread used it
                 await asyncio.to_thread(llm.store.close)
@@ -150,6 +147,7 @@ def create_app(
     app.state.worker = worker
     app.state.llm = llm
     app.state.metrics = metrics
+    app.add_middleware(JsonBodyMiddleware)  # innermost: after the host and key checks
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     if loopback_only:
@@ -219,6 +217,9 @@ def create_app(
             return body
         try:
             params = body.sampling_params()
+            ids_or_text = body.prompt
+            if isinstance(ids_or_text, str):  # bounded, then tokenized off the loop and engine
+                ids_or_text = await prep.text(ids_or_text)
         except ValueError as e:
             return error_response(400, str(e))
         request_id = f"cmpl-{uuid.uuid4().hex[:16]}-{next(counter)}"
@@ -226,7 +227,7 @@ def create_app(
         requests = fan_out(request_id, params, body.n)
         ids = [rid for rid, _ in requests]
         stop = body.stop_strings
-        items = await runner.submit(requests, body.prompt, body.prefix_hints, body.cache_salt, stop)
+        items = await runner.submit(requests, ids_or_text, body.prefix_hints, body.cache_salt, stop)
         if isinstance(items, Response):
             return items
         timer = metrics.timer(arrival)
@@ -296,10 +297,7 @@ def create_app(
             )
         try:
             messages = [m.as_template_input() for m in body.messages]
-            text, system_end = chat_template.render(messages)
-            encoding = llm.tokenizer.encode(text, add_special_tokens=False)
-            ids = list(encoding.ids)
-            hint = _prefix_hint(encoding.offsets, system_end)
+            ids, hint = await prep.chat(messages)  # bounded, then off the loop and engine
             default_max = max(llm.config.cache.max_model_len - len(ids), 1)
             params = body.sampling_params(default_max)
         except ValueError as e:  # ChatTemplateError included

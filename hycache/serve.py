@@ -81,6 +81,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from hycache.chat import ChatTemplate, ChatTemplateError, load_chat_template
 from hycache.cli import add_store_args
@@ -103,6 +104,7 @@ from hycache.protocol import (
 )
 from hycache.responses import LogprobFormatter, TextDelta, usage, usage_tail
 from hycache.server_engine import EngineWorker, ServerClosed, engine_stats, fan_out
+from hycache.server_http import limited_protocol
 from hycache.server_requests import PromptPrep, RequestRunner, read_body
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body; a 128k-token prompt as JSON ids is about 1 MB
@@ -198,7 +200,10 @@ def create_app(
 
     async def _parse(request: Request, fields: dict[str, Any], model: type[Any]) -> Any:
         """The validated body, or an error response."""
-        raw = await read_body(request, MAX_BODY_BYTES)
+        try:
+            raw = await read_body(request, MAX_BODY_BYTES)
+        except ClientDisconnect:  # gone mid-body (or closed for sending it too slowly)
+            return Response(status_code=499)
         if raw is None:
             return error_response(413, f"request body over {MAX_BODY_BYTES:,} bytes")
         try:
@@ -410,6 +415,20 @@ def build_llm(args: argparse.Namespace) -> LLM:
     return cli_build_llm(args)
 
 
+def server_config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
+    """uvicorn's config for `app`: where to listen, and the slow-client limits of
+    `--header-timeout`, `--body-timeout` and `--max-connections` (`hycache.server_http`)."""
+    protocol = limited_protocol(args.header_timeout, args.body_timeout, args.max_connections)
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        timeout_graceful_shutdown=5,
+        http=protocol,
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Build the engine and serve it until interrupted; 2 if the engine cannot be built."""
     try:
@@ -433,9 +452,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     # At shutdown the worker is drained first; a handler still busy after the grace period is
     # cancelled (aborting its request), then the lifespan stops the worker thread.
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5
-    )
+    config = server_config(app, args)
     server = HycacheServer(config, app.state.worker)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
@@ -464,4 +481,5 @@ __all__ = [
     "error_response",
     "run_serve",
     "served_model_name",
+    "server_config",
 ]

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -139,3 +140,161 @@ def health_latency(url: str, during: threading.Thread) -> float:
         worst = max(worst, time.monotonic() - t)
         time.sleep(0.01)
     return worst
+
+
+class SlowTokenizer:
+    """The chat tokenizer, with every `encode` taking `delay` seconds (as a huge prompt would):
+    a handler tokenizing on the event loop or the engine thread would freeze the server."""
+
+    def __init__(self, delay: float) -> None:
+        self.inner = chat_tokenizer()
+        self.delay = delay
+
+    def encode(self, *args: Any, **kw: Any) -> Any:
+        time.sleep(self.delay)
+        return self.inner.encode(*args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def stream_gaps(url: str, out: list[float], ready: threading.Event) -> None:
+    """Stream a long completion; append the largest gap between its chunks to `out`."""
+    body = {"prompt": [5, 6, 7], "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=auth(), timeout=60) as r:
+        last, worst = None, 0.0
+        for line in r.iter_lines():
+            if not line:
+                continue
+            now = time.monotonic()
+            if last is not None:
+                worst = max(worst, now - last)
+            last = now
+            ready.set()
+        out.append(worst)
+
+
+def test_huge_and_slow_prompts_stall_no_one() -> None:
+    """A 7 MiB text prompt and a 7 MiB chat message are refused by their length before any
+    work; a prompt whose tokenizing takes 1.5 s (4 of them at once) runs off the event loop and
+    off the engine thread: meanwhile `/health` answers and a running stream keeps flowing."""
+    llm = chat_llm(max_num_seqs=8)
+    llm.tokenizer = SlowTokenizer(1.5)
+    app = create_app(llm, model_name="tiny-chat", chat_template=template(), api_key=API_KEY)
+    huge = "w1 " * (7 * 2**20 // 3)
+    with serving(app) as (url, _, _):
+        gaps: list[float] = []
+        ready = threading.Event()
+        streamer = threading.Thread(target=stream_gaps, args=(url, gaps, ready))
+        streamer.start()
+        assert ready.wait(30)
+        t = time.monotonic()
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": huge}, headers=auth(), timeout=30)
+        assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
+        chat = {"messages": [{"role": "user", "content": huge}], "max_tokens": 1}
+        r = httpx.post(f"{url}/v1/chat/completions", json=chat, headers=auth(), timeout=30)
+        assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
+        refused = time.monotonic() - t
+
+        def slow_requests() -> None:
+            small = {"messages": [{"role": "user", "content": "w1 w2"}], "max_tokens": 1}
+            with ThreadPoolExecutor(4) as pool:
+                done = pool.map(
+                    lambda _: httpx.post(
+                        f"{url}/v1/chat/completions", json=small, headers=auth(), timeout=30
+                    ),
+                    range(4),
+                )
+                assert [x.status_code for x in done] == [200] * 4
+
+        slow = threading.Thread(target=slow_requests)
+        slow.start()
+        worst_health = health_latency(url, slow)
+        slow.join()
+        streamer.join(60)
+    print(f"huge prompts refused in {refused:.3f}s; /health worst {worst_health:.3f}s; "
+          f"stream's worst gap {gaps[0]:.3f}s")  # fmt: skip
+    assert refused < 3.0
+    assert worst_health < 0.5
+    assert gaps and gaps[0] < 1.0
+
+
+# ------------------------------------------------------------------------------- slow clients
+def closed_by_server(socks: list[socket.socket], within: float, trickle: bool) -> list[float]:
+    """Seconds until the server closed each socket (inf: still open after `within`); with
+    `trickle`, each is sent one body byte every 0.2 s meanwhile."""
+    start = time.monotonic()
+    closed = [float("inf")] * len(socks)
+    for s in socks:
+        s.settimeout(0.001)
+    while time.monotonic() - start < within and float("inf") in closed:
+        for i, s in enumerate(socks):
+            if closed[i] != float("inf"):
+                continue
+            try:
+                if trickle:
+                    s.send(b"x")
+                if s.recv(4096) == b"":
+                    closed[i] = time.monotonic() - start
+            except TimeoutError:
+                continue
+            except OSError:
+                closed[i] = time.monotonic() - start
+        time.sleep(0.2)
+    return closed
+
+
+def test_slow_clients_are_timed_out_and_connections_capped() -> None:
+    """Half-sent headers are closed at the header timeout, a body sent a byte at a time at the
+    body timeout; connections over the cap are closed at once; a normal request still works
+    and a stream outlives both timeouts."""
+    from hycache.server_http import limited_protocol
+
+    app = create_app(make_llm(), model_name="tiny")
+    with serving(app, http=limited_protocol(1.0, 1.5, 64)) as (url, _, _):
+        host, port = url.removeprefix("http://").split(":")
+        half = [socket.create_connection((host, int(port))) for _ in range(40)]
+        for s in half:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        trickling = [socket.create_connection((host, int(port))) for _ in range(10)]
+        for s in trickling:
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+            )
+        t = time.monotonic()
+        header_closed = closed_by_server(half, 6.0, trickle=False)
+        body_closed = closed_by_server(trickling, 6.0, trickle=True)
+        elapsed = time.monotonic() - t
+        print(f"half-sent headers closed after {max(header_closed):.2f}s, trickled bodies "
+              f"after {elapsed:.2f}s")  # fmt: skip
+        assert max(header_closed) < 3.0
+        assert max(body_closed) < 6.0
+        with httpx.Client(base_url=url, timeout=30) as c:
+            assert c.post("/v1/completions", json=BODY).status_code == 200
+            body = {"prompt": [5, 6], "max_tokens": 400, "ignore_eos": True, "stream": True}
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                first = time.monotonic()
+                lines = [x for x in r.iter_lines() if x]
+            assert lines[-1] == "data: [DONE]"
+            print(f"a stream of {len(lines)} events lasted {time.monotonic() - first:.2f}s")
+        for s in [*half, *trickling]:
+            s.close()
+
+
+def test_connections_over_the_cap_are_closed_at_once() -> None:
+    from hycache.server_http import limited_protocol
+
+    app = create_app(make_llm(), model_name="tiny")
+    with serving(app, http=limited_protocol(30.0, 30.0, 64)) as (url, _, _):
+        host, port = url.removeprefix("http://").split(":")
+        many = [socket.create_connection((host, int(port))) for _ in range(100)]
+        try:
+            shut = closed_by_server(many, 3.0, trickle=False)
+            closed = sum(1 for x in shut if x < 3.0)
+            assert 100 - 64 <= closed <= 100 - 64 + 1  # (+1: the startup probe's keep-alive)
+        finally:
+            for s in many:
+                s.close()
+        time.sleep(0.2)
+        assert httpx.get(f"{url}/health").status_code == 200

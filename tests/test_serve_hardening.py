@@ -298,3 +298,68 @@ def test_connections_over_the_cap_are_closed_at_once() -> None:
                 s.close()
         time.sleep(0.2)
         assert httpx.get(f"{url}/health").status_code == 200
+
+
+# ------------------------------------------------------------------------- metrics and usage
+def test_token_counters_count_aborted_requests_and_no_created_series() -> None:
+    """A stream dropped after a few chunks still counts its prompt and every token computed
+    in `vllm:prompt_tokens` / `vllm:generation_tokens` (so they agree with
+    `vllm:prefix_cache_queries`); no `_created` series is exported."""
+    from tests.test_serve import first_line, prompt, scrape, wait_idle
+
+    app = create_app(make_llm(), model_name="tiny")
+    with serving(app) as (url, _, _), httpx.Client(base_url=url, timeout=30) as c:
+        before = scrape(c)
+        ids = prompt(61, 40)
+        body = {"prompt": ids, "max_tokens": 500, "ignore_eos": True, "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert first_line(lines).startswith("data: {")
+            received = 1 + sum(1 for _, line in zip(range(3), lines, strict=False) if line)
+        wait_idle(c)
+        ok = c.post("/v1/completions", json={"prompt": prompt(62, 20), "max_tokens": 3})
+        assert ok.status_code == 200
+        after = scrape(c)
+        text = c.get("/metrics").text
+    grew = {k: after[k] - before.get(k, 0) for k in after}
+    assert grew["vllm:prompt_tokens_total"] == 40 + 20
+    assert grew["vllm:prompt_tokens_total"] == grew["vllm:prefix_cache_queries_total"]
+    assert 3 + received <= grew["vllm:generation_tokens_total"] < 3 + 500
+    assert "_created" not in text
+
+
+def test_usage_and_stats_agree_on_store_hits() -> None:
+    """With a host store and a pool small enough to preempt and evict: the responses'
+    `store_cached_tokens` sum to `/v1/stats` `engine.store_hit_tokens` (and `cached_tokens` to
+    `engine.hit_tokens`); `cache.store_hit_tokens` also counts re-admissions, so it is never
+    below; a re-admitted request reports its first admission."""
+    from tests.store.test_store_engine import family, noise
+    from tests.test_serve import wait_idle
+
+    llm = LLM(
+        "tiny", block_size=16, prefix_match_unit=4, max_model_len=256, num_blocks=40,
+        kv_store="host", kv_store_gb=0.25, max_num_seqs=6,
+    )  # fmt: skip
+    fams = [p for seed in range(3) for p in family(seed=30 + seed)]
+    app = create_app(llm, model_name="tiny")
+    with serving(app) as (url, _, _), httpx.Client(base_url=url, timeout=60) as c:
+
+        def complete(ids: list[int]) -> dict[str, Any]:
+            r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 12})
+            assert r.status_code == 200, r.text
+            return dict(r.json()["usage"])
+
+        usages = [complete(p) for p in fams[:2]]
+        usages += [complete(p) for p in noise(seed=31)]
+        with ThreadPoolExecutor(6) as pool:  # concurrent: the small pool preempts
+            usages += list(pool.map(complete, fams[2:] + fams[:2]))
+        s = wait_idle(c)
+    details = [u["prompt_tokens_details"] for u in usages]
+    assert s["engine"]["requests"] == len(usages)
+    assert s["engine"]["store_hit_tokens"] == sum(d["store_cached_tokens"] for d in details)
+    assert s["engine"]["hit_tokens"] == sum(d["cached_tokens"] for d in details)
+    assert s["engine"]["store_hit_tokens"] > 0
+    assert s["cache"]["store_hit_tokens"] >= s["engine"]["store_hit_tokens"]
+    assert s["cache"]["hit_tokens"] >= s["engine"]["hit_tokens"]
+    print(f"admissions {s['cache']['admissions']} for {len(usages)} requests; store hits: "
+          f"usage {s['engine']['store_hit_tokens']}, cache {s['cache']['store_hit_tokens']}")

@@ -98,11 +98,13 @@ class ChatTemplate:
         except Exception as e:  # a template tripping over unexpected message shapes
             raise ChatTemplateError(f"chat template failed on these messages: {e}") from e
 
-    def render(self, messages: list[dict[str, Any]]) -> tuple[str, int]:
-        """The prompt for `messages` (with the generation prompt) and the character offset where
-        the last system message ends in it (0: no system message, or its end is not a prefix
-        of the prompt). Raises ChatTemplateError."""
-        text = self._render(messages, add_generation_prompt=True)
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> tuple[str, int]:
+        """The prompt for `messages` (with the generation prompt unless told otherwise) and the
+        character offset where the last system message ends in it (0: no system message, or
+        its end is not a prefix of the prompt). Raises ChatTemplateError."""
+        text = self._render(messages, add_generation_prompt=add_generation_prompt)
         last_system = max(
             (i for i, m in enumerate(messages) if m.get("role") in SYSTEM_ROLES), default=-1
         )
@@ -213,13 +215,15 @@ class ChatEncoder:
             return [self._escape(v, nonce, found) for v in value]
         return value
 
-    def encode(self, messages: list[dict[str, Any]]) -> tuple[list[int], int]:
+    def encode(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> tuple[list[int], int]:
         """(prompt token ids, prefix hint in tokens: the end of the last system message).
         Raises ChatTemplateError."""
         nonce = secrets.token_hex(8)
         found: list[str] = []
         escaped = [self._escape(m, nonce, found) for m in messages]
-        text, system_end = self.template.render(escaped)
+        text, system_end = self.template.render(escaped, add_generation_prompt)
         if not found:
             enc = self.tokenizer.encode(text, add_special_tokens=False)
             return list(enc.ids), hint_tokens(enc.offsets, system_end)

@@ -188,6 +188,45 @@ class ChatBody(_GenerationBody):
         return self._sampling(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
 
 
+# vLLM's /tokenize chat fields hycache does not implement, with their unused values
+TOKENIZE_CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "continue_final_message": False,
+    "add_special_tokens": False,
+    "chat_template": None,
+    "chat_template_kwargs": None,
+    "tools": None,
+    "mm_processor_kwargs": None,
+}
+
+
+class TokenizeBody(BaseModel):
+    """vLLM's `POST /tokenize` body for a text prompt (`model` is ignored)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatBody(BaseModel):
+    """vLLM's `POST /tokenize` body for chat messages, rendered as the chat route does."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    """vLLM's `POST /detokenize` body."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    tokens: list[int]
+
+
 def error_response(
     status: int, message: str, code: str | None = None, param: str | None = None
 ) -> JSONResponse:
@@ -205,6 +244,15 @@ def validation_message(e: ValidationError) -> str:
         loc = ".".join(str(x) for x in err["loc"])
         parts.append(f"{loc}: {err['msg']}" if loc else str(err["msg"]))
     return "; ".join(parts)
+
+
+def has_field(raw: bytes, name: str) -> bool:
+    """Whether the JSON object in `raw` has the field `name` (False for anything else)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and name in doc
 
 
 def refuse_unsupported(raw: bytes, fields: dict[str, Any] = UNSUPPORTED_FIELDS) -> None:
@@ -360,15 +408,20 @@ __all__ = [
     "MAX_SEED",
     "MAX_STOP",
     "MIN_TEMPERATURE",
+    "TOKENIZE_CHAT_UNSUPPORTED_FIELDS",
     "UNSUPPORTED_FIELDS",
     "ApiKeyMiddleware",
     "ChatBody",
     "ChatMessage",
     "CompletionBody",
+    "DetokenizeBody",
     "JsonBodyMiddleware",
     "LoopbackGuardMiddleware",
     "StreamOptions",
+    "TokenizeBody",
+    "TokenizeChatBody",
     "error_response",
+    "has_field",
     "host_of",
     "is_json_media_type",
     "is_loopback",

@@ -91,13 +91,18 @@ from hycache.engine.engine import LLM, StreamEvent
 from hycache.metrics import CONTENT_TYPE, ServerMetrics, engine_snapshot
 from hycache.protocol import (
     CHAT_UNSUPPORTED_FIELDS,
+    TOKENIZE_CHAT_UNSUPPORTED_FIELDS,
     UNSUPPORTED_FIELDS,
     ApiKeyMiddleware,
     ChatBody,
     CompletionBody,
+    DetokenizeBody,
     JsonBodyMiddleware,
     LoopbackGuardMiddleware,
+    TokenizeBody,
+    TokenizeChatBody,
     error_response,
+    has_field,
     is_loopback,
     refuse_unsupported,
     validation_message,
@@ -198,14 +203,25 @@ def create_app(
             return error_response(503, str(e))
         return Response(metrics.render(snapshot), media_type=CONTENT_TYPE)
 
-    async def _parse(request: Request, fields: dict[str, Any], model: type[Any]) -> Any:
-        """The validated body, or an error response."""
+    async def _read(request: Request) -> bytes | Response:
+        """The raw body, or an error response."""
         try:
             raw = await read_body(request, MAX_BODY_BYTES)
         except ClientDisconnect:  # gone mid-body (or closed for sending it too slowly)
             return Response(status_code=499)
         if raw is None:
             return error_response(413, f"request body over {MAX_BODY_BYTES:,} bytes")
+        return raw
+
+    async def _parse(
+        request: Request, fields: dict[str, Any], model: type[Any], raw: bytes | None = None
+    ) -> Any:
+        """The validated body (of `raw`, else read now), or an error response."""
+        if raw is None:
+            read = await _read(request)
+            if isinstance(read, Response):
+                return read
+            raw = read
         try:
             refuse_unsupported(raw, fields)
             return model.model_validate_json(raw)
@@ -213,6 +229,57 @@ def create_app(
             return error_response(400, validation_message(e))
         except ValueError as e:
             return error_response(400, str(e))
+
+    def _no_tokenizer() -> JSONResponse:
+        return error_response(400, "this model has no tokenizer (tokenizer.json)")
+
+    @app.post("/tokenize", response_model=None)
+    async def tokenize(request: Request) -> Response:
+        """vLLM's `/tokenize`: a text `prompt`, or chat `messages` rendered and tokenized as
+        `/v1/chat/completions` does; `{count, max_model_len, tokens, token_strs}`."""
+        raw = await _read(request)
+        if isinstance(raw, Response):
+            return raw
+        chat = has_field(raw, "messages")
+        fields = TOKENIZE_CHAT_UNSUPPORTED_FIELDS if chat else {}
+        body = await _parse(request, fields, TokenizeChatBody if chat else TokenizeBody, raw)
+        if isinstance(body, Response):
+            return body
+        if llm.tokenizer is None or (chat and prep.encoder is None):
+            return _no_tokenizer() if llm.tokenizer is None else error_response(
+                400, "this model has no chat template; pass --chat-template FILE"
+            )
+        try:
+            if isinstance(body, TokenizeChatBody):
+                messages = [m.as_template_input() for m in body.messages]
+                ids, _ = await prep.chat(messages, body.add_generation_prompt)
+            else:
+                ids = await prep.text(body.prompt, body.add_special_tokens)
+        except ValueError as e:
+            return error_response(400, str(e))
+        strs = [llm.tokenizer.id_to_token(t) for t in ids] if body.return_token_strs else None
+        return JSONResponse(
+            {
+                "count": len(ids),
+                "max_model_len": llm.config.cache.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
+
+    @app.post("/detokenize", response_model=None)
+    async def detokenize(request: Request) -> Response:
+        """vLLM's `/detokenize`: `{"tokens": [...]}` -> `{"prompt": text}`."""
+        body = await _parse(request, {}, DetokenizeBody)
+        if isinstance(body, Response):
+            return body
+        if llm.tokenizer is None:
+            return _no_tokenizer()
+        vocab = llm.model_config.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            return error_response(400, f"tokens: {bad} is outside the vocabulary [0, {vocab})")
+        return JSONResponse({"prompt": await prep.decode(body.tokens)})
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:

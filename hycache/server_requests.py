@@ -250,12 +250,15 @@ class PromptPrep:
         ids: list[int] = await self._run(encode)
         return ids
 
-    async def chat(self, messages: list[dict[str, Any]]) -> tuple[list[int], int]:
+    async def chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> tuple[list[int], int]:
         """(token ids, prefix hint) of chat messages (ValueError: too long, or the template
         refused them)."""
         assert self.encoder is not None
         self.check_length(text_chars(messages), "messages")
-        result: tuple[list[int], int] = await self._run(self.encoder.encode, messages)
+        encode = self.encoder.encode
+        result: tuple[list[int], int] = await self._run(encode, messages, add_generation_prompt)
         return result
 
     async def decode(self, ids: list[int]) -> str:

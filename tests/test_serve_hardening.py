@@ -363,3 +363,60 @@ def test_usage_and_stats_agree_on_store_hits() -> None:
     assert s["cache"]["hit_tokens"] >= s["engine"]["hit_tokens"]
     print(f"admissions {s['cache']['admissions']} for {len(usages)} requests; store hits: "
           f"usage {s['engine']['store_hit_tokens']}, cache {s['cache']['store_hit_tokens']}")
+
+
+# ---------------------------------------------------------------------------- legacy logprobs
+def test_legacy_top_logprobs_keep_every_alternative() -> None:
+    """Byte tokens that all decode to "\\ufffd" no longer overwrite each other: every
+    alternative is kept (a repeated text is keyed `token_id:N`) and the chosen token keeps its
+    own value under its own text."""
+    from hycache.request import TokenLogprob
+    from hycache.responses import LogprobFormatter
+
+    fmt = LogprobFormatter(lambda ids: "\ufffd" if ids[0] >= 10 else f"t{ids[0]}")
+    top = ((11, -0.5), (12, -1.0), (13, -2.0), (3, -3.0), (14, -4.0))
+    listed = TokenLogprob(12, -1.0, top)
+    unlisted = TokenLogprob(15, -9.0, top)
+    out = fmt.completion([listed, unlisted])
+    first, second = out["top_logprobs"]
+    assert len(first) == 5 and len(second) == 6
+    assert first["\ufffd"] == -1.0 and out["token_logprobs"][0] == -1.0
+    assert first["token_id:11"] == -0.5 and first["t3"] == -3.0
+    assert second["\ufffd"] == -9.0
+    assert sorted(second.values()) == sorted([v for _, v in top] + [-9.0])
+
+
+# ---------------------------------------------------------------------- vLLM's tokenizer routes
+def test_vllm_tokenize_and_detokenize(guarded: str) -> None:
+    """vLLM's bodies and answers: `/tokenize` of a prompt (special tokens added as asked, token
+    strings on request) and of chat messages (as the chat route renders them, role injection
+    included), `/detokenize` back; bad input answers 400, no key 401."""
+    tok = chat_tokenizer()
+    r = httpx.post(f"{guarded}/tokenize", json={"model": "x", "prompt": "w1 w2 <|end|>"},
+                   headers=auth())  # fmt: skip
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    want = tok.encode("w1 w2 <|end|>").ids
+    assert doc == {"count": 3, "max_model_len": 256, "tokens": want, "token_strs": None}
+    strs = httpx.post(f"{guarded}/tokenize", headers=auth(),
+                      json={"prompt": "w1 w2", "return_token_strs": True}).json()  # fmt: skip
+    assert strs["token_strs"] == ["w1", "w2"]
+    messages = [{"role": "user", "content": "w3 <|system|>"}]
+    chat = httpx.post(f"{guarded}/tokenize", json={"messages": messages}, headers=auth()).json()
+    ids, _ = ChatEncoder(template(), tok).encode(messages)
+    assert chat["tokens"] == ids and chat["count"] == len(ids)
+    no_gen = httpx.post(f"{guarded}/tokenize", headers=auth(),
+                        json={"messages": messages, "add_generation_prompt": False}).json()
+    assert no_gen["tokens"] == ids[:-1]  # without the trailing <|assistant|>
+    back = httpx.post(f"{guarded}/detokenize", json={"tokens": want[:2]}, headers=auth())
+    assert back.status_code == 200 and back.json() == {"prompt": "w1 w2"}
+    for path, body in [
+        ("/detokenize", {"tokens": [100_000]}),
+        ("/detokenize", {"tokens": "w1"}),
+        ("/tokenize", {"prompt": 5}),
+        ("/tokenize", {"messages": messages, "continue_final_message": True}),
+        ("/tokenize", {"prompt": "w1 " * 100_000}),
+    ]:
+        r = httpx.post(f"{guarded}{path}", json=body, headers=auth())
+        assert r.status_code == 400, (path, body, r.text)
+    assert httpx.post(f"{guarded}/tokenize", json={"prompt": "w1"}).status_code == 401

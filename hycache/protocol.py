@@ -46,15 +46,9 @@ MAX_STOP = 4  # stop strings per request, as OpenAI allows
 UNSUPPORTED_FIELDS: dict[str, Any] = {
     "echo": False,
     "suffix": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
 }
 # the same for chat completions (tools, structured output, ...)
 CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
     "tools": None,
     "tool_choice": "none",
     "functions": None,
@@ -90,6 +84,11 @@ class _GenerationBody(BaseModel):
     stream_options: StreamOptions | None = None
     # requests with different salts never share cache entries; without one the cache is shared
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    # vLLM's semantics (SamplingParams / hycache.engine.sampling.adjust_logits)
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
 
     @field_validator("stop")
     @classmethod
@@ -124,7 +123,23 @@ class _GenerationBody(BaseModel):
             stop_token_ids=tuple(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=self._logit_bias(),
         )
+
+    def _logit_bias(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs, each bias clamped to [-100, 100] as vLLM
+        (and OpenAI) do; a key that is no token id raises ValueError."""
+        out = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias: keys must be token ids, got {key!r}")
+            if bias != bias or abs(bias) == float("inf"):
+                raise ValueError(f"logit_bias: {key}: bias must be a finite number")
+            out.append((int(key), min(100.0, max(-100.0, bias))))
+        return tuple(out)
 
 
 class CompletionBody(_GenerationBody):

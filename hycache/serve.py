@@ -16,8 +16,8 @@ streamed text, logprobs) in `hycache.responses`.
 - `add_serve_args` / `run_serve`: the `serve` command's flags and entry point.
 
 Bad input answers HTTP 400 `{"error": {"message", "type", "param", "code"}}` and disturbs no
-other request. OpenAI fields hycache does not implement (`echo`, `suffix`, penalties,
-`logit_bias`, `best_of` other than `n`; for chat also tools, `response_format`, ...) are refused
+other request. OpenAI fields hycache does not implement (`echo`, `suffix`, `best_of` other than
+`n`; for chat also tools, `response_format`, ...) are refused
 with a 400 unless left at their unused value, never answered with other semantics. A body over
 `MAX_BODY_BYTES` is refused (413) before it is read whole. Responses name the served model
 (`--served-model-name`, else the model path's last component), never a path.

@@ -277,6 +277,11 @@ class LLM:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        bad_bias = [t for t, _ in params.logit_bias if not t < vocab]
+        if bad_bias:
+            raise ValueError(
+                f"logit_bias: token id {bad_bias[0]} is outside the vocabulary [0, {vocab})"
+            )
         if len(ids) + params.max_tokens > max_len:
             raise ValueError(
                 f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceed "

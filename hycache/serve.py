@@ -9,8 +9,15 @@ streamed text, logprobs) in `hycache.responses`.
   `POST /v1/chat/completions` with optional SSE streaming, `GET /v1/models`, `GET /v1/stats`,
   `GET /metrics` in Prometheus text format, see `hycache.metrics`); its lifespan starts the
   engine worker and, on shutdown, stops it and aborts whatever is still unfinished. With an API
-  key every `/v1/*` route wants `Authorization: Bearer KEY` (401 otherwise); `/health` and
-  `/metrics` stay open.
+  key every `/v1/*` route, vLLM's `/tokenize` and `/detokenize` and the API docs want
+  `Authorization: Bearer KEY` (401 otherwise); `/health` and `/metrics` stay open. Every POST
+  must be `application/json` (415); on loopback, foreign Hosts and Origins (`null` too) get 403.
+- `POST /tokenize` / `POST /detokenize`: vLLM's bodies and answers (a text prompt or chat
+  messages -> `{count, max_model_len, tokens, token_strs}`; token ids -> `{prompt}`).
+- Text is bounded by length before any work and rendered and tokenized on a thread pool
+  (`server_requests.PromptPrep`), never on the event loop or the engine thread; slow clients
+  are timed out and connections capped (`server_http`, `--header-timeout`, `--body-timeout`,
+  `--max-connections`).
 - `HycacheServer`: uvicorn's server, which at shutdown first ends in-flight requests (503) so
   that open streams close instead of holding the shutdown up.
 - `add_serve_args` / `run_serve`: the `serve` command's flags and entry point.
@@ -29,6 +36,8 @@ Both generation routes take, as OpenAI and vLLM do:
 - `n` (up to `protocol.MAX_N`): independent choices, each its own engine request (with a
   `seed`, choice i uses seed + i); usage counts the prompt once and sums the choices'
   completion tokens; streamed chunks carry their choice's `index`.
+- `frequency_penalty`, `presence_penalty`, `repetition_penalty`, `logit_bias`, with vLLM's
+  semantics (`hycache.engine.sampling.adjust_logits`).
 - logprobs (completions: `logprobs: k`; chat: `logprobs: true`, `top_logprobs: k`; k <= 20):
   each output token's log-probability and the k most likely alternatives, computed as
   log_softmax of the model's raw logits (vLLM's default: before temperature and top-p).
@@ -52,8 +61,10 @@ the mirror's counters), and `/metrics` adds the `hycache:store_*` counters. A st
 in `store.stats.errors`. The store is closed when the server shuts down.
 
 Chat: messages are rendered with the checkpoint's chat template (`hycache.chat`; the
-`--chat-template` file overrides it) and tokenized without extra special tokens; a model with no
-template or no tokenizer answers 400. The end of the last system message is passed as a prefix
+`--chat-template` file overrides it) and tokenized without extra special tokens, the message
+text as plain text (a special token's string in a message never becomes that token: no forged
+turns), the template's markup with its special tokens; a model with no template or no
+tokenizer answers 400. The end of the last system message is passed as a prefix
 hint, so under `limit` the first chat of a system-prompt family already checkpoints for it.
 `max_completion_tokens` (else `max_tokens`, else the room left in `max_model_len`).
 

@@ -241,6 +241,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         prefix_hint=args.prefix_hint,
         ignore_eos=args.ignore_eos,
         timeout_s=args.timeout,
+        request_timeout_s=args.request_timeout,
         seed=args.seed,
     )
     with progress_bar(disable=args.quiet) as progress:
@@ -272,6 +273,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         "ignore_eos": args.ignore_eos,
         "vocab_size": args.vocab_size,
         "model": args.model,
+        "request_timeout_s": args.request_timeout,
         "seed": args.seed,
     }
     failed = [r for r in results if not r.ok]
@@ -372,7 +374,20 @@ def add_bench_serve_parser(bench: argparse.ArgumentParser) -> None:
         default=True,
         help="generate exactly the output length asked for",
     )
-    g.add_argument("--timeout", type=positive_float, default=300.0, help="per request, seconds")
+    g.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=300.0,
+        help="seconds to connect, and for each read of a stream",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=180.0,
+        metavar="S",
+        help="seconds a whole request may take; one that takes longer (a server streaming for "
+        "ever) is cut and counted as a failure",
+    )
     g.add_argument("--json", default=None, help="write inputs, summary and per-request lines")
     g.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     p.set_defaults(func=cmd_bench_serve)

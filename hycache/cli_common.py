@@ -151,9 +151,9 @@ def add_store_args(p: argparse.ArgumentParser) -> None:
 def check_store_args(args: argparse.Namespace) -> None:
     """Refuse a bad `--kv-store` / `--kv-store-gb` before any model loads, with the messages
     `open_store` would give (a ValueError: one line, exit status 2)."""
-    gb = args.kv_store_gb
-    if not 0 < gb < float("inf"):
-        raise ValueError(f"kv-store-gb: must be a finite number > 0, got {gb:g}")
+    from hycache.store import check_store_gb
+
+    check_store_gb(args.kv_store_gb)
     spec = args.kv_store
     if spec is None:
         return
@@ -164,4 +164,5 @@ def check_store_args(args: argparse.Namespace) -> None:
         return
     from hycache.store import open_store
 
-    open_store(spec, gb).close()  # `host` allocates nothing up front; anything else raises
+    # `host` allocates nothing up front; anything else raises
+    open_store(spec, args.kv_store_gb).close()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from hycache.cli_common import (
@@ -20,6 +20,9 @@ from hycache.cli_common import (
 )
 from hycache.config import POLICY_NAMES, HycacheConfig
 from hycache.report import check_writable, console, jsonl, progress_bar, write_atomic
+
+MAX_INSTANCES = 256  # each simulated instance holds a whole cache of its own
+DEFAULT_ROUTING = "round-robin"
 
 
 def _fixed(value: Any, flag: str) -> int:
@@ -129,13 +132,15 @@ def build_tier(args: argparse.Namespace) -> Any:
     """The simulated second tier `--kv-store-gb` / `--kv-store-link` describe (None: none)."""
     from hycache.sim.tier import STORE_LINKS, TierConfig
 
-    if not 0 <= args.kv_store_gb < math.inf:
-        raise UserError(f"--kv-store-gb: must be a finite number >= 0, got {args.kv_store_gb}")
+    if args.instances > MAX_INSTANCES:
+        raise UserError(f"--instances: at most {MAX_INSTANCES}, got {args.instances}")
+    if args.routing is not None and args.instances < 2:
+        raise UserError("--routing: routes between instances; give --instances N (N >= 2)")
     if args.instances > 1 and args.request_rate == "auto":
         raise UserError("--request-rate auto measures one instance; give a rate with --instances")
-    if not args.kv_store_gb:
+    if args.kv_store_gb is None:
         return None
-    return TierConfig(args.kv_store_gb, STORE_LINKS[args.kv_store_link])
+    return TierConfig(args.kv_store_gb, STORE_LINKS[args.kv_store_link])  # checks the size
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -194,7 +199,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             on_finish=lambda p, _rec: progress.advance(tasks[p]),
             tier=tier,
             instances=args.instances,
-            routing=args.routing,
+            routing=args.routing or DEFAULT_ROUTING,
         )
     summary = policies_json(results)
     inputs = {
@@ -221,10 +226,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         inputs["pool_layout"] = args.pool_layout
         inputs["num_state_pages"] = num_state_pages  # the drafter arms'; per arm in `policies`
     if scaled:  # only then, so that a plain run's output stays as it was
-        inputs["kv_store_gb"] = args.kv_store_gb
+        inputs["kv_store_gb"] = args.kv_store_gb or 0.0
         inputs["kv_store_link"] = args.kv_store_link if tier is not None else None
         inputs["instances"] = args.instances
-        inputs["routing"] = args.routing
+        inputs["routing"] = args.routing or DEFAULT_ROUTING
     if args.json:
         if str(args.json).endswith(".jsonl"):
             rows: list[dict[str, Any]] = []
@@ -250,7 +255,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             title += f", open loop at {offered['request_rate_per_s']:.3g} requests/s"
         console.print(policy_table(title, summary))
         if scaled:
-            what = f"{args.instances} instance(s), {args.routing}"
+            what = f"{args.instances} instance(s), {args.routing or DEFAULT_ROUTING}"
             if tier is not None:
                 what += f", {args.kv_store_gb:g} GiB {args.kv_store_link} store"
             console.print(instances_table(what, results))
@@ -261,6 +266,9 @@ def cmd_trace_gen(args: argparse.Namespace) -> int:
     from hycache.sim.trace_gen import trace_gen
 
     check_writable(args.out, "--out")
+    parent = Path(args.out).parent
+    if not parent.is_dir():  # a folder the user did not make is never made for them
+        raise UserError(f"--out: cannot write {args.out}: folder {parent} does not exist")
     if args.turn_gap_s is not None and not args.turn_gap_s > 0:
         raise UserError(f"--turn-gap-s: must be > 0, got {args.turn_gap_s}")
     if args.system_prompts < 0:
@@ -388,8 +396,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     g.add_argument(
         "--kv-store-gb",
         type=float,
-        default=0.0,
-        help="store capacity in GiB, objects counted at their modelled size (0: no store)",
+        default=None,
+        help="store capacity in GiB (> 0), objects counted at their modelled size (default: no "
+        "store)",
     )
     g.add_argument(
         "--kv-store-link",
@@ -401,13 +410,15 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "--instances",
         type=positive_int,
         default=1,
-        help="simulated engines, each its own cache and clock, sharing the store",
+        help=f"simulated engines, each its own cache and clock, sharing the store (at most "
+        f"{MAX_INSTANCES})",
     )
     g.add_argument(
         "--routing",
         choices=("round-robin", "prefix-aware"),
-        default="round-robin",
-        help="prefix-aware: the instance holding the longest prefix (ties: least loaded)",
+        default=None,
+        help="with --instances: round-robin (the default), or prefix-aware: the instance "
+        "holding the longest prefix (ties: least loaded)",
     )
     p.set_defaults(func=cmd_simulate)
 

@@ -278,7 +278,8 @@ class RunOptions:
     model: str | None = None
     prefix_hint: bool = False
     ignore_eos: bool = True
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # httpx's: connect, and each read of the stream
+    request_timeout_s: float = 180.0  # the whole request, first byte to `[DONE]`
     seed: int = 0
 
 
@@ -340,7 +341,10 @@ async def send_one(
     ids: list[int] | None = []
     done = False
     try:
-        async with client.stream("POST", endpoint, json=body) as resp:
+        async with (
+            asyncio.timeout(opts.request_timeout_s),
+            client.stream("POST", endpoint, json=body) as resp,
+        ):
             if resp.status_code != 200:
                 res.error = _http_error(resp.status_code, await resp.aread())
                 return res
@@ -381,6 +385,9 @@ async def send_one(
                     details = usage.get("prompt_tokens_details") or {}
                     cached = details.get("cached_tokens", usage.get("cached_tokens"))
                     res.cached_tokens = None if cached is None else int(cached)
+    except TimeoutError:
+        res.error = f"timed out after {opts.request_timeout_s:g} s (--request-timeout)"
+        return res
     except httpx.HTTPError as exc:
         res.error = _one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         return res

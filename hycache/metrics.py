@@ -5,7 +5,9 @@ labelled `model_name`):
 
 - `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits`: prompt tokens looked up in / taken
   from the prefix cache (counters, exposed with `_total`);
-- `vllm:prompt_tokens` / `vllm:generation_tokens`: prompt and output tokens (counters);
+- `vllm:prompt_tokens` / `vllm:generation_tokens`: prompt and output tokens the engine
+  computed (counters), as vLLM counts them: a request's prompt once it produced its first
+  token, every output token once, requests aborted later (a client gone) included;
 - `vllm:num_requests_running` / `vllm:num_requests_waiting` (gauges);
 - `vllm:kv_cache_usage_perc`: the fraction of cache blocks in use, 0-1 (gauge);
 - `vllm:time_to_first_token_seconds` / `vllm:inter_token_latency_seconds` (histograms, measured
@@ -20,6 +22,8 @@ and `hycache:ssm_state_pages` (cache blocks holding a keyed SSM state). With a s
 `hycache:store_corrupt` (objects read back that failed their check; each was a miss) - counters,
 exposed with `_total`, present only when the server has a store.
 
+No `_created` series are exported (vLLM disables them too).
+
 Engine values are read on the engine's worker thread (`engine_snapshot`, through
 `EngineWorker.call`) and handed to the collector just before the registry is rendered.
 """
@@ -30,13 +34,20 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from hycache.engine.engine import LLM, RequestOutput
 
+disable_created_metrics()  # process-wide, as vLLM does: no `*_created` series
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -66,8 +77,8 @@ def engine_snapshot(llm: LLM) -> dict[str, float]:
         "lost_reuse_tokens": cs.lost_reuse_tokens,
         "kv_usage": cs.used_blocks / usable,
         "ssm_pages": ssm_pages,
-        "prompt_tokens": llm.stats.prompt_tokens,
-        "output_tokens": llm.stats.output_tokens,
+        "prompt_tokens": llm.stats.prefilled_prompt_tokens,
+        "output_tokens": llm.stats.generated_tokens,
     }
     if llm.store is not None:  # the store_* keys exist only with a second tier
         snapshot["store_hit_tokens"] = cs.store_hit_tokens

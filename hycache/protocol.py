@@ -9,7 +9,10 @@ refuses, the error shape and API-key auth.
   hycache does not implement are refused (400) unless null, empty or at their unused value,
   never answered with other semantics.
 - `error_response`: OpenAI's `{"error": {"message", "type", "param", "code"}}`.
-- `ApiKeyMiddleware`: Bearer auth on `/v1/*`.
+- `ApiKeyMiddleware`: Bearer auth on `/v1/*`, the tokenizer routes and the API docs;
+  `LoopbackGuardMiddleware`: a loopback server refuses foreign `Host`s and `Origin`s (`null`
+  too); `JsonBodyMiddleware`: every POST must be `application/json` (no simple cross-site
+  request can send that).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -42,15 +46,9 @@ MAX_STOP = 4  # stop strings per request, as OpenAI allows
 UNSUPPORTED_FIELDS: dict[str, Any] = {
     "echo": False,
     "suffix": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
 }
 # the same for chat completions (tools, structured output, ...)
 CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
     "tools": None,
     "tool_choice": "none",
     "functions": None,
@@ -86,6 +84,11 @@ class _GenerationBody(BaseModel):
     stream_options: StreamOptions | None = None
     # requests with different salts never share cache entries; without one the cache is shared
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    # vLLM's semantics (SamplingParams / hycache.engine.sampling.adjust_logits)
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
 
     @field_validator("stop")
     @classmethod
@@ -120,7 +123,23 @@ class _GenerationBody(BaseModel):
             stop_token_ids=tuple(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=self._logit_bias(),
         )
+
+    def _logit_bias(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs, each bias clamped to [-100, 100] as vLLM
+        (and OpenAI) do; a key that is no token id raises ValueError."""
+        out = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias: keys must be token ids, got {key!r}")
+            if bias != bias or abs(bias) == float("inf"):
+                raise ValueError(f"logit_bias: {key}: bias must be a finite number")
+            out.append((int(key), min(100.0, max(-100.0, bias))))
+        return tuple(out)
 
 
 class CompletionBody(_GenerationBody):
@@ -184,6 +203,45 @@ class ChatBody(_GenerationBody):
         return self._sampling(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
 
 
+# vLLM's /tokenize chat fields hycache does not implement, with their unused values
+TOKENIZE_CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "continue_final_message": False,
+    "add_special_tokens": False,
+    "chat_template": None,
+    "chat_template_kwargs": None,
+    "tools": None,
+    "mm_processor_kwargs": None,
+}
+
+
+class TokenizeBody(BaseModel):
+    """vLLM's `POST /tokenize` body for a text prompt (`model` is ignored)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatBody(BaseModel):
+    """vLLM's `POST /tokenize` body for chat messages, rendered as the chat route does."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    """vLLM's `POST /detokenize` body."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    tokens: list[int]
+
+
 def error_response(
     status: int, message: str, code: str | None = None, param: str | None = None
 ) -> JSONResponse:
@@ -203,6 +261,15 @@ def validation_message(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def has_field(raw: bytes, name: str) -> bool:
+    """Whether the JSON object in `raw` has the field `name` (False for anything else)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and name in doc
+
+
 def refuse_unsupported(raw: bytes, fields: dict[str, Any] = UNSUPPORTED_FIELDS) -> None:
     """Raise ValueError naming the first OpenAI field in `fields` set to something hycache does
     not do (null, an empty value or the field's unused value pass)."""
@@ -218,16 +285,21 @@ def refuse_unsupported(raw: bytes, fields: dict[str, Any] = UNSUPPORTED_FIELDS) 
             raise ValueError(f"{key}: not supported by hycache (got {value!r}); leave it out")
 
 
+# what the API key guards: the OpenAI routes, vLLM's tokenizer routes and the API's own docs
+GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/docs", "/redoc", "/openapi.json")
+
+
 class ApiKeyMiddleware:
-    """Bearer-token auth on every `/v1/*` route (ASGI, so request bodies and disconnects pass
-    through untouched); anything else (`/health`, `/metrics`) stays open."""
+    """Bearer-token auth on every `/v1/*` route, `/tokenize`, `/detokenize` and the API docs
+    (`/docs`, `/redoc`, `/openapi.json`) (ASGI, so request bodies and disconnects pass through
+    untouched); `/health` and `/metrics` stay open."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and str(scope.get("path", "")).startswith("/v1/"):
+        if scope["type"] == "http" and str(scope.get("path", "")).startswith(GUARDED_PREFIXES):
             given = b""
             for name, value in scope.get("headers", []):
                 if name == b"authorization":
@@ -242,18 +314,37 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def _host_name(value: str) -> str:
-    """The host of a Host header or an Origin's authority: `name`, `name:port`, `[v6]:port`."""
+_PORT = re.compile(r"[0-9]{1,5}")
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")  # a DNS name or a dotted IPv4 address
+
+
+def host_of(value: str) -> str | None:
+    """The host of a Host header or an Origin's authority (`name`, `name:port`, `[v6]`,
+    `[v6]:port`), or None when `value` is anything else (userinfo such as `1@evil.com`, a
+    path, spaces, an empty or non-numeric port)."""
     value = value.strip().lower()
     if value.startswith("["):
-        return value[1 : value.find("]")] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+        close = value.find("]")
+        host, rest = value[1:close], value[close + 1 :]
+        if close < 0 or (rest and not (rest[0] == ":" and _PORT.fullmatch(rest[1:]))):
+            return None
+        try:
+            return host if ipaddress.ip_address(host).version == 6 else None
+        except ValueError:
+            return None
+    host, colon, port = value.partition(":")
+    if colon and not _PORT.fullmatch(port):
+        return None
+    return host if _NAME.fullmatch(host) else None
 
 
 def is_loopback(host: str) -> bool:
     """Whether a host (with or without a port) names this machine: localhost or a loopback IP."""
-    name = _host_name(host)
-    if name == "localhost":
+    name = host_of(host)
+    if name is None:
+        return False
+    if name in ("localhost", "localhost."):
         return True
     try:
         return ipaddress.ip_address(name).is_loopback
@@ -261,11 +352,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _origin_is_loopback(origin: str) -> bool:
+    """An Origin header (`scheme://authority`, nothing after it) naming this machine. The
+    opaque origin `null` (sandboxed iframes, `file:` pages, redirects) is never loopback."""
+    scheme, sep, authority = origin.strip().partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return False
+    return is_loopback(authority)
+
+
 class LoopbackGuardMiddleware:
     """For a server listening on loopback only: refuse (403) a request whose `Host` is not a
     loopback name (DNS rebinding: a web page's own domain resolving to 127.0.0.1) or that
-    carries a foreign `Origin` (a cross-site post from a browser). Clients on this machine,
-    which send `Host: 127.0.0.1:PORT` or `localhost:PORT` and no foreign Origin, pass."""
+    carries any `Origin` but a loopback one, `null` included (a cross-site post from a browser,
+    even from a sandboxed frame). Clients on this machine, which send `Host: 127.0.0.1:PORT`
+    or `localhost:PORT` and no foreign Origin, pass."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -278,31 +379,66 @@ class LoopbackGuardMiddleware:
             bad = None
             if not is_loopback(host):
                 bad = f"Host {host!r} is not a loopback name; this server serves this machine only"
-            elif origin is not None and origin != "null":
-                authority = origin.split("://", 1)[-1].split("/", 1)[0]
-                if not is_loopback(authority):
-                    bad = f"Origin {origin!r} is not allowed (cross-site request)"
+            elif origin is not None and not _origin_is_loopback(origin):
+                bad = f"Origin {origin!r} is not allowed (cross-site request)"
             if bad is not None:
                 await error_response(403, bad, "forbidden_host")(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
+def is_json_media_type(content_type: str | None) -> bool:
+    """Whether a Content-Type header says `application/json` (parameters such as a charset
+    allowed)."""
+    if content_type is None:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
+class JsonBodyMiddleware:
+    """Every POST must say `Content-Type: application/json` (415 otherwise). A browser can send
+    `text/plain`, form-encoded or multipart bodies cross-site without a CORS preflight; a JSON
+    body it cannot, so a page elsewhere never drives this server with a simple request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            given = next((v for k, v in scope.get("headers", []) if k == b"content-type"), None)
+            if not is_json_media_type(given.decode("latin-1") if given is not None else None):
+                response = error_response(
+                    415, "Content-Type must be application/json", "unsupported_media_type"
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 __all__ = [
     "CHAT_UNSUPPORTED_FIELDS",
+    "GUARDED_PREFIXES",
     "MAX_N",
     "MAX_PREFIX_HINTS",
     "MAX_SEED",
     "MAX_STOP",
     "MIN_TEMPERATURE",
+    "TOKENIZE_CHAT_UNSUPPORTED_FIELDS",
     "UNSUPPORTED_FIELDS",
     "ApiKeyMiddleware",
     "ChatBody",
     "ChatMessage",
     "CompletionBody",
+    "DetokenizeBody",
+    "JsonBodyMiddleware",
     "LoopbackGuardMiddleware",
     "StreamOptions",
+    "TokenizeBody",
+    "TokenizeChatBody",
     "error_response",
+    "has_field",
+    "host_of",
+    "is_json_media_type",
     "is_loopback",
     "refuse_unsupported",
     "validation_message",

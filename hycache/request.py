@@ -15,6 +15,7 @@ import numpy as np
 from hycache.cache.hashing import PrefixHashes
 
 MAX_LOGPROBS = 20  # the most alternatives per token a request may ask for (OpenAI's cap)
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's, vLLM's range)
 
 
 class RequestStatus(StrEnum):
@@ -40,6 +41,36 @@ class SamplingParams:
     ignore_eos: bool = False
     # report each output token's logprob and this many most likely alternatives (None: none)
     logprobs: int | None = None
+    # vLLM's semantics (`hycache.engine.sampling.adjust_logits`): presence and frequency
+    # penalise output tokens, repetition prompt and output tokens; logit_bias adds to logits
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a penalty or a logit bias changes the logits before sampling."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
+
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise ValueError(f"{name}: must lie in [-2, 2], got {value}")
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise ValueError(
+                f"repetition_penalty: must be a finite number > 0, got {self.repetition_penalty}"
+            )
+        self.logit_bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
+        for token, bias in self.logit_bias:
+            if token < 0 or not -float("inf") < bias < float("inf"):
+                raise ValueError(f"logit_bias: bad entry {token}: {bias}")
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -51,6 +82,7 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs: must lie in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         self.stop_token_ids = tuple(self.stop_token_ids)
+        self._check_penalties()
 
 
 @dataclass(frozen=True)

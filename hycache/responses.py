@@ -120,23 +120,42 @@ class LogprobFormatter:
     def completion(self, logprobs: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
         """The legacy completions shape; `offset`: the text offset of the first token (the
         length of the text streamed before it). Each `top_logprobs` entry holds the requested
-        alternatives and the chosen token, as OpenAI's does."""
+        alternatives and the chosen token, as OpenAI's does, none lost to a shared text (see
+        `_alternatives`)."""
         tokens = [self.token(lp.token_id) for lp in logprobs]
         offsets = []
         for text in tokens:
             offsets.append(offset)
             offset += len(text)
-        top = []
-        for lp, text in zip(logprobs, tokens, strict=True):
-            alternatives = {self.token(t): v for t, v in lp.top}
-            alternatives.setdefault(text, lp.logprob)
-            top.append(alternatives)
+        top = [self._alternatives(lp, text) for lp, text in zip(logprobs, tokens, strict=True)]
         return {
             "tokens": tokens,
             "token_logprobs": [lp.logprob for lp in logprobs],
             "top_logprobs": top,
             "text_offset": offsets,
         }
+
+    def _alternatives(self, lp: TokenLogprob, text: str) -> dict[str, float]:
+        """One position's `top_logprobs`: every alternative, most likely first, and the chosen
+        token (under `text`, its own value). The legacy shape keys them by text, and distinct
+        tokens may decode alike (byte tokens of a split character all decode to "\ufffd"):
+        a key already taken goes to the later token as `token_id:N`, so none is lost."""
+        out: dict[str, float] = {}
+        taken = {text}
+        chosen_listed = False
+        for token_id, value in lp.top:
+            if token_id == lp.token_id:
+                out[text] = lp.logprob
+                chosen_listed = True
+                continue
+            key = self.token(token_id)
+            if key in taken:
+                key = f"token_id:{token_id}"
+            taken.add(key)
+            out[key] = value
+        if not chosen_listed:
+            out[text] = lp.logprob
+        return out
 
     def chat(self, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
         """The chat shape: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""

@@ -9,15 +9,22 @@ streamed text, logprobs) in `hycache.responses`.
   `POST /v1/chat/completions` with optional SSE streaming, `GET /v1/models`, `GET /v1/stats`,
   `GET /metrics` in Prometheus text format, see `hycache.metrics`); its lifespan starts the
   engine worker and, on shutdown, stops it and aborts whatever is still unfinished. With an API
-  key every `/v1/*` route wants `Authorization: Bearer KEY` (401 otherwise); `/health` and
-  `/metrics` stay open.
+  key every `/v1/*` route, vLLM's `/tokenize` and `/detokenize` and the API docs want
+  `Authorization: Bearer KEY` (401 otherwise); `/health` and `/metrics` stay open. Every POST
+  must be `application/json` (415); on loopback, foreign Hosts and Origins (`null` too) get 403.
+- `POST /tokenize` / `POST /detokenize`: vLLM's bodies and answers (a text prompt or chat
+  messages -> `{count, max_model_len, tokens, token_strs}`; token ids -> `{prompt}`).
+- Text is bounded by length before any work and rendered and tokenized on a thread pool
+  (`server_requests.PromptPrep`), never on the event loop or the engine thread; slow clients
+  are timed out and connections capped (`server_http`, `--header-timeout`, `--body-timeout`,
+  `--max-connections`).
 - `HycacheServer`: uvicorn's server, which at shutdown first ends in-flight requests (503) so
   that open streams close instead of holding the shutdown up.
 - `add_serve_args` / `run_serve`: the `serve` command's flags and entry point.
 
 Bad input answers HTTP 400 `{"error": {"message", "type", "param", "code"}}` and disturbs no
-other request. OpenAI fields hycache does not implement (`echo`, `suffix`, penalties,
-`logit_bias`, `best_of` other than `n`; for chat also tools, `response_format`, ...) are refused
+other request. OpenAI fields hycache does not implement (`echo`, `suffix`, `best_of` other than
+`n`; for chat also tools, `response_format`, ...) are refused
 with a 400 unless left at their unused value, never answered with other semantics. A body over
 `MAX_BODY_BYTES` is refused (413) before it is read whole. Responses name the served model
 (`--served-model-name`, else the model path's last component), never a path.
@@ -29,6 +36,8 @@ Both generation routes take, as OpenAI and vLLM do:
 - `n` (up to `protocol.MAX_N`): independent choices, each its own engine request (with a
   `seed`, choice i uses seed + i); usage counts the prompt once and sums the choices'
   completion tokens; streamed chunks carry their choice's `index`.
+- `frequency_penalty`, `presence_penalty`, `repetition_penalty`, `logit_bias`, with vLLM's
+  semantics (`hycache.engine.sampling.adjust_logits`).
 - logprobs (completions: `logprobs: k`; chat: `logprobs: true`, `top_logprobs: k`; k <= 20):
   each output token's log-probability and the k most likely alternatives, computed as
   log_softmax of the model's raw logits (vLLM's default: before temperature and top-p).
@@ -52,8 +61,10 @@ the mirror's counters), and `/metrics` adds the `hycache:store_*` counters. A st
 in `store.stats.errors`. The store is closed when the server shuts down.
 
 Chat: messages are rendered with the checkpoint's chat template (`hycache.chat`; the
-`--chat-template` file overrides it) and tokenized without extra special tokens; a model with no
-template or no tokenizer answers 400. The end of the last system message is passed as a prefix
+`--chat-template` file overrides it) and tokenized without extra special tokens, the message
+text as plain text (a special token's string in a message never becomes that token: no forged
+turns), the template's markup with its special tokens; a model with no template or no
+tokenizer answers 400. The end of the last system message is passed as a prefix
 hint, so under `limit` the first chat of a system-prompt family already checkpoints for it.
 `max_completion_tokens` (else `max_tokens`, else the room left in `max_model_len`).
 
@@ -72,7 +83,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +92,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from hycache.chat import ChatTemplate, ChatTemplateError, load_chat_template
 from hycache.cli import add_store_args
@@ -90,27 +102,28 @@ from hycache.engine.engine import LLM, StreamEvent
 from hycache.metrics import CONTENT_TYPE, ServerMetrics, engine_snapshot
 from hycache.protocol import (
     CHAT_UNSUPPORTED_FIELDS,
+    TOKENIZE_CHAT_UNSUPPORTED_FIELDS,
     UNSUPPORTED_FIELDS,
     ApiKeyMiddleware,
     ChatBody,
     CompletionBody,
+    DetokenizeBody,
+    JsonBodyMiddleware,
     LoopbackGuardMiddleware,
+    TokenizeBody,
+    TokenizeChatBody,
     error_response,
+    has_field,
     is_loopback,
     refuse_unsupported,
     validation_message,
 )
 from hycache.responses import LogprobFormatter, TextDelta, usage, usage_tail
 from hycache.server_engine import EngineWorker, ServerClosed, engine_stats, fan_out
-from hycache.server_requests import RequestRunner, read_body
+from hycache.server_http import limited_protocol
+from hycache.server_requests import PromptPrep, RequestRunner, read_body
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body; a 128k-token prompt as JSON ids is about 1 MB
-
-
-def _prefix_hint(offsets: Sequence[tuple[int, int]], end: int) -> int:
-    """How many of the prompt's tokens lie wholly within its first `end` characters (0 when
-    `end` is 0: no system message)."""
-    return sum(1 for _, stop in offsets if stop <= end) if end > 0 else 0
 
 
 def create_app(
@@ -134,6 +147,7 @@ def create_app(
     started = int(time.time())
     runner = RequestRunner(worker, metrics)
     decode = llm.decode if llm.tokenizer is not None else None
+    prep = PromptPrep(llm.tokenizer, llm.config.cache.max_model_len, chat_template)
     tiered = llm.store is not None  # usage carries `store_cached_tokens`
 
     @contextlib.asynccontextmanager
@@ -142,6 +156,7 @@ def create_app(
         try:
             yield
         finally:
+            prep.close()
             stopped = await asyncio.to_thread(worker.stop)
             if stopped and llm.store is not None:  # only the worker thread used it
                 await asyncio.to_thread(llm.store.close)
@@ -150,6 +165,7 @@ def create_app(
     app.state.worker = worker
     app.state.llm = llm
     app.state.metrics = metrics
+    app.add_middleware(JsonBodyMiddleware)  # innermost: after the host and key checks
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     if loopback_only:
@@ -198,11 +214,25 @@ def create_app(
             return error_response(503, str(e))
         return Response(metrics.render(snapshot), media_type=CONTENT_TYPE)
 
-    async def _parse(request: Request, fields: dict[str, Any], model: type[Any]) -> Any:
-        """The validated body, or an error response."""
-        raw = await read_body(request, MAX_BODY_BYTES)
+    async def _read(request: Request) -> bytes | Response:
+        """The raw body, or an error response."""
+        try:
+            raw = await read_body(request, MAX_BODY_BYTES)
+        except ClientDisconnect:  # gone mid-body (or closed for sending it too slowly)
+            return Response(status_code=499)
         if raw is None:
             return error_response(413, f"request body over {MAX_BODY_BYTES:,} bytes")
+        return raw
+
+    async def _parse(
+        request: Request, fields: dict[str, Any], model: type[Any], raw: bytes | None = None
+    ) -> Any:
+        """The validated body (of `raw`, else read now), or an error response."""
+        if raw is None:
+            read = await _read(request)
+            if isinstance(read, Response):
+                return read
+            raw = read
         try:
             refuse_unsupported(raw, fields)
             return model.model_validate_json(raw)
@@ -210,6 +240,57 @@ def create_app(
             return error_response(400, validation_message(e))
         except ValueError as e:
             return error_response(400, str(e))
+
+    def _no_tokenizer() -> JSONResponse:
+        return error_response(400, "this model has no tokenizer (tokenizer.json)")
+
+    @app.post("/tokenize", response_model=None)
+    async def tokenize(request: Request) -> Response:
+        """vLLM's `/tokenize`: a text `prompt`, or chat `messages` rendered and tokenized as
+        `/v1/chat/completions` does; `{count, max_model_len, tokens, token_strs}`."""
+        raw = await _read(request)
+        if isinstance(raw, Response):
+            return raw
+        chat = has_field(raw, "messages")
+        fields = TOKENIZE_CHAT_UNSUPPORTED_FIELDS if chat else {}
+        body = await _parse(request, fields, TokenizeChatBody if chat else TokenizeBody, raw)
+        if isinstance(body, Response):
+            return body
+        if llm.tokenizer is None or (chat and prep.encoder is None):
+            return _no_tokenizer() if llm.tokenizer is None else error_response(
+                400, "this model has no chat template; pass --chat-template FILE"
+            )
+        try:
+            if isinstance(body, TokenizeChatBody):
+                messages = [m.as_template_input() for m in body.messages]
+                ids, _ = await prep.chat(messages, body.add_generation_prompt)
+            else:
+                ids = await prep.text(body.prompt, body.add_special_tokens)
+        except ValueError as e:
+            return error_response(400, str(e))
+        strs = [llm.tokenizer.id_to_token(t) for t in ids] if body.return_token_strs else None
+        return JSONResponse(
+            {
+                "count": len(ids),
+                "max_model_len": llm.config.cache.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
+
+    @app.post("/detokenize", response_model=None)
+    async def detokenize(request: Request) -> Response:
+        """vLLM's `/detokenize`: `{"tokens": [...]}` -> `{"prompt": text}`."""
+        body = await _parse(request, {}, DetokenizeBody)
+        if isinstance(body, Response):
+            return body
+        if llm.tokenizer is None:
+            return _no_tokenizer()
+        vocab = llm.model_config.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            return error_response(400, f"tokens: {bad} is outside the vocabulary [0, {vocab})")
+        return JSONResponse({"prompt": await prep.decode(body.tokens)})
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
@@ -219,6 +300,9 @@ def create_app(
             return body
         try:
             params = body.sampling_params()
+            ids_or_text = body.prompt
+            if isinstance(ids_or_text, str):  # bounded, then tokenized off the loop and engine
+                ids_or_text = await prep.text(ids_or_text)
         except ValueError as e:
             return error_response(400, str(e))
         request_id = f"cmpl-{uuid.uuid4().hex[:16]}-{next(counter)}"
@@ -226,7 +310,7 @@ def create_app(
         requests = fan_out(request_id, params, body.n)
         ids = [rid for rid, _ in requests]
         stop = body.stop_strings
-        items = await runner.submit(requests, body.prompt, body.prefix_hints, body.cache_salt, stop)
+        items = await runner.submit(requests, ids_or_text, body.prefix_hints, body.cache_salt, stop)
         if isinstance(items, Response):
             return items
         timer = metrics.timer(arrival)
@@ -296,10 +380,7 @@ def create_app(
             )
         try:
             messages = [m.as_template_input() for m in body.messages]
-            text, system_end = chat_template.render(messages)
-            encoding = llm.tokenizer.encode(text, add_special_tokens=False)
-            ids = list(encoding.ids)
-            hint = _prefix_hint(encoding.offsets, system_end)
+            ids, hint = await prep.chat(messages)  # bounded, then off the loop and engine
             default_max = max(llm.config.cache.max_model_len - len(ids), 1)
             params = body.sampling_params(default_max)
         except ValueError as e:  # ChatTemplateError included
@@ -412,6 +493,20 @@ def build_llm(args: argparse.Namespace) -> LLM:
     return cli_build_llm(args)
 
 
+def server_config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
+    """uvicorn's config for `app`: where to listen, and the slow-client limits of
+    `--header-timeout`, `--body-timeout` and `--max-connections` (`hycache.server_http`)."""
+    protocol = limited_protocol(args.header_timeout, args.body_timeout, args.max_connections)
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        timeout_graceful_shutdown=5,
+        http=protocol,
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Build the engine and serve it until interrupted; 2 if the engine cannot be built."""
     try:
@@ -435,9 +530,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     # At shutdown the worker is drained first; a handler still busy after the grace period is
     # cancelled (aborting its request), then the lifespan stops the worker thread.
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5
-    )
+    config = server_config(app, args)
     server = HycacheServer(config, app.state.worker)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
@@ -466,4 +559,5 @@ __all__ = [
     "error_response",
     "run_serve",
     "served_model_name",
+    "server_config",
 ]

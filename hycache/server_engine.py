@@ -427,9 +427,13 @@ def store_stats(llm: LLM) -> dict[str, Any] | None:
 
 def engine_stats(llm: LLM) -> dict[str, Any]:
     """A snapshot of the scheduler, cache and engine counters (run on the worker thread).
+    `cache.*` counts every cache lookup, a re-admission after a preemption included:
     `cache.hit_tokens` = `device_hit_tokens` (found in the device pool) + `store_hit_tokens`
     (loaded from the second tier); `lost_reuse_tokens` is what attention matched beyond the
-    joint hit."""
+    joint hit. `engine.*` sums what finished requests reported in their usage (a re-admitted
+    request reports its first admission's hits, as vLLM's `cached_tokens` does), so
+    `engine.hit_tokens` and `engine.store_hit_tokens` are the sums of the responses'
+    `cached_tokens` and `store_cached_tokens`."""
     sched = llm.scheduler
     cs = sched.cache.stats()
     es = llm.stats
@@ -452,9 +456,13 @@ def engine_stats(llm: LLM) -> dict[str, Any]:
         "store": store_stats(llm),
         "engine": {
             "steps": es.steps,
+            "requests": es.requests,
             "prompt_tokens": es.prompt_tokens,
             "hit_tokens": es.hit_tokens,
+            "store_hit_tokens": es.store_hit_tokens,
             "output_tokens": es.output_tokens,
+            "prefilled_prompt_tokens": es.prefilled_prompt_tokens,
+            "generated_tokens": es.generated_tokens,
         },
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -201,3 +202,51 @@ def test_api_key_model_and_a_text_only_server() -> None:
         assert auth == "Bearer sk-test"
         assert body["model"] == "m" and body["stream"] is True
         assert body["prefix_hints"] == [8] and len(body["prompt"]) == 10
+
+
+class _Forever(BaseHTTPRequestHandler):
+    """A server that streams a token every 50 ms and never ends (GET: 405, so it is up)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunk = json.dumps({"choices": [{"index": 0, "token_ids": [1], "text": "a"}]})
+        try:
+            while True:
+                self.wfile.write(f"data: {chunk}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            return
+
+    def do_GET(self) -> None:
+        self.send_error(405)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_request_that_never_ends_is_cut_counted_and_the_json_written(tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Forever)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    out = tmp_path / "forever.json"
+    try:
+        t = time.monotonic()
+        rc = main(["bench", "serve", "--url", f"http://127.0.0.1:{server.server_port}",
+                   "--quiet", "--json", str(out), "--num-requests", "3", "--concurrency", "3",
+                   "--request-timeout", "1", *SMALL])  # fmt: skip
+        elapsed = time.monotonic() - t
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert rc == 1 and elapsed < 20
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["failed"] == 3 and doc["inputs"]["request_timeout_s"] == 1
+    assert all("timed out after 1 s" in r["error"] for r in doc["requests"])

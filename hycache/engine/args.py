@@ -9,6 +9,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from hycache.config import DEFAULT_EVICTION_ALPHA, EVICTION_NAMES, POLICY_NAMES
+from hycache.server_http import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS
 
 if TYPE_CHECKING:
     from hycache.engine.engine import LLM
@@ -86,8 +87,58 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--api-key",
         default=None,
-        help="require `Authorization: Bearer KEY` on every /v1/* route (/health, /metrics stay "
-        "open)",
+        help="require `Authorization: Bearer KEY` on every /v1/* route, /tokenize, /detokenize "
+        "and the API docs (/health, /metrics stay open)",
+    )
+    add_limit_args(p)
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type for a timeout: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def connection_count(text: str) -> int:
+    """argparse type for `--max-connections`: 1 to 65536."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= value <= 65536:
+        raise argparse.ArgumentTypeError(f"must lie in 1-65536, got {value}")
+    return value
+
+
+def add_limit_args(p: argparse.ArgumentParser) -> None:
+    """Slow-client limits (`hycache.server_http`)."""
+    g = p.add_argument_group("connection limits")
+    g.add_argument(
+        "--header-timeout",
+        type=positive_seconds,
+        default=HEADER_TIMEOUT_S,
+        metavar="S",
+        help="close a connection whose request headers are not complete S seconds after it "
+        "opened (or after the next request's first byte)",
+    )
+    g.add_argument(
+        "--body-timeout",
+        type=positive_seconds,
+        default=BODY_TIMEOUT_S,
+        metavar="S",
+        help="close a connection whose request body is not complete S seconds after its headers",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=connection_count,
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help="close connections beyond N open at once, unanswered",
     )
 
 

@@ -161,10 +161,20 @@ class StreamEvent:
 
 @dataclass
 class EngineStats:
+    """`requests`, `prompt_tokens`, `hit_tokens`, `store_hit_tokens`, `output_tokens`: sums
+    over finished requests of what each reported (its `RequestOutput`: the hits are its first
+    admission's). `prefilled_prompt_tokens` / `generated_tokens`: what the engine computed, also
+    for requests aborted later: a request's prompt once it produced its first token, every
+    output token once (vLLM's `prompt_tokens` / `generation_tokens`)."""
+
     steps: int = 0
+    requests: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
+    store_hit_tokens: int = 0
     output_tokens: int = 0
+    prefilled_prompt_tokens: int = 0
+    generated_tokens: int = 0
 
 
 class LLM:
@@ -301,6 +311,11 @@ class LLM:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        bad_bias = [t for t, _ in params.logit_bias if not t < vocab]
+        if bad_bias:
+            raise ValueError(
+                f"logit_bias: token id {bad_bias[0]} is outside the vocabulary [0, {vocab})"
+            )
         if len(ids) + params.max_tokens > max_len:
             raise ValueError(
                 f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceed "
@@ -373,6 +388,9 @@ class LLM:
             n0 = self._streamed.get(rid, 0)
             new = req.output_token_ids[n0:]
             self._streamed[rid] = req.num_output_tokens
+            if new and n0 == 0:
+                self.stats.prefilled_prompt_tokens += req.num_prompt_tokens
+            self.stats.generated_tokens += len(new)
             if new or rid in done:
                 lps = req.output_logprobs[n0:] if req.sampling.logprobs is not None else None
                 events.append(StreamEvent(rid, list(new), rid in done, new_logprobs=lps))
@@ -390,8 +408,10 @@ class LLM:
     def count_finished(self, output: RequestOutput) -> None:
         """Add a finished request to `stats` (the server calls it for a request it ends at a
         stop string, which the engine sees only as an abort)."""
+        self.stats.requests += 1
         self.stats.prompt_tokens += len(output.prompt_token_ids)
         self.stats.hit_tokens += output.hit_tokens
+        self.stats.store_hit_tokens += output.store_hit_tokens
         self.stats.output_tokens += len(output.token_ids)
 
     def request_output(self, req: Request) -> RequestOutput:

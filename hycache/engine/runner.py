@@ -21,7 +21,7 @@ import xxhash
 
 from hycache.cache.boundaries import Boundaries
 from hycache.config import GroupKind, HycacheConfig
-from hycache.engine.sampling import pick, token_logprobs, verify
+from hycache.engine.sampling import adjust_logits, pick, token_logprobs, verify
 from hycache.model.eagle import EagleHead
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.paged import StepBatch
@@ -110,7 +110,12 @@ class ModelRunner:
             params = s.request.sampling
             gen = self._gen(rid, params)
             probs = self._draft_probs.pop(rid, None) if s.draft_token_ids else None
-            toks = verify(logits[at : at + n], s.draft_token_ids, probs, params, gen)
+            req = s.request
+            rows = adjust_logits(
+                logits[at : at + n], params, req.prompt_token_ids, req.output_token_ids,
+                s.draft_token_ids,
+            )  # fmt: skip
+            toks = verify(rows, s.draft_token_ids, probs, params, gen)
             if params.logprobs is not None:  # row i predicted toks[i]; append_output keeps them
                 s.request.step_logprobs = token_logprobs(logits[at : at + n], toks, params.logprobs)
             at += n

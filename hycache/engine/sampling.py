@@ -6,9 +6,16 @@ With temperature > 0, drafts are verified by standard speculative rejection samp
 draft d with probability min(1, p(d) / q(d)); on the first rejection, sample from the residual
 max(p - q, 0), renormalised; if all are accepted, sample a bonus token from p.
 
+`adjust_logits` applies a request's logit bias and penalties before any of that, as vLLM does
+(in this order): `logit_bias` is added; `repetition_penalty` r divides the positive logits and
+multiplies the negative ones of every token in the prompt or the output so far; then
+`frequency_penalty` times a token's count in the output, and `presence_penalty` once for a token
+in the output, are subtracted. Each verified row is adjusted with the output it follows (the
+accepted tokens and the drafts before it), so speculative decoding still equals plain decoding.
+
 `token_logprobs` reports what a request asked for with `SamplingParams.logprobs`: the
-log_softmax of the raw logits (before temperature and top-p, vLLM's default), so the values do
-not depend on how the token was chosen.
+log_softmax of the raw logits (before penalties, temperature and top-p, vLLM's default), so the
+values do not depend on how the token was chosen.
 """
 
 from __future__ import annotations
@@ -18,6 +25,41 @@ from collections.abc import Sequence
 import torch
 
 from hycache.request import SamplingParams, TokenLogprob
+
+
+def adjust_logits(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    drafts: Sequence[int] = (),
+) -> torch.Tensor:
+    """(n, V) raw logits -> the logits to sample from: row i follows `output` + `drafts[:i]`
+    (see the module docstring). Returns `logits` itself when the request sets nothing."""
+    if not params.adjusts_logits:
+        return logits
+    n, vocab = logits.shape
+    out = logits.clone()
+    if params.logit_bias:
+        ids = torch.tensor([t for t, _ in params.logit_bias], device=out.device)
+        bias = torch.tensor([b for _, b in params.logit_bias], dtype=out.dtype, device=out.device)
+        out.index_add_(1, ids, bias.expand(n, -1))
+    history = torch.tensor([*output, *drafts[: n - 1]], dtype=torch.long, device=out.device)
+    counts = torch.zeros((n, vocab), dtype=out.dtype, device=out.device)
+    for i in range(n):  # row i has seen len(output) + i tokens
+        seen = history[: len(output) + i]
+        counts[i].index_add_(0, seen, torch.ones_like(seen, dtype=out.dtype))
+    if params.repetition_penalty != 1.0:
+        in_prompt = torch.zeros(vocab, dtype=torch.bool, device=out.device)
+        in_prompt[torch.tensor(list(prompt), dtype=torch.long, device=out.device)] = True
+        seen_any = in_prompt | (counts > 0)
+        r = params.repetition_penalty
+        out = torch.where(seen_any, torch.where(out > 0, out / r, out * r), out)
+    if params.frequency_penalty:
+        out = out - params.frequency_penalty * counts
+    if params.presence_penalty:
+        out = out - params.presence_penalty * (counts > 0).to(out.dtype)
+    return out
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

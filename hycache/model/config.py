@@ -217,6 +217,7 @@ class HybridConfig:
             raise ValueError(
                 f"config field model_type must be {cls.model_type!r}, got {model_type!r}"
             )
+        _check_field_types(d)
 
     def _hf_common(self) -> dict[str, Any]:
         """Fields every architecture writes under the same name."""
@@ -714,6 +715,58 @@ def config_from_hf_dict(d: Mapping[str, Any]) -> HybridConfig:
 
 
 # ---------------------------------------------------------------------------------- helpers
+# the JSON types of the config.json fields the parsers read (absent or null: the default)
+_INT_FIELDS = frozenset(
+    {
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "attention_head_dim",
+        "mamba_expand", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
+        "mamba_d_conv", "mamba_chunk_size", "max_position_embeddings", "mamba_num_heads",
+        "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
+        "n_routed_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "moe_shared_expert_intermediate_size", "moe_latent_size", "n_group", "topk_group",
+        "shared_intermediate_size",
+    }
+)  # fmt: skip
+_FLOAT_FIELDS = frozenset(
+    {
+        "rms_norm_eps", "layer_norm_epsilon", "rope_theta", "partial_rotary_factor",
+        "time_step_min", "mamba_dt_min", "routed_scaling_factor", "attention_multiplier",
+        "embedding_multiplier", "residual_multiplier", "logits_scaling",
+    }
+)  # fmt: skip
+_BOOL_FIELDS = frozenset(
+    {
+        "mamba_conv_bias", "mamba_proj_bias", "tie_word_embeddings", "attention_bias",
+        "mlp_bias", "use_conv_bias", "use_bias", "norm_topk_prob",
+    }
+)  # fmt: skip
+_AUTO = {"mamba_d_head": "auto"}  # a string some fields may hold instead of a number
+
+
+def _check_field_types(d: Mapping[str, Any]) -> None:
+    """Refuse a config field of the wrong JSON type, naming it: integers must be integers (not
+    booleans, not floats such as 256.0 or 256.5, not strings such as "512"), numbers must be
+    numbers (not booleans or strings), booleans booleans."""
+    for name, value in d.items():
+        if value is None or _AUTO.get(name) == value:
+            continue
+        if name in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"config field {name!r} must be an integer, got {value!r}")
+        if name in _FLOAT_FIELDS and (
+            isinstance(value, bool) or not isinstance(value, int | float)
+        ):
+            raise ValueError(f"config field {name!r} must be a number, got {value!r}")
+        if name in _BOOL_FIELDS and not isinstance(value, bool):
+            raise ValueError(f"config field {name!r} must be true or false, got {value!r}")
+    indices = d.get("attn_layer_indices")
+    if indices is not None and (
+        not isinstance(indices, list)
+        or any(isinstance(i, bool) or not isinstance(i, int) for i in indices)
+    ):
+        raise ValueError(f"config field 'attn_layer_indices' must list integers, got {indices!r}")
+
+
 def _required(d: Mapping[str, Any]) -> Any:
     def req(name: str) -> Any:
         if name not in d or d[name] is None:

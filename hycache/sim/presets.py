@@ -588,26 +588,62 @@ def _looks_like_path(name_or_path: str | Path) -> bool:
     return s.endswith(".json") or "/" in s or "\\" in s or Path(s).is_file()
 
 
+MAX_CONFIG_BYTES = 4 << 20  # a model's config.json is a few KiB
+MAX_JSON_DEPTH = 32  # config files nest a few levels
+
+
+def _json_depth(doc: Any) -> int:
+    """How deeply `doc` nests (a scalar: 0), without recursion."""
+    depth, level = 0, [(doc, 1)]
+    while level:
+        value, d = level.pop()
+        if isinstance(value, dict | list):
+            depth = max(depth, d)
+            items = value.values() if isinstance(value, dict) else value
+            level.extend((v, d + 1) for v in items)
+    return depth
+
+
+def read_config_file(path: Path) -> Any:
+    """A JSON config file, parsed, read no further than `MAX_CONFIG_BYTES` (so `/dev/zero` or
+    a huge file fails at once) and nested at most `MAX_JSON_DEPTH` deep; ValueError, on one
+    line naming the file, otherwise."""
+    where = str(path)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read file: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{where}: over {MAX_CONFIG_BYTES >> 20} MiB; not a config file")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: not UTF-8 text") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: invalid JSON: {exc}") from exc
+    except RecursionError:
+        data = None  # nested beyond the parser's own limit
+    if data is None or _json_depth(data) > MAX_JSON_DEPTH:
+        raise ValueError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return data
+
+
 def _load(kind: str, name_or_path: str | Path, build: Callable[[Any, str], Any]) -> Any:
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
-        where = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"{where}: cannot read file: {exc.strerror or exc}") from exc
-    else:
-        name = str(name_or_path).lower()
-        names = _preset_names(kind)
-        if name not in names:
-            label = "GPU" if kind == "gpus" else "model"
-            raise ValueError(
-                f"unknown {label} preset {name_or_path!r}; available: {', '.join(names)}"
-                " (or pass a path to a JSON file)"
-            )
-        res = _preset_dir(kind).joinpath(f"{name}.json")
-        where = f"preset {kind}/{name}.json"
-        text = res.read_text(encoding="utf-8")
+        return build(read_config_file(path), str(path))
+    name = str(name_or_path).lower()
+    names = _preset_names(kind)
+    if name not in names:
+        label = "GPU" if kind == "gpus" else "model"
+        raise ValueError(
+            f"unknown {label} preset {name_or_path!r}; available: {', '.join(names)}"
+            " (or pass a path to a JSON file)"
+        )
+    res = _preset_dir(kind).joinpath(f"{name}.json")
+    where = f"preset {kind}/{name}.json"
+    text = res.read_text(encoding="utf-8")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -24,7 +24,6 @@ Costs (charged by the simulator, see `Simulator`):
 
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ from hycache.cache.manager import CacheManager
 from hycache.cache.mirror import StoreMirror
 from hycache.config import GroupKind, HycacheConfig
 from hycache.sim.costmodel import CostModel
-from hycache.store import GB
+from hycache.store import GB, check_store_gb
 from hycache.store.codec import HEADER_BYTES, fingerprint, layout_parts
 from hycache.store.host import HostStore
 
@@ -103,8 +102,7 @@ class TierConfig:
     link: StoreLink = STORE_LINKS["host"]
 
     def __post_init__(self) -> None:
-        if not 0 < self.capacity_gb < math.inf:
-            raise ValueError(f"kv-store-gb: must be > 0, got {self.capacity_gb}")
+        check_store_gb(self.capacity_gb)
 
     @property
     def capacity_bytes(self) -> int:

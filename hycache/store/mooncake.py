@@ -13,14 +13,30 @@ Faults never reach the caller: when the master is absent or stops answering, eve
 miss (or a refused put), warned once and counted, and the client backs off; it probes the
 master's port before trying again, so a dead master costs no RPC timeouts, and store hits
 resume once the master is back (its objects are gone: Mooncake keeps them in memory).
+
+Every native call runs on one thread of the store's own (`_CallThread`) and the caller waits
+for it at most `call_timeout` seconds (`setup_timeout` for joining the store). A master that
+is alive but stops answering (SIGSTOP, a hung host: its port still accepts connections, so a
+port probe cannot tell) thus costs one call's deadline; from then on every call is a miss at
+once, without touching the client, until the stuck call has returned and a probe call on that
+thread gets an answer again. A setup that never ends (something else listens on the port)
+leaves the store a miss for good, warned once; `serve` and `generate` carry on without it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import queue
+import re
 import socket
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +44,20 @@ from hycache.store.base import KVStore
 
 LOCAL_BUFFER_BYTES = 128 << 20  # the client's staging buffer: the largest object it moves
 RETRY_SECONDS = 2.0
+CALL_TIMEOUT_S = 2.0  # the longest a store call may hold the engine's step
+SETUP_TIMEOUT_S = 10.0  # joining the store (a live master answers in well under a second)
+PROBE_KEY = "hycache-probe"  # what a hung store asks until the master answers again
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+
+
+def valid_host(host: str) -> bool:
+    """An IP address or a DNS name (letters, digits, hyphens, dots; no spaces)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return len(host) <= 253 and _HOSTNAME.fullmatch(host) is not None
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -35,6 +65,10 @@ def parse_url(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme != "mooncake" or not parts.hostname or parts.path not in ("", "/"):
         raise ValueError(f"kv-store: expected mooncake://HOST:PORT, got {url!r}")
+    if parts.username is not None or parts.query or parts.fragment or not valid_host(
+        parts.hostname
+    ):
+        raise ValueError(f"kv-store: {url!r}: {parts.hostname!r} is not a host name or address")
     try:
         port = parts.port
     except ValueError:
@@ -44,16 +78,80 @@ def parse_url(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
+PROBE_RETRY_SECONDS = 30.0  # after a failed probe (no master there), before the next
+_PROBE = """
+import sys
+from mooncake.store import MooncakeDistributedStore
+client = MooncakeDistributedStore()
+rc = client.setup(sys.argv[1], "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", sys.argv[2])
+client.close()
+sys.exit(0 if rc == 0 else 3)
+"""
+
+
+def probe_master(host: str, port: int, local_hostname: str, timeout: float) -> bool:
+    """Whether a Mooncake master at host:port takes a client within `timeout` seconds, tried
+    by a client in a child process (mounting no memory) that is killed at the deadline."""
+    env = {**os.environ, "GLOG_minloglevel": "3", "MC_LOG_LEVEL": "ERROR"}
+    argv = [sys.executable, "-c", _PROBE, local_hostname, f"{host}:{port}"]
+    try:
+        done = subprocess.run(
+            argv, env=env, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return done.returncode == 0
+
+
 def _quiet_native_logs() -> None:
     # the native client logs every failed RPC; hycache counts and warns once instead
     os.environ.setdefault("GLOG_minloglevel", "3")
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 
 
+class _CallThread:
+    """One daemon thread running the native client's calls in order; `run` waits for one at
+    most `timeout` seconds. (A daemon: a call stuck for good never holds the process's exit.)"""
+
+    def __init__(self) -> None:
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="hycache-mooncake", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:
+                future.set_exception(e)
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._inbox.put((fn, future))
+        return future
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+
+
 class MooncakeStore(KVStore):
     name = "mooncake"
 
-    def __init__(self, url: str, segment_bytes: int, *, local_hostname: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        segment_bytes: int,
+        *,
+        local_hostname: str | None = None,
+        call_timeout: float = CALL_TIMEOUT_S,
+        setup_timeout: float = SETUP_TIMEOUT_S,
+    ) -> None:
         super().__init__()
         self.host, self.port = parse_url(url)
         if segment_bytes <= 0:
@@ -77,7 +175,46 @@ class MooncakeStore(KVStore):
         self._retry_at = 0.0
         self._suspect = False  # a call failed: probe the master's port before the next
         self._put_bytes = 0
-        self._connect()
+        self.call_timeout = call_timeout
+        self.setup_timeout = setup_timeout
+        self._calls = _CallThread()
+        self._hung = False  # a call overran its deadline: miss at once until one answers
+        self._closed = False
+        self._verified = False  # a probe found a master at the address (see `_connect`)
+        self._verifying: threading.Thread | None = None
+        self._connect(wait=True)
+
+    # -- calls with a deadline ------------------------------------------------------------------
+
+    def _call(self, fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """(True, fn()) run on the call thread, or (False, None) when the store is hung or
+        closed, or `fn` overran its deadline (which makes the store hung: warned once)."""
+        if self._hung or self._closed:
+            return False, None
+        timeout = self.call_timeout
+        future = self._calls.submit(fn)
+        try:
+            return True, future.result(timeout)
+        except FutureTimeout:
+            self._hung = True
+            self.stats.errors += 1
+            self.stats.warn_once(
+                "hung",
+                f"mooncake store at {self.host}:{self.port} did not answer within "
+                f"{timeout:g} s; its calls are misses until it answers again",
+            )
+            future.add_done_callback(lambda _: self._calls.submit(self._recover))
+            return False, None
+
+    def _recover(self) -> None:
+        """On the call thread, once the stuck call has returned: probe until the master answers
+        (each probe waits out the client's own RPC timeout while it does not)."""
+        while self._hung and not self._closed and self._client is not None:
+            codes = self._client.batch_is_exist([PROBE_KEY])
+            if codes and min(codes) >= 0:
+                break
+            time.sleep(RETRY_SECONDS)
+        self._hung = False
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -88,10 +225,15 @@ class MooncakeStore(KVStore):
         except OSError:
             return False
 
-    def _connect(self) -> bool:
-        """Join the store if the master answers; else back off (a miss until then)."""
+    def _connect(self, wait: bool = False) -> bool:
+        """Join the store if the master answers; else back off (a miss until then). The native
+        setup holds the GIL and, against a server that is no master, retries for ever, so a
+        master is first proven by `probe_master` in a child process: waited for (up to
+        `setup_timeout`) when the store opens (`wait`), in the background on a reconnect."""
         if not self._reachable():
             self._down(f"mooncake master {self.host}:{self.port} is unreachable")
+            return False
+        if not self._verify(wait):
             return False
         client = self._factory()
         rc = client.setup(
@@ -109,6 +251,32 @@ class MooncakeStore(KVStore):
         self._client = client
         return True
 
+    def _verify(self, wait: bool) -> bool:
+        """Whether a probe has shown a master at the address (starting one if none runs)."""
+        if self._verified:
+            return True
+        if self._verifying is None or not self._verifying.is_alive():
+            self._verifying = threading.Thread(
+                target=self._run_probe, name="hycache-mooncake-probe", daemon=True
+            )
+            self._verifying.start()
+        if wait:
+            self._verifying.join()
+        return self._verified
+
+    def _run_probe(self) -> None:
+        if probe_master(self.host, self.port, self.local_hostname, self.setup_timeout):
+            self._verified = True
+            return
+        self.stats.errors += 1
+        self.stats.warn_once(
+            "setup",
+            f"mooncake client setup against {self.host}:{self.port} did not finish within "
+            f"{self.setup_timeout:g} s (is a mooncake_master listening there?); serving "
+            "continues without the store",
+        )
+        self._retry_at = time.monotonic() + PROBE_RETRY_SECONDS
+
     def _down(self, message: str) -> None:
         self.stats.errors += 1
         self.stats.warn_once("unreachable", f"{message}; serving continues without the store")
@@ -118,7 +286,7 @@ class MooncakeStore(KVStore):
         """Whether to call the store now: not while backing off, and after a failure only
         once the master's port answers again (a call against a dead master blocks for
         seconds in the client's RPC timeout)."""
-        if time.monotonic() < self._retry_at:
+        if self._hung or self._closed or time.monotonic() < self._retry_at:
             return False
         if self._client is None:
             return self._connect()
@@ -146,7 +314,10 @@ class MooncakeStore(KVStore):
         self.stats.exists_keys += len(keys)
         if not keys or not self._ready():
             return [False] * len(keys)
-        codes = self._client.batch_is_exist(list(keys))
+        client = self._client
+        answered, codes = self._call(lambda: client.batch_is_exist(list(keys)))
+        if not answered:
+            return [False] * len(keys)
         if any(c < 0 for c in codes):
             self._failed(min(codes))
             return [False] * len(keys)
@@ -157,7 +328,11 @@ class MooncakeStore(KVStore):
         if not keys or not self._ready():
             self.stats.get_misses += len(keys)
             return [None] * len(keys)
-        values = self._client.get_batch(list(keys))
+        client = self._client
+        answered, values = self._call(lambda: client.get_batch(list(keys)))
+        if not answered:
+            self.stats.get_misses += len(keys)
+            return [None] * len(keys)
         out: list[bytes | None] = []
         for v in values:
             if v:
@@ -181,7 +356,13 @@ class MooncakeStore(KVStore):
                 )
                 out.append(False)
                 continue
-            rc = self._client.put(key, value)
+            client = self._client
+            answered, rc = self._call(lambda c=client, k=key, v=value: c.put(k, v))
+            if not answered:  # hung: this put and every one after it are refused
+                rest = len(items) - len(out)
+                self.stats.put_refused += rest
+                out.extend([False] * rest)
+                break
             if rc == 0:
                 self.stats.puts += 1
                 self.stats.put_bytes += len(value)
@@ -203,7 +384,11 @@ class MooncakeStore(KVStore):
         if not keys or not self._ready():
             return 0
         # force: a removal is for bad objects, which a reader's lease must not keep alive
-        n = sum(1 for rc in self._client.batch_remove(list(keys), True) if rc == 0)
+        client = self._client
+        answered, codes = self._call(lambda: client.batch_remove(list(keys), True))
+        if not answered:
+            return 0
+        n = sum(1 for rc in codes if rc == 0)
         self.stats.removed += n
         return n
 
@@ -216,6 +401,9 @@ class MooncakeStore(KVStore):
         return self._put_bytes  # what this process put; the master evicts on its own
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Close the client (unless a call is stuck: then it is left to the process's exit)."""
+        client, self._client = self._client, None
+        if client is not None:
+            self._call(client.close)
+        self._closed = True  # nothing more goes to the call thread
+        self._calls.stop()

@@ -71,14 +71,14 @@ def make_llm(**kw: object) -> LLM:
     return LLM("tiny", **base)  # type: ignore[arg-type]
 
 
-def drive(llm: LLM, seed: int) -> dict[str, list[int]]:
+def drive(llm: LLM, seed: int, sp: SamplingParams | None = None) -> dict[str, list[int]]:
     """A fixed script of sharing shapes; returns the tokens of every request not aborted."""
     rng = random.Random(seed)
 
     def toks(n: int) -> list[int]:
         return [rng.randrange(512) for _ in range(n)]
 
-    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    sp = sp or SamplingParams(max_tokens=6, ignore_eos=True)
     system = toks(37)
     done: dict[str, list[int]] = {}
 

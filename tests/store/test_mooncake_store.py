@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from hycache.engine.engine import LLM
+from hycache.request import SamplingParams
 from tests.store.test_store_engine import GEOMETRY, SP, assert_no_leaks, family, noise, replay
 
 mooncake = pytest.importorskip("mooncake.store", reason="mooncake-transfer-engine not installed")
@@ -107,9 +108,17 @@ def test_mooncake_two_processes_share_one_master(master: MooncakeMaster) -> None
 
 
 def assert_store_hits_resume(llm: LLM, seed: int) -> None:
-    """Once the master answers again (after the client's back-off), a new family's evicted
-    prefix is served from the store."""
+    """Once the master answers again (after the client's back-off, and, when the client never
+    joined, a probe in the background), a new family's evicted prefix is served from the
+    store."""
     time.sleep(RETRY_SECONDS + 0.2)
+    store = llm.store
+    assert store is not None
+    deadline = time.monotonic() + 30
+    while store._client is None:  # type: ignore[attr-defined]
+        store.exists(["probe"])  # (re)joins once the background probe found the master
+        assert time.monotonic() < deadline, "the client never rejoined"
+        time.sleep(0.2)
     fam = family(seed=seed)
     llm.generate([fam[0]], SP)
     llm.generate([fam[1]], SP)
@@ -153,6 +162,86 @@ def test_mooncake_master_killed_mid_run_then_restarted() -> None:
         assert_store_hits_resume(llm, seed=16)  # the same family, computed and stored anew
         assert_no_leaks(llm)
     finally:
+        if llm.store is not None:
+            llm.store.close()
+        master.stop()
+
+
+def test_a_server_that_is_no_master_costs_only_hits(caplog: pytest.LogCaptureFixture) -> None:
+    """Something else listening at the master's address (an HTTP server) passes the port
+    probe, but the client's setup there never ends: the store opens within its setup deadline,
+    warned once, and the engine generates without it."""
+    port = free_port()
+    http = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not MooncakeStore._reachable(type("P", (), {"host": "127.0.0.1", "port": port})()):  # type: ignore[arg-type]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        fam = family(seed=21)
+        want = LLM("tiny", enable_prefix_caching=False, **KW).generate([fam[2]], SP)[0].token_ids
+        t = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="hycache.store"):
+            store = MooncakeStore(f"mooncake://127.0.0.1:{port}", SEGMENT, setup_timeout=3)
+        opened = time.monotonic() - t
+        assert opened < 10 and store.stats.errors == 1
+        assert [r.getMessage() for r in caplog.records if "setup" in r.getMessage()]
+        llm = LLM("tiny", num_blocks=40, kv_store=store, **KW)
+        t = time.monotonic()
+        out = replay(llm, seed=21)
+        assert out.token_ids == want and out.store_hit_tokens == 0
+        assert time.monotonic() - t < 30
+        store.close()
+        assert_no_leaks(llm)
+    finally:
+        http.terminate()
+        http.wait(10)
+
+
+@pytest.mark.slow
+def test_a_hung_master_costs_one_deadline_then_only_hits() -> None:
+    """A master that stops answering (SIGSTOP: its port still accepts connections) while a
+    200-token request runs: the first store call waits out its deadline, every later one is a
+    miss at once; the tokens equal an engine without caching; once the master goes on, store
+    hits resume."""
+    import os
+    import signal
+
+    port = free_port()
+    master = MooncakeMaster(port=port).start()
+    kw = {**KW, "max_model_len": 512}
+    llm = LLM("tiny", num_blocks=80, kv_store=f"mooncake://127.0.0.1:{port}", **kw)
+    reference = LLM("tiny", enable_prefix_caching=False, **kw)
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    try:
+        fam = family(seed=22)
+        llm.generate(fam[:2], SP)
+        assert master.proc is not None
+        os.kill(master.proc.pid, signal.SIGSTOP)
+        t = time.monotonic()
+        out = llm.generate([fam[2]], long)[0]
+        hung = time.monotonic() - t
+        assert out.token_ids == reference.generate([fam[2]], long)[0].token_ids
+        t = time.monotonic()
+        again = llm.generate([noise(seed=23, n=1)[0]], long)[0]
+        after = time.monotonic() - t
+        print(f"200 tokens with the master stopped: {hung:.2f}s, then {after:.2f}s")
+        assert again.store_hit_tokens == 0
+        assert hung < 15 and after < 10
+        os.kill(master.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while llm.store is not None and llm.store._hung:  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert_store_hits_resume(llm, seed=24)
+        assert_no_leaks(llm)
+    finally:
+        if master.proc is not None:
+            os.kill(master.proc.pid, signal.SIGCONT)
         if llm.store is not None:
             llm.store.close()
         master.stop()

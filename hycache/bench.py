@@ -46,7 +46,7 @@ from hycache.sim.compare import (
     policies_json,
     reference_arm,
 )
-from hycache.sim.costmodel import CostModel
+from hycache.sim.costmodel import CostModel, PoolLayout
 from hycache.sim.load import DEFAULT_LOAD, sustainable_arrivals
 from hycache.sim.presets import load_gpu, load_model_spec
 from hycache.sim.trace import requests_from_records
@@ -269,7 +269,7 @@ class SimBench:
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
 
 
-def sim_cost(s: SimBench) -> CostModel:
+def sim_cost(s: SimBench, pool_layout: PoolLayout = "shared") -> CostModel:
     """The drafter arms' cost model (`eagle-off` derives its own from it)."""
     return CostModel(
         load_model_spec(s.model),
@@ -277,6 +277,7 @@ def sim_cost(s: SimBench) -> CostModel:
         speculative=True,
         num_speculative_tokens=s.num_speculative_tokens,
         block_size=s.block_size,
+        pool_layout=pool_layout,
     )
 
 
@@ -323,23 +324,26 @@ class SimJob:
     label: str
 
 
+def timed_workload(s: SimBench, name: str, cost: CostModel) -> tuple[Workload, Any]:
+    """`build_workload`, with the trace given open-loop arrivals at `s.trace_load` of what
+    the default arm sustains; also the offered load (None for the closed-loop workloads)."""
+    w = build_workload(s, name)
+    if name != "trace":
+        return w, None
+    timed, offered = sustainable_arrivals(
+        w.requests, sim_config(s, w, cost), cost, load=s.trace_load, seed=s.seed, size_cache=True
+    )
+    return Workload("trace", timed), offered
+
+
 def run_job(job: SimJob) -> dict[str, Any]:
     """Run one job (in this process or a worker): the arms' summaries, and for the trace the
     offered load it was replayed at."""
     s = job.bench
     cost = sim_cost(s)
-    w = build_workload(s, job.workload)
+    w, offered = timed_workload(s, job.workload, cost)
     extra: dict[str, Any] = {}
-    if job.workload == "trace":
-        timed, offered = sustainable_arrivals(
-            w.requests,
-            sim_config(s, w, cost),
-            cost,
-            load=s.trace_load,
-            seed=s.seed,
-            size_cache=True,
-        )
-        w = Workload("trace", timed)
+    if offered is not None:
         extra = {"offered_load": offered.as_dict(), "open_loop": True}
     results = compare_policies(
         w, sim_config(s, w, cost), job.arms, cost=cost, seed=s.seed, size_cache=True

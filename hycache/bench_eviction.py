@@ -22,12 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from hycache.bench import SimBench, build_workload, sim_config
+from hycache.bench import SimBench, sim_config, sim_cost, timed_workload
 from hycache.config import DEFAULT_EVICTION_ALPHA
 from hycache.sim.compare import Workload, compare_policies
 from hycache.sim.costmodel import CostModel
-from hycache.sim.load import sustainable_arrivals
-from hycache.sim.presets import load_gpu, load_model_spec
 
 Progress = Callable[[str], None]
 
@@ -78,34 +76,13 @@ def quick(b: EvictionBench) -> EvictionBench:
 
 
 def _cost(b: EvictionBench) -> CostModel:
-    s = b.sim
-    return CostModel(
-        load_model_spec(s.model),
-        load_gpu(s.gpu),
-        speculative=True,
-        num_speculative_tokens=s.num_speculative_tokens,
-        block_size=s.block_size,
-        pool_layout=b.pool_layout,  # type: ignore[arg-type]
-    )
+    return sim_cost(b.sim, b.pool_layout)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=8)
 def _workload(b: EvictionBench, name: str) -> Workload:
     """The workload, the trace with its open-loop arrivals (measured once per process)."""
-    s = b.sim
-    w = build_workload(s, name)
-    if name == "trace":
-        cost = _cost(b)
-        timed, _ = sustainable_arrivals(
-            w.requests,
-            sim_config(s, w, cost),
-            cost,
-            load=s.trace_load,
-            seed=s.seed,
-            size_cache=True,
-        )
-        w = Workload("trace", timed)
-    return w
+    return timed_workload(b.sim, name, _cost(b))[0]
 
 
 @dataclass(frozen=True)

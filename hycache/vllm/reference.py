@@ -34,38 +34,14 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 from typing import Any
 
-from hycache.vllm.scenario import VOCAB, RequestTrace, Turn, propose, verify
+from hycache.vllm.scenario import RequestTrace, Turn, propose, verify
 
-# the model config vLLM inspects: Nemotron-H with one MTP layer (vLLM 0.33 refuses Bamba)
-_MODEL_CONFIG: dict[str, Any] = {
-    "architectures": ["NemotronHForCausalLM"],
-    "model_type": "nemotron_h",
-    "vocab_size": VOCAB,
-    "hidden_size": 256,
-    "num_hidden_layers": 4,
-    "hybrid_override_pattern": "M*M*",
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "intermediate_size": 512,
-    "mamba_num_heads": 8,
-    "mamba_head_dim": 32,
-    "ssm_state_size": 16,
-    "n_groups": 1,
-    "conv_kernel": 4,
-    "expand": 2,
-    "chunk_size": 128,
-    "mamba_hidden_act": "silu",
-    "mlp_hidden_act": "relu2",
-    "max_position_embeddings": 1 << 20,
-    "num_nextn_predict_layers": 1,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-    "layer_norm_epsilon": 1e-5,
-}
-
+# the model vLLM inspects: the packaged Nemotron-H-8B config.json (vLLM 0.33 refuses Bamba),
+# with one MTP layer and a context long enough for any scenario
+NEMOTRON_H_PRESET = "nemotron-h-8b.json"
 MAX_MODEL_LEN = 1 << 20
 
 
@@ -80,9 +56,12 @@ def available() -> bool:
 
 @cache
 def _model_dir() -> str:
+    preset = resources.files("hycache.sim").joinpath("presets", "models", NEMOTRON_H_PRESET)
+    config = json.loads(preset.read_text())
+    config.update(num_nextn_predict_layers=1, max_position_embeddings=MAX_MODEL_LEN)
     path = os.path.join(tempfile.mkdtemp(prefix="hycache-vllm-model-"), "config.json")
     with open(path, "w") as f:
-        json.dump(_MODEL_CONFIG, f)
+        json.dump(config, f)
     return os.path.dirname(path)
 
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 from hycache.config import HycacheConfig
 from hycache.request import SamplingParams
+from hycache.sched.executor import run_to_completion
 from hycache.sched.scheduler import Scheduler, SchedulerOutput, StepResult
 
-VOCAB = 32000
+VOCAB = 32000  # drafts are corrupted modulo this (below every model's vocabulary)
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,5 @@ def run_hycache(config: HycacheConfig, turns: Sequence[Turn]) -> list[RequestTra
             sched.new_request(rid, list(turn.prompt), sp, prefix_hints=turn.prefix_hints)
         )
         out.append(ex.add(rid, turn))
-        while sched.has_unfinished():
-            step = sched.schedule()
-            sched.update(step, ex.execute(step))
-            sched.cache.check_integrity()
+        run_to_completion(sched, ex, check=True)
     return out

@@ -9,13 +9,9 @@ from collections.abc import Sequence
 from hycache.config import HycacheConfig
 from hycache.vllm.reference import VllmSetup
 from hycache.vllm.scenario import Turn
-from tests.helpers import make_config
+from tests.helpers import make_config, tokens
 
 GEOMETRIES = [(16, 4), (32, 8), (64, 16), (64, 8), (128, 8), (128, 32), (256, 64), (528, 66)]
-
-
-def toks(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(30000) for _ in range(n)]
 
 
 def scenario(rng: random.Random, b: int, u: int, k: int = 1, drafts: bool = False) -> list[Turn]:
@@ -26,16 +22,16 @@ def scenario(rng: random.Random, b: int, u: int, k: int = 1, drafts: bool = Fals
     accept = (lambda: [rng.randint(0, k) for _ in range(3)]) if drafts else (lambda: [])
 
     def answer() -> list[int]:
-        return toks(rng, rng.choice([1, 1, 2, rng.randint(1, 2 * b)]))
+        return tokens(rng, rng.choice([1, 1, 2, rng.randint(1, 2 * b)]))
 
-    prefix = toks(rng, rng.randint(1, span // 2))
+    prefix = tokens(rng, rng.randint(1, span // 2))
     turns: list[Turn] = []
     if shape == "chat":
         p = prefix
         for _ in range(n):
             a = answer()
             turns.append(Turn(p, a, accept()))
-            p = p + a + toks(rng, rng.randint(1, b))
+            p = p + a + tokens(rng, rng.randint(1, b))
         return turns
     for _ in range(n):
         kind = shape if shape != "mixed" else rng.choice(["family", "resend", "nested", "chain"])
@@ -46,15 +42,15 @@ def scenario(rng: random.Random, b: int, u: int, k: int = 1, drafts: bool = Fals
             p = (
                 base[: rng.randint(1, len(base))]
                 if rng.random() < 0.5
-                else base + toks(rng, rng.randint(1, b))
+                else base + tokens(rng, rng.randint(1, b))
             )
         elif kind == "chain" and turns:
-            p = list(turns[-1].prompt) + toks(rng, rng.randint(1, 2 * b))
+            p = list(turns[-1].prompt) + tokens(rng, rng.randint(1, 2 * b))
         elif kind == "midblock":
             cut = rng.randint(1, len(prefix))
-            p = prefix[:cut] + toks(rng, rng.randint(1, 2 * b))
+            p = prefix[:cut] + tokens(rng, rng.randint(1, 2 * b))
         else:
-            p = prefix + toks(rng, rng.randint(1, 2 * b))
+            p = prefix + tokens(rng, rng.randint(1, 2 * b))
         turns.append(Turn(p, answer(), accept()))
     return turns
 

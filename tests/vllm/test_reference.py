@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 
 from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
 from hycache.vllm.scenario import Turn, run_hycache
+from tests.helpers import tokens
 from tests.vllm.shapes import GEOMETRIES, budget, hycache_config, scenario
 
 settings.load_profile("vllm-reference")
 
 
 def seq(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(30000) for _ in range(n)]
+    return tokens(random.Random(seed), n)
 
 
 def hits(traces) -> list[int]:  # type: ignore[no-untyped-def]

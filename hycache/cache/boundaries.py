@@ -49,6 +49,15 @@ def floor_to(n: int, step: int) -> int:
 LOOKAHEAD_POLICIES = (Policy.LOOKAHEAD, Policy.LIMIT)
 
 
+def drop_replay_boundaries(num_prompt_tokens: int, block_size: int) -> tuple[int, ...]:
+    """The drop scheme's replay boundaries: `max(floor(T/B)*B - B, 0)` for a longer sibling,
+    then `max(floor((T-1)/B)*B - B, 0)` for an identical resend (vLLM #54713)."""
+    b, t = block_size, num_prompt_tokens
+    return tuple(
+        dict.fromkeys((max(floor_to(t, b) - b, 0), max(floor_to(max(t - 1, 0), b) - b, 0)))
+    )
+
+
 @dataclass(frozen=True)
 class Boundaries:
     """Boundary arithmetic for one cache geometry and policy.
@@ -106,11 +115,9 @@ class Boundaries:
         they differ when T % B == 0 (vLLM #54713). Otherwise (no drafter, or lookahead keys):
         the last block-grid position a hit may reach, `floor((T-1)/B)*B`.
         """
-        b, t = self.block_size, num_prompt_tokens
-        last = floor_to(max(t - 1, 0), b)
         if self.drop:
-            return tuple(dict.fromkeys((max(floor_to(t, b) - b, 0), max(last - b, 0))))
-        return (last,)
+            return drop_replay_boundaries(num_prompt_tokens, self.block_size)
+        return (floor_to(max(num_prompt_tokens - 1, 0), self.block_size),)
 
     def replay_boundary(self, num_prompt_tokens: int) -> int:
         """The replay boundary the scheduler stops at (the first of `replay_boundaries`)."""
@@ -129,20 +136,26 @@ class Boundaries:
             return max(floor_to(t, u) - u, 0)
         return floor_to(max(t - 1, 0), u)
 
-    def tail_stops(self, num_prompt_tokens: int) -> tuple[int, ...]:
-        """The prefill stops (and checkpoints) at the prompt's tail, ascending.
+    def prompt_stops(self, num_prompt_tokens: int) -> tuple[int, ...]:
+        """The prefill stops that depend on the prompt alone, ascending; each one is kept.
 
-        The tail checkpoint; under `limit` with a drafter also the unit below it, where a later
-        prompt that is a prefix of this one ending at the tail's unit resumes (its limit is
-        one unit lower). The drop scheme reaches that request through its own tail, `T - u`:
+        The replay boundary and the tail checkpoint. Under `limit` with a drafter also where
+        a shorter request resumes under the drop scheme, so `limit` never keeps less:
 
-            long  T = 2130, B = 1056, u = 32:  tail 2112, unit below 2080
+        - the unit below the tail: a later prompt that is a prefix of this one ending at the
+          tail's unit (its limit is a unit lower; the drop scheme's tail is `T - u`);
+        - the drop scheme's replay boundaries, a block below: a first sibling whose shared
+          prefix ends inside the last full block (it has observed no junction yet).
+
+            long  T = 2130, B = 1056, u = 32:  tail 2112, unit below 2080, drop replay 1056
             short P = 2112 (long's first 2112): limit floor((P-1)/u)*u = 2080
         """
-        tail = self.tail_checkpoint(num_prompt_tokens)
-        if self.keys_every_unit and self.drafter and tail > self.unit:
-            return (tail - self.unit, tail)
-        return (tail,)
+        t = num_prompt_tokens
+        stops = {self.replay_boundary(t), self.tail_checkpoint(t)}
+        if self.keys_every_unit and self.drafter:
+            stops.update(drop_replay_boundaries(t, self.block_size))
+            stops.add(self.tail_checkpoint(t) - self.unit)
+        return tuple(sorted(p for p in stops if p > 0))
 
     def attention_keys(self, num_prompt_tokens: int) -> tuple[int, ...]:
         """Mid-block attention keys a request registers over its prompt (full blocks are keyed
@@ -223,7 +236,7 @@ class Boundaries:
         self, start: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
     ) -> list[int]:
         """Mandatory chunk ends after `start`, ascending (the split also ends at the grid)."""
-        stops = {self.replay_boundary(num_prompt_tokens), *self.tail_stops(num_prompt_tokens)}
+        stops = set(self.prompt_stops(num_prompt_tokens))
         stops.update(junction_stops)
         if start % self.block_size:
             stops.add(floor_to(start, self.block_size) + self.block_size)
@@ -242,7 +255,7 @@ class Boundaries:
         t = num_prompt_tokens
         if end <= 0 or end > t - self.lookahead or end % self.unit:
             return False
-        if end in junction_stops or end in self.tail_stops(t):
+        if end in junction_stops or end in self.prompt_stops(t):
             return True
         if end in self.replay_boundaries(t):
             return True

@@ -38,7 +38,7 @@ def promised_checkpoints(running: Iterable[Request], bounds: Boundaries) -> set[
         done, t = req.num_computed_tokens, req.num_prompt_tokens
         if done >= t:
             continue
-        stops = {bounds.replay_boundary(t), *bounds.tail_stops(t), *req.junction_stops}
+        stops = {*bounds.prompt_stops(t), *req.junction_stops}
         for p in stops:
             if done < p <= t and bounds.should_checkpoint(p, t, req.junction_stops):
                 out.add(req.hashes.at(p))

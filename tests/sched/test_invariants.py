@@ -174,10 +174,10 @@ def test_junction_costs_at_most_two_prefill_steps_and_nothing_without_a_junction
     for r, j in zip(rep, jun, strict=True):
         if r.first_hit_tokens != j.first_hit_tokens:
             continue  # a different resume point is a different request to chunk
-        # `limit` also stops one unit below its tail (for a later prompt that is a prefix of
-        # this one): one more prefill step, and the only chunk end it adds
+        # `limit` also stops where a shorter request resumes under the drop scheme (the unit
+        # below its tail, the drop's replay boundaries): a prefill step each, at most
         t = j.num_prompt_tokens
-        extra = {p for p in bounds.tail_stops(t) if p != bounds.tail_checkpoint(t)}
+        extra = set(bounds.prompt_stops(t)) - {bounds.replay_boundary(t), bounds.tail_checkpoint(t)}
         if not j.outcome.junction and not r.outcome.junction:
             ours = [e for _, e in chunk_ends(s_jun, j.request_id) if e not in extra]
             theirs = [e for _, e in chunk_ends(s_rep, r.request_id) if e not in extra]

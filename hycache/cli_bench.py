@@ -18,11 +18,10 @@ from hycache.cli_common import (
     add_store_args,
     check_store_args,
     int_or_range,
-    positive_float,
     positive_int,
 )
 from hycache.config import DEFAULT_EVICTION_ALPHA
-from hycache.engine.args import add_eviction_flags
+from hycache.engine.args import add_eviction_flags, positive_float
 from hycache.report import (
     check_writable,
     console,

@@ -114,17 +114,6 @@ def rate_or_auto(text: str) -> float | str:
     return value
 
 
-def positive_float(text: str) -> float:
-    """argparse type for a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
 # -- the second cache tier (generate, serve, bench) ------------------------------------------------
 
 DEFAULT_KV_STORE_GB = 4.0

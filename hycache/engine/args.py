@@ -93,12 +93,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_limit_args(p)
 
 
-def positive_seconds(text: str) -> float:
-    """argparse type for a timeout: a finite number of seconds > 0."""
+def positive_float(text: str) -> float:
+    """argparse type for a finite number > 0 (seconds, requests/s, ...)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
@@ -120,7 +120,7 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("connection limits")
     g.add_argument(
         "--header-timeout",
-        type=positive_seconds,
+        type=positive_float,
         default=HEADER_TIMEOUT_S,
         metavar="S",
         help="close a connection whose request headers are not complete S seconds after it "
@@ -128,7 +128,7 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--body-timeout",
-        type=positive_seconds,
+        type=positive_float,
         default=BODY_TIMEOUT_S,
         metavar="S",
         help="close a connection whose request body is not complete S seconds after its headers",

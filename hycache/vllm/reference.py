@@ -148,6 +148,7 @@ class ReferenceScheduler:
         )
         self.num_blocks = num_blocks or setup.num_blocks or 4096
         self.scheduler = self._build()
+        self._proposals = 0  # drafts proposed so far: the index into each turn's accept cycle
 
     def _kv_cache_config(self) -> Any:
         import torch
@@ -231,48 +232,39 @@ class ReferenceScheduler:
         extra = {"prefix_hints": list(turn.prefix_hints)} if turn.prefix_hints else None
         sp = SamplingParams(max_tokens=max(len(turn.answer), 1), ignore_eos=True, extra_args=extra)
         req = Request(request_id, list(turn.prompt), sp, None, block_hasher=self.hasher)
-        traces: dict[str, RequestTrace] = {request_id: RequestTrace(request_id)}
-        answers = {request_id: (list(turn.answer) or [1], list(turn.accept))}
-        proposals = 0
+        trace = RequestTrace(request_id)
+        answer, accept, k = (
+            list(turn.answer) or [1],
+            list(turn.accept),
+            self.setup.num_speculative_tokens,
+        )
         s = self.scheduler
         s.add_request(req)
         while s.has_requests():
             out = s.schedule()
-            for new in out.scheduled_new_reqs:
-                traces[new.req_id].hit = new.num_computed_tokens
-            ids = list(out.num_scheduled_tokens)
-            sampled: list[list[int]] = []
-            for rid in ids:
-                r, tr = s.requests[rid], traces[rid]
-                answer, _ = answers[rid]
-                at = r.num_output_tokens
-                if r.num_computed_tokens <= r.num_prompt_tokens or not tr.chunk_ends:
-                    tr.chunk_ends.append(min(r.num_computed_tokens, r.num_prompt_tokens))
-                drafts = out.scheduled_spec_decode_tokens.get(rid, [])
-                prefilling = r.num_computed_tokens - len(drafts) < r.num_tokens
-                sampled.append([] if prefilling else verify(answer, at, drafts))
+            if not out.num_scheduled_tokens:
+                continue
+            if out.scheduled_new_reqs:
+                trace.hit = out.scheduled_new_reqs[0].num_computed_tokens
+            # num_computed_tokens already counts this step and can pass the prompt in its last
+            # chunk: record chunk ends, capped at the prompt, until the prompt is covered
+            t = req.num_prompt_tokens
+            if not trace.chunk_ends or trace.chunk_ends[-1] < t:
+                trace.chunk_ends.append(min(req.num_computed_tokens, t))
+            drafts = out.scheduled_spec_decode_tokens.get(request_id, [])
+            prefilling = req.num_computed_tokens - len(drafts) < req.num_tokens
+            sampled = [] if prefilling else verify(answer, req.num_output_tokens, drafts)
+            trace.output.extend(sampled)
             mro = ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={rid: i for i, rid in enumerate(ids)},
-                sampled_token_ids=sampled,
+                req_ids=[request_id], req_id_to_index={request_id: 0}, sampled_token_ids=[sampled]
             )
             s.update_from_output(out, mro)
-            draft_ids, draft_lists = [], []
-            for rid, toks in zip(ids, sampled, strict=True):
-                r = s.requests.get(rid)
-                answer, accept = answers[rid]
-                if toks:
-                    traces[rid].output.extend(toks)
-                if not toks or r is None or r.is_finished() or not accept:
-                    continue
-                k = self.setup.num_speculative_tokens
-                good = accept[proposals % len(accept)]
-                proposals += 1
-                draft_ids.append(rid)
-                draft_lists.append(propose(answer, r.num_output_tokens, k, good))
-            if draft_ids:
-                s.update_draft_token_ids(DraftTokenIds(draft_ids, draft_lists))
-        return traces[request_id]
+            if sampled and accept and not req.is_finished():
+                good = accept[self._proposals % len(accept)]
+                self._proposals += 1
+                drafts = propose(answer, req.num_output_tokens, k, good)
+                s.update_draft_token_ids(DraftTokenIds([request_id], [drafts]))
+        return trace
 
     def run_all(self, turns: Sequence[Turn]) -> list[RequestTrace]:
         return [self.run(f"r{i}", t) for i, t in enumerate(turns)]

@@ -225,3 +225,40 @@ def test_limit_never_below_either_vllm_setup(
         assert limit[i] >= max(default[i], with_flag[i], without[i]), i
         assert junction[i] >= with_flag[i], i
         assert replay[i] >= without[i], i
+
+
+# -- the values tests/sched/test_vllm_parity.py pins, against the real scheduler ----------------
+
+
+def family_turns(seed: int, shared: int, private: int, n: int) -> list[Turn]:
+    rng = random.Random(seed)
+    prefix = tokens(rng, shared)
+    return [Turn(prefix + tokens(rng, private), [5]) for _ in range(n)]
+
+
+@pytest.mark.parametrize("exporting", [True, False])
+def test_pinned_lookahead_values_are_vllms(exporting: bool) -> None:
+    """The small family (B=16, u=4: the second sibling at 16), a longer sibling (B=1024,
+    u=64: 1536) and identical resends of 127, 128 and 160 tokens (B=32): vLLM's own hits."""
+    fam = family_turns(0, 24, 16, 3)
+    assert hits(run_reference(VllmSetup(16, 4, exporting=exporting), fam))[2] == 16
+    a = seq(11, 1600)
+    longer = [Turn(a, [5]), Turn(a + seq(12, 500), [5])]
+    assert hits(run_reference(VllmSetup(1024, 64, exporting=exporting), longer))[1] == 1536
+    for u, expected in [(8, (120, 120, 152)), (32, (96, 96, 128))]:
+        got = []
+        for t in (127, 128, 160):
+            s = seq(t, t)
+            got.append(
+                hits(run_reference(VllmSetup(32, u, exporting=exporting), [Turn(s, [5])] * 2))[1]
+            )
+        assert tuple(got) == expected
+
+
+def test_pinned_seed_shape_resend_and_siblings() -> None:
+    """57,600 shared of 64,016 (B=4416, u=64, k=1): siblings 2 and 3 at 57,408 and the resend
+    at 64,000 on vLLM, as `lookahead` pins them."""
+    turns = family_turns(1, 57_600, 6_416, 4)
+    turns.append(turns[0])
+    got = hits(run_reference(VllmSetup(4416, 64, 8192), turns))
+    assert got[2:] == [57_408, 57_408, 64_000]

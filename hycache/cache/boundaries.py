@@ -139,22 +139,18 @@ class Boundaries:
     def prompt_stops(self, num_prompt_tokens: int) -> tuple[int, ...]:
         """The prefill stops that depend on the prompt alone, ascending; each one is kept.
 
-        The replay boundary and the tail checkpoint. Under `limit` with a drafter also where
-        a shorter request resumes under the drop scheme, so `limit` never keeps less:
+        The replay boundary and the tail checkpoint. Under `limit` with a drafter also the drop
+        scheme's replay boundaries, a block below lookahead's: a first sibling whose shared
+        prefix ends inside the last full block (it has observed no junction yet) resumes
+        there, as it does under vLLM's EAGLE-drop setup.
 
-        - the unit below the tail: a later prompt that is a prefix of this one ending at the
-          tail's unit (its limit is a unit lower; the drop scheme's tail is `T - u`);
-        - the drop scheme's replay boundaries, a block below: a first sibling whose shared
-          prefix ends inside the last full block (it has observed no junction yet).
-
-            long  T = 2130, B = 1056, u = 32:  tail 2112, unit below 2080, drop replay 1056
-            short P = 2112 (long's first 2112): limit floor((P-1)/u)*u = 2080
+            T = 64,016, B = 4416: lookahead's replay boundary 61,824, the drop's 57,408;
+            a first sibling sharing 57,600 resumes at 57,408 instead of 0
         """
         t = num_prompt_tokens
         stops = {self.replay_boundary(t), self.tail_checkpoint(t)}
         if self.keys_every_unit and self.drafter:
             stops.update(drop_replay_boundaries(t, self.block_size))
-            stops.add(self.tail_checkpoint(t) - self.unit)
         return tuple(sorted(p for p in stops if p > 0))
 
     def attention_keys(self, num_prompt_tokens: int) -> tuple[int, ...]:

@@ -174,8 +174,8 @@ def test_junction_costs_at_most_two_prefill_steps_and_nothing_without_a_junction
     for r, j in zip(rep, jun, strict=True):
         if r.first_hit_tokens != j.first_hit_tokens:
             continue  # a different resume point is a different request to chunk
-        # `limit` also stops where a shorter request resumes under the drop scheme (the unit
-        # below its tail, the drop's replay boundaries): a prefill step each, at most
+        # `limit` also stops at the drop scheme's replay boundaries (where a first sibling
+        # resumes under the drop): a prefill step each, at most
         t = j.num_prompt_tokens
         extra = set(bounds.prompt_stops(t)) - {bounds.replay_boundary(t), bounds.tail_checkpoint(t)}
         if not j.outcome.junction and not r.outcome.junction:

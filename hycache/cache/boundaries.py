@@ -49,15 +49,6 @@ def floor_to(n: int, step: int) -> int:
 LOOKAHEAD_POLICIES = (Policy.LOOKAHEAD, Policy.LIMIT)
 
 
-def drop_replay_boundaries(num_prompt_tokens: int, block_size: int) -> tuple[int, ...]:
-    """The drop scheme's replay boundaries: `max(floor(T/B)*B - B, 0)` for a longer sibling,
-    then `max(floor((T-1)/B)*B - B, 0)` for an identical resend (vLLM #54713)."""
-    b, t = block_size, num_prompt_tokens
-    return tuple(
-        dict.fromkeys((max(floor_to(t, b) - b, 0), max(floor_to(max(t - 1, 0), b) - b, 0)))
-    )
-
-
 @dataclass(frozen=True)
 class Boundaries:
     """Boundary arithmetic for one cache geometry and policy.
@@ -115,9 +106,11 @@ class Boundaries:
         they differ when T % B == 0 (vLLM #54713). Otherwise (no drafter, or lookahead keys):
         the last block-grid position a hit may reach, `floor((T-1)/B)*B`.
         """
+        b, t = self.block_size, num_prompt_tokens
+        last = floor_to(max(t - 1, 0), b)
         if self.drop:
-            return drop_replay_boundaries(num_prompt_tokens, self.block_size)
-        return (floor_to(max(num_prompt_tokens - 1, 0), self.block_size),)
+            return tuple(dict.fromkeys((max(floor_to(t, b) - b, 0), max(last - b, 0))))
+        return (last,)
 
     def replay_boundary(self, num_prompt_tokens: int) -> int:
         """The replay boundary the scheduler stops at (the first of `replay_boundaries`)."""
@@ -137,21 +130,10 @@ class Boundaries:
         return floor_to(max(t - 1, 0), u)
 
     def prompt_stops(self, num_prompt_tokens: int) -> tuple[int, ...]:
-        """The prefill stops that depend on the prompt alone, ascending; each one is kept.
-
-        The replay boundary and the tail checkpoint. Under `limit` with a drafter also the drop
-        scheme's replay boundaries, a block below lookahead's: a first sibling whose shared
-        prefix ends inside the last full block (it has observed no junction yet) resumes
-        there, as it does under vLLM's EAGLE-drop setup.
-
-            T = 64,016, B = 4416: lookahead's replay boundary 61,824, the drop's 57,408;
-            a first sibling sharing 57,600 resumes at 57,408 instead of 0
-        """
+        """The prefill stops that depend on the prompt alone, ascending; each one is kept: the
+        replay boundary and the tail checkpoint."""
         t = num_prompt_tokens
-        stops = {self.replay_boundary(t), self.tail_checkpoint(t)}
-        if self.keys_every_unit and self.drafter:
-            stops.update(drop_replay_boundaries(t, self.block_size))
-        return tuple(sorted(p for p in stops if p > 0))
+        return tuple(sorted(p for p in {self.replay_boundary(t), self.tail_checkpoint(t)} if p > 0))
 
     def attention_keys(self, num_prompt_tokens: int) -> tuple[int, ...]:
         """Mid-block attention keys a request registers over its prompt (full blocks are keyed
@@ -251,7 +233,7 @@ class Boundaries:
         t = num_prompt_tokens
         if end <= 0 or end > t - self.lookahead or end % self.unit:
             return False
-        if end in junction_stops or end in self.prompt_stops(t):
+        if end in junction_stops or end == self.tail_checkpoint(t):
             return True
         if end in self.replay_boundaries(t):
             return True

@@ -80,11 +80,9 @@ def run_one(llm: LLM, prompt: list[int], hints: list[int] | None = None) -> Requ
 
 def distinct_suffixes(rng: random.Random, n: int) -> list[list[int]]:
     """n suffixes of different lengths whose first tokens all differ, so that the family's
-    prompts share exactly their prefix; the longest first (the producer's: its tail stops then
-    lie more than a unit past the shared prefix, so they do not serve the first sibling)."""
+    prompts share exactly their prefix."""
     firsts = rng.sample(range(VOCAB), n)
-    out = [[f] + [rng.randrange(VOCAB) for _ in range(3 + 2 * i)] for i, f in enumerate(firsts)]
-    return out[::-1]
+    return [[f] + [rng.randrange(VOCAB) for _ in range(3 + 2 * i)] for i, f in enumerate(firsts)]
 
 
 # ---------------------------------------------------------------------- the workload, run once

@@ -109,18 +109,18 @@ def test_chat_turns(answer: int, at_default: int, at_dense: int, limit: int) -> 
 @pytest.mark.parametrize(
     "b,u,budget_,shared,extra,expected,at_limit",
     [
-        (1056, 32, 2112, 2112, 18, 2080, 1056),
-        (32, 8, 124, 64, 4, 56, 32),
+        (1056, 32, 2112, 2112, 18, 2080, 0),
+        (32, 8, 124, 64, 4, 56, 0),
     ],
 )
 def test_prefix_of_an_earlier_prompt(
     b: int, u: int, budget_: int, shared: int, extra: int, expected: int, at_limit: int
 ) -> None:
     """long = A + x, then short = A. The EAGLE-drop setup resumes short at long's tail
-    checkpoint `T - u`, as `replay` and `junction` do. `limit` resumes it at the drop's replay
-    boundary, a block lower (above vLLM's default, 0, below the drop setup): keeping the unit
-    below the tail too costs a prefill pass per request, which on the trace workload cost more
-    TTFT than it saved (an open gap until checkpoints are written inside the forward)."""
+    checkpoint `T - u`, as `replay` and `junction` do. `limit` resumes it where vLLM's default
+    does, at 0: keeping the unit below its tail costs a prefill pass per request, which on the
+    trace workload cost more TTFT than it saved (an open gap until checkpoints are written
+    inside the forward)."""
     a = seq(1, shared)
     turns = [Turn(a + seq(2, extra), [5]), Turn(a, [6])]
     for spc in (False, True):
@@ -208,11 +208,14 @@ def test_lookahead_with_drafts_is_vllms_default(case: tuple[VllmSetup, list[Turn
 
 
 @given(case=deployments(drafts=True), exporting=st.booleans())
-def test_limit_never_below_either_vllm_setup(
+def test_limit_and_the_drop_policies_never_below_vllm(
     case: tuple[VllmSetup, list[Turn]], exporting: bool
 ) -> None:
-    """Per request: `limit` >= vLLM's default, `limit` >= the EAGLE-drop setup with the
-    junction flag, `junction` >= it too, `replay` >= the drop setup without the flag."""
+    """Per request: `limit` >= vLLM's default setup, `junction` >= the EAGLE-drop setup with
+    the junction flag, `replay` >= the drop setup without it. (`limit` >= the drop setup does
+    not hold everywhere: a prompt that is a prefix of an earlier one, and a first sibling whose
+    shared prefix ends inside the producer's last full block, resume lower; see
+    `test_prefix_of_an_earlier_prompt`.)"""
     base, turns = case
     b, u, bud, k = base.block_size, base.unit, base.budget, base.num_speculative_tokens
     default = hits(run_reference(VllmSetup(b, u, bud, k, exporting=exporting), turns))
@@ -226,7 +229,7 @@ def test_limit_never_below_either_vllm_setup(
     junction = hycache_hits(base, "junction", turns)
     replay = hycache_hits(base, "replay", turns)
     for i in range(len(turns)):
-        assert limit[i] >= max(default[i], with_flag[i], without[i]), i
+        assert limit[i] >= default[i], i
         assert junction[i] >= with_flag[i], i
         assert replay[i] >= without[i], i
 

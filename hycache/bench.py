@@ -30,6 +30,7 @@ import numpy as np
 
 from hycache.config import (
     DEFAULT_EVICTION_ALPHA,
+    ENGINE_SHAPES,
     CacheConfig,
     GroupKind,
     HycacheConfig,
@@ -37,9 +38,11 @@ from hycache.config import (
     SpeculativeConfig,
 )
 from hycache.sim.compare import (
+    ARMS,
     BASELINE,
     DEFAULT_ARMS,
     HEADLINE,
+    HEADLINE_SPLIT,
     Workload,
     compare_policies,
     headline,
@@ -59,7 +62,7 @@ from hycache.sim.workloads import (
 
 Progress = Callable[[str], None]
 
-ENGINE_ARMS: tuple[str, ...] = (BASELINE, HEADLINE)
+ENGINE_ARMS: tuple[str, ...] = (BASELINE, HEADLINE, HEADLINE_SPLIT)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,32 @@ class EngineBench:
     kv_store_gb: float = 4.0
     eviction: str = "lru"
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
+    # "system": every request is the shared prefix + its own suffix; "family": `families`
+    # prefixes of random lengths in [block_size, shared_prefix_tokens], requests interleaved
+    shape: str = "system"
+    families: int = 3
+
+    def __post_init__(self) -> None:
+        if self.shape not in ENGINE_SHAPES:
+            raise ValueError(f"shape: one of {', '.join(ENGINE_SHAPES)}, got {self.shape!r}")
+        if self.families < 1:
+            raise ValueError(f"families: must be >= 1, got {self.families}")
+
+    def prompts(self) -> list[list[int]]:
+        """The requests' prompts, in arrival order (the same for every arm and repeat)."""
+        rng = random.Random(self.seed)
+        if self.shape == "system":
+            roots = [[rng.randrange(512) for _ in range(self.shared_prefix_tokens)]]
+        else:
+            lengths = [
+                rng.randrange(self.block_size, self.shared_prefix_tokens + 1)
+                for _ in range(self.families)
+            ]
+            roots = [[rng.randrange(512) for _ in range(n)] for n in lengths]
+        return [
+            roots[i % len(roots)] + [rng.randrange(512) for _ in range(self.suffix_tokens)]
+            for i in range(self.num_requests)
+        ]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -106,20 +135,19 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
-def _run_engine(b: EngineBench, policy: str) -> dict[str, Any]:
+def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
     from hycache.engine.engine import LLM
 
-    rng = random.Random(b.seed)
-    system = [rng.randrange(512) for _ in range(b.shared_prefix_tokens)]
-    prompts = deque(
-        system + [rng.randrange(512) for _ in range(b.suffix_tokens)] for _ in range(b.num_requests)
-    )
+    arm = ARMS[name]  # a policy, or one with `-split` (no internal checkpoints)
+
+    prompts = deque(b.prompts())
     llm = LLM(
         "tiny",
         block_size=b.block_size,
         prefix_match_unit=b.prefix_match_unit,
         max_model_len=b.shared_prefix_tokens + b.suffix_tokens + b.output_tokens + 16,
-        policy=policy,
+        policy=arm.policy.value,
+        internal_checkpoints=True if arm.internal is None else arm.internal,
         num_speculative_tokens=b.num_speculative_tokens,
         max_num_batched_tokens=b.max_num_batched_tokens,
         max_num_seqs=b.concurrency,
@@ -189,7 +217,7 @@ def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[st
         "preemptions": llm.scheduler.num_preemptions,
         "wall_s": wall,
         "resume_points": sorted({o.hit_tokens for o in outs}),
-        "_steps": {o.request_id: (o.hit_tokens, o.junction, o.prefill_steps) for o in outs},
+        "_steps": {o.request_id: (o.hit_tokens, o.junction, o.checkpoint_splits) for o in outs},
     }
 
 

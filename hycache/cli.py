@@ -58,6 +58,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         num_speculative_tokens=args.num_speculative_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens,
         prefix_hints=tuple(args.prefix_hint or ()),
+        internal_checkpoints=args.internal_checkpoints,
     )
     policies = (args.policy,) if args.policy else POLICY_NAMES
     # validate the geometry through the config before running anything

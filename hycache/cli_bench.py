@@ -20,7 +20,7 @@ from hycache.cli_common import (
     int_or_range,
     positive_int,
 )
-from hycache.config import DEFAULT_EVICTION_ALPHA
+from hycache.config import DEFAULT_EVICTION_ALPHA, ENGINE_SHAPES
 from hycache.engine.args import add_eviction_flags, positive_float
 from hycache.report import (
     check_writable,
@@ -119,6 +119,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sim = None if args.skip_simulated else SimBench(**ev)
     if args.quick:
         engine, sim = quick_bench(engine, sim)
+    if engine is not None and args.engine_shape != "system":
+        engine = replace(engine, shape=args.engine_shape)
     if engine is not None and args.engine_requests:
         engine = replace(engine, num_requests=args.engine_requests)
     if engine is not None and args.engine_repeats:
@@ -131,9 +133,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         doc = bench(engine, sim, progress, curves=not args.skip_curves, workers=args.jobs)
     if "engine" in doc:
         e = doc["engine"]["inputs"]
+        shared = f"{e['shared_prefix_tokens']:,} shared"
+        if e.get("shape") == "family":
+            shared = f"{e['families']} families sharing up to {e['shared_prefix_tokens']:,}"
         title = (
             f"CPU engine, tiny + EAGLE (k={e['num_speculative_tokens']}): "
-            f"{e['num_requests']} requests, {e['shared_prefix_tokens']:,} shared + "
+            f"{e['num_requests']} requests, {shared} + "
             f"{e['suffix_tokens']} tokens, B={e['block_size']}, u={e['prefix_match_unit']}, "
             f"concurrency {e['concurrency']}; median of {e['repeats']} alternating repeats"
         )
@@ -176,6 +181,7 @@ BENCH_ONLY_DEFAULTS: dict[str, Any] = {
     "skip_simulated": False,
     "skip_curves": False,
     "engine_requests": None,
+    "engine_shape": "system",
     "engine_repeats": None,
     "trace_requests": None,
     "kv_store": None,
@@ -408,6 +414,13 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="processes for the simulations (default: up to 2; the engine part runs alone)",
     )
     p.add_argument("--engine-requests", type=positive_int, default=None)
+    p.add_argument(
+        "--engine-shape",
+        choices=ENGINE_SHAPES,
+        default="system",
+        help="the CPU engine arm's requests: one shared system prompt, or interleaved families "
+        "with shared prefixes of random lengths",
+    )
     p.add_argument(
         "--engine-repeats", type=positive_int, default=None, help="alternating repeats (3)"
     )

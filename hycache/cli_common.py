@@ -16,7 +16,7 @@ from hycache.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from hycache.engine.args import add_eviction_flags
+from hycache.engine.args import add_checkpoint_flags, add_eviction_flags
 
 
 class UserError(Exception):
@@ -43,6 +43,7 @@ def add_cache_flags(p: argparse.ArgumentParser, *, block_size: int = 4416, unit:
     g.add_argument("--num-blocks", type=int, default=None, help="cache blocks (default: sized)")
     g.add_argument("--hash-seed", type=int, default=0)
     add_eviction_flags(g)
+    add_checkpoint_flags(g)
 
 
 def build_config(
@@ -61,6 +62,7 @@ def build_config(
             groups=(GroupKind.ATTENTION, GroupKind.SSM),
             eviction=args.eviction,
             eviction_alpha=args.eviction_alpha,
+            internal_checkpoints=args.internal_checkpoints,
         ),
         SpeculativeConfig(num_speculative_tokens=k, acceptance_rate=args.acceptance_rate),
         SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs),

@@ -28,6 +28,8 @@ class Policy(StrEnum):
 
 
 POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in Policy)
+# the CPU engine benchmark's request shapes (`hycache.bench.EngineBench.shape`)
+ENGINE_SHAPES: tuple[str, ...] = ("system", "family")
 
 
 def parse_policy(value: str | Policy) -> Policy:
@@ -132,6 +134,10 @@ class CacheConfig:
     `num_blocks` counts attention blocks only; None: one pool of `num_blocks` pages serves both
     kinds (see `hycache.cache.layout`).
 
+    `internal_checkpoints`: SSM checkpoints are written inside a forward (the scan cut at
+    them) instead of ending a prefill chunk at each; `lookahead` then splits as vLLM 0.33 does
+    for Mamba2 models (`Boundaries.prefill_stops`).
+
     `eviction`: which free cached entry is reused first (`Eviction`); under `flop-aware`,
     `eviction_alpha` weighs the FLOPs a hit saves against recency and `recompute_cost`
     prices them (None: `RecomputeCost()`'s defaults).
@@ -150,8 +156,13 @@ class CacheConfig:
     eviction: Eviction = Eviction.LRU
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     recompute_cost: RecomputeCost | None = None
+    internal_checkpoints: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.internal_checkpoints, bool):
+            raise ValueError(
+                f"internal_checkpoints: must be true or false, got {self.internal_checkpoints!r}"
+            )
         object.__setattr__(self, "policy", parse_policy(self.policy))
         object.__setattr__(self, "eviction", parse_eviction(self.eviction))
         a = self.eviction_alpha

@@ -38,6 +38,7 @@ class ExplainInputs:
     num_speculative_tokens: int = 3
     max_num_batched_tokens: int = 8192
     prefix_hints: tuple[int, ...] = ()
+    internal_checkpoints: bool = True  # SSM checkpoints written inside the forward
 
     def validate(self) -> None:
         if self.prompt_tokens < 2:
@@ -67,6 +68,7 @@ def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
             max_model_len=max_len,
             policy=policy,
             groups=(GroupKind.ATTENTION, GroupKind.SSM),
+            internal_checkpoints=inputs.internal_checkpoints,
         ),
         SpeculativeConfig(
             num_speculative_tokens=inputs.num_speculative_tokens if inputs.eagle else 0

@@ -123,6 +123,7 @@ class Request:
     junction_stops: tuple[int, ...] = ()  # for the observed junction and the prefix hints
     prefix_hints: tuple[int, ...] = ()  # where this request's shared prefixes end (tokens)
     num_prefill_steps: int = 0
+    num_checkpoint_splits: int = 0  # prefill steps ended at a checkpoint stop (passes it cost)
     num_preemptions: int = 0
     prefill_tokens_computed: int = 0
     first_outcome: CacheOutcome | None = None  # the lookup at first admission

@@ -32,6 +32,7 @@ def make_config(
     max_num_seqs: int = 64,
     retention: str | int = "semantic",
     prefix_caching: bool = True,
+    internal_checkpoints: bool = True,
 ) -> HycacheConfig:
     cache = CacheConfig(
         block_size=block_size,
@@ -41,6 +42,7 @@ def make_config(
         policy=policy,
         retention=retention,
         enable_prefix_caching=prefix_caching,
+        internal_checkpoints=internal_checkpoints,
     )
     spec = SpeculativeConfig(num_speculative_tokens=k if eagle else 0)
     return HycacheConfig(cache, spec, SchedulerConfig(budget, max_num_seqs))
@@ -69,17 +71,23 @@ def new_request(
 
 
 class RecordingExecutor(DryRunExecutor):
-    """Dry-run executor that records every scheduled chunk: rid -> [(start, end, checkpoint)]."""
+    """Dry-run executor that records every scheduled chunk: rid -> [(start, end, checkpoint)],
+    and every SSM checkpoint the forward writes: rid -> positions (chunk ends that checkpoint,
+    and the internal checkpoints written inside a chunk)."""
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.chunks: dict[str, list[tuple[int, int, bool]]] = {}
+        self.written: dict[str, list[int]] = {}
 
     def execute(self, out):  # type: ignore[no-untyped-def]
         for s in out.scheduled:
-            self.chunks.setdefault(s.request.request_id, []).append(
-                (s.start, s.end, s.alloc.checkpoint)
-            )
+            rid = s.request.request_id
+            self.chunks.setdefault(rid, []).append((s.start, s.end, s.alloc.checkpoint))
+            inside = {p for st in s.alloc.states for p, _ in st.writes}
+            self.written.setdefault(rid, []).extend(sorted(inside))
+            if s.alloc.checkpoint:
+                self.written[rid].append(s.end)
         return super().execute(out)
 
 

@@ -75,8 +75,9 @@ def doc() -> dict[str, Any]:
 
 def test_engine_part_alternates_lookahead_and_limit(doc: dict[str, Any]) -> None:
     eng = doc["engine"]
-    assert list(eng["policies"]) == ["lookahead", "limit"]
-    assert eng["inputs"]["orders"] == [["lookahead", "limit"], ["limit", "lookahead"]]
+    arms = ["lookahead", "limit", "limit-split"]
+    assert list(eng["policies"]) == arms
+    assert eng["inputs"]["orders"] == [arms, arms[::-1]]
     assert all(len(v) == 2 for v in eng["runs"].values())
     look, lim = eng["policies"]["lookahead"], eng["policies"]["limit"]
     assert set(lim) >= KEYS
@@ -85,7 +86,11 @@ def test_engine_part_alternates_lookahead_and_limit(doc: dict[str, Any]) -> None
     assert 148 in lim["resume_points"] and 128 in look["resume_points"]
     assert lim["hit_tokens"] > look["hit_tokens"]
     assert lim["prefill_tokens_computed"] < look["prefill_tokens_computed"]
-    assert lim["extra_prefill_steps_max"] <= 2
+    split = eng["policies"]["limit-split"]
+    assert lim["extra_prefill_steps_max"] == 0  # its checkpoints are written inside the forward
+    # splitting: the junction's stops, and the tail stops lookahead writes inside the forward
+    assert 0 < split["extra_prefill_steps_max"] <= 3
+    assert 148 in split["resume_points"]  # the same resume points, by splitting
     assert eng["headline"]["name"] == "limit/lookahead"
     assert any("repeat 2/2" in m for m in doc["_messages"])
 

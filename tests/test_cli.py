@@ -103,6 +103,7 @@ def test_simulate_dry_run_writes_one_line_per_request_and_a_summary(tmp_path: Pa
         "hit_tokens",
         "prefill_tokens_computed",
         "prefill_steps",
+        "checkpoint_splits",
         "junction",
         "policy",
     }

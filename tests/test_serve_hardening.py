@@ -361,8 +361,10 @@ def test_usage_and_stats_agree_on_store_hits() -> None:
     assert s["engine"]["store_hit_tokens"] > 0
     assert s["cache"]["store_hit_tokens"] >= s["engine"]["store_hit_tokens"]
     assert s["cache"]["hit_tokens"] >= s["engine"]["hit_tokens"]
-    print(f"admissions {s['cache']['admissions']} for {len(usages)} requests; store hits: "
-          f"usage {s['engine']['store_hit_tokens']}, cache {s['cache']['store_hit_tokens']}")
+    print(
+        f"admissions {s['cache']['admissions']} for {len(usages)} requests; store hits: "
+        f"usage {s['engine']['store_hit_tokens']}, cache {s['cache']['store_hit_tokens']}"
+    )
 
 
 # ---------------------------------------------------------------------------- legacy logprobs
@@ -405,8 +407,11 @@ def test_vllm_tokenize_and_detokenize(guarded: str) -> None:
     chat = httpx.post(f"{guarded}/tokenize", json={"messages": messages}, headers=auth()).json()
     ids, _ = ChatEncoder(template(), tok).encode(messages)
     assert chat["tokens"] == ids and chat["count"] == len(ids)
-    no_gen = httpx.post(f"{guarded}/tokenize", headers=auth(),
-                        json={"messages": messages, "add_generation_prompt": False}).json()
+    no_gen = httpx.post(
+        f"{guarded}/tokenize",
+        headers=auth(),
+        json={"messages": messages, "add_generation_prompt": False},
+    ).json()
     assert no_gen["tokens"] == ids[:-1]  # without the trailing <|assistant|>
     back = httpx.post(f"{guarded}/detokenize", json={"tokens": want[:2]}, headers=auth())
     assert back.status_code == 200 and back.json() == {"prompt": "w1 w2"}

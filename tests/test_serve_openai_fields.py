@@ -268,7 +268,8 @@ def test_completion_logprobs_match_the_engine(client: httpx.Client, reference: L
         for key in merged:
             merged[key].extend(c["choices"][0]["logprobs"][key])
     assert merged["tokens"] == lp["tokens"] and merged["text_offset"] == lp["text_offset"]
-    assert merged["token_logprobs"] == pytest.approx(lp["token_logprobs"], abs=1e-9)
+    # the stream resumes from the first request's cached state: float32 rounding differs
+    assert merged["token_logprobs"] == pytest.approx(lp["token_logprobs"], abs=1e-5)
 
 
 def test_chat_logprobs_with_the_openai_client(oai: Any) -> None:

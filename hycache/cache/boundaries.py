@@ -64,11 +64,17 @@ class Boundaries:
     drafter: bool
     policy: Policy
     retention: str | int = "semantic"
+    internal: bool = False  # SSM checkpoints may be written inside a forward (`internal_writes`)
 
     @classmethod
     def from_config(cls, cache: CacheConfig, spec: SpeculativeConfig) -> Boundaries:
         return cls(
-            cache.block_size, cache.unit, bool(spec.eagle_drop), cache.policy, cache.retention
+            cache.block_size,
+            cache.unit,
+            bool(spec.eagle_drop),
+            cache.policy,
+            cache.retention,
+            cache.internal_checkpoints,
         )
 
     @property
@@ -130,10 +136,27 @@ class Boundaries:
         return floor_to(max(t - 1, 0), u)
 
     def prompt_stops(self, num_prompt_tokens: int) -> tuple[int, ...]:
-        """The prefill stops that depend on the prompt alone, ascending; each one is kept: the
-        replay boundary and the tail checkpoint."""
-        t = num_prompt_tokens
-        return tuple(sorted(p for p in {self.replay_boundary(t), self.tail_checkpoint(t)} if p > 0))
+        """The prefill stops that depend on the prompt alone, ascending; each one is kept.
+
+        The replay boundary and the tail checkpoint. With internal checkpoints, under `limit`
+        with a drafter, also where the drop scheme resumes requests that share less (written
+        inside the forward: a state page each, no pass; split at, they cost more than they
+        saved on the trace workload):
+
+        - the drop's replay boundaries, a block below lookahead's: a first sibling whose shared
+          prefix ends inside the last full block (it has observed no junction yet);
+        - the unit below the tail: a later prompt that is a prefix of this one ending at the
+          tail's unit (the drop's tail `T - u` serves it).
+
+            T = 64,016, B = 4416, u = 64: replay 61,824, drop replay 57,408, tail 64,000,
+            below it 63,936
+        """
+        t, b = num_prompt_tokens, self.block_size
+        stops = {self.replay_boundary(t), self.tail_checkpoint(t)}
+        if self.internal and self.keys_every_unit and self.drafter:
+            stops.update((floor_to(t, b) - b, floor_to(max(t - 1, 0), b) - b))
+            stops.add(self.tail_checkpoint(t) - self.unit)
+        return tuple(sorted(p for p in stops if p > 0))
 
     def attention_keys(self, num_prompt_tokens: int) -> tuple[int, ...]:
         """Mid-block attention keys a request registers over its prompt (full blocks are keyed
@@ -211,14 +234,89 @@ class Boundaries:
     # -- what the scheduler stops at, what the SSM manager keeps ----------------------------
 
     def prefill_stops(
-        self, start: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
+        self,
+        start: int,
+        num_prompt_tokens: int,
+        junction_stops: tuple[int, ...] = (),
+        reach: int | None = None,
+        junction: int = 0,
     ) -> list[int]:
-        """Mandatory chunk ends after `start`, ascending (the split also ends at the grid)."""
-        stops = set(self.prompt_stops(num_prompt_tokens))
-        stops.update(junction_stops)
-        if start % self.block_size:
-            stops.add(floor_to(start, self.block_size) + self.block_size)
+        """Mandatory chunk ends after `start`, ascending (the split also ends at the grid).
+
+        `reach`: how far the chunk could run (the budget and the known tokens allow), for
+        internal checkpoints. With them, `lookahead` splits as vLLM 0.33 does for Mamba2: a
+        chunk that can finish the prompt and export the tail checkpoint (`vllm_export`) stops
+        only at the observed `junction`, floored to the block grid from the chunk's own start
+        (vLLM's `start + floor((j - start)/B)*B`: without a block-boundary stop first, a
+        mid-block start shifts it); any other chunk as without. The other policies make no
+        stop: every position they keep inside a chunk is written there (`internal_writes`).
+        """
+        t = num_prompt_tokens
+        if self.internal and self.effective_policy is not Policy.LOOKAHEAD:
+            return []
+        if self.internal and reach is not None and self.vllm_export(start, reach, t):
+            stops = (
+                {start + floor_to(junction - start, self.block_size)} if junction > start else set()
+            )
+        else:
+            stops = {*self.prompt_stops(t), *junction_stops}
+            if start % self.block_size:
+                stops.add(floor_to(start, self.block_size) + self.block_size)
         return sorted(s for s in stops if s > start)
+
+    def vllm_export(self, start: int, end: int, num_prompt_tokens: int) -> int:
+        """vLLM 0.33's one in-forward Mamba2 checkpoint (`is_mamba_prefill_checkpoint_valid`
+        with alignment 1): the tail checkpoint `cp`, exported by the chunk [start, end) when it
+        reaches the prompt's end, starts on the unit grid at least a unit below `cp`, and `cp`
+        lies in a later block column than the state it starts from; else 0."""
+        t, b, u = num_prompt_tokens, self.block_size, self.unit
+        cp = self.tail_checkpoint(t)
+        ok = (
+            end >= t
+            and start % u == 0
+            and -(-end // b) - 2 > (start - 1) // b
+            and start + u <= cp
+            and start < cp < end
+        )
+        return cp if ok else 0
+
+    def internal_writes(
+        self, start: int, end: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
+    ) -> tuple[int, ...]:
+        """The checkpoints written inside the forward of chunk [start, end), ascending (the
+        chunk end's own state is `should_checkpoint`'s): with internal checkpoints, `lookahead`
+        exports vLLM's one, every other policy each stop it would otherwise have split at.
+
+            start        p1        p2            end
+              |----------+---------+-------------|   one forward; the scan is cut at p1, p2
+                         ^ state   ^ state           and the states written to fresh pages
+        """
+        if not self.internal:
+            return ()
+        t = num_prompt_tokens
+        if self.effective_policy is Policy.LOOKAHEAD:
+            # vLLM's export, and the block boundary a chunk that starts mid-block re-aligns
+            # at (its partial-hit slot), which a non-exporting chunk would have stopped at
+            cp = self.vllm_export(start, end, t)
+            if not cp:
+                return ()
+            nb = floor_to(start, self.block_size) + self.block_size
+            realign = (
+                start % self.block_size
+                and nb < cp
+                and self.should_checkpoint(nb, t, junction_stops)
+            )
+            return (nb, cp) if realign else (cp,)
+        wanted = {*self.prompt_stops(t), *junction_stops}
+        if start % self.block_size:
+            wanted.add(floor_to(start, self.block_size) + self.block_size)
+        return tuple(
+            sorted(
+                p
+                for p in wanted
+                if start < p < end and self.should_checkpoint(p, t, junction_stops)
+            )
+        )
 
     def should_checkpoint(
         self, end: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
@@ -234,6 +332,8 @@ class Boundaries:
         if end <= 0 or end > t - self.lookahead or end % self.unit:
             return False
         if end in junction_stops or end == self.tail_checkpoint(t):
+            return True
+        if self.internal and end in self.prompt_stops(t):
             return True
         if end in self.replay_boundaries(t):
             return True

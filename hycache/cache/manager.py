@@ -83,6 +83,7 @@ class CacheManager:
         self._live: set[str] = set()
         self._snapshot_admitted: dict[str, bool] = {}  # flop-aware: per live request
         self._snapshot_explore = 0
+        self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self.mirror: StoreMirror | None = None
 
@@ -145,6 +146,28 @@ class CacheManager:
             and self.bounds.should_checkpoint(end, req.num_prompt_tokens, req.junction_stops)
         )
 
+    def internal_writes(self, req: Request, start: int, end: int) -> tuple[int, ...]:
+        """Checkpoints the forward of [start, end) writes inside the chunk (internal
+        checkpoints; the chunk end's own state is `will_checkpoint`'s)."""
+        if not self.ssm or not self.config.enable_prefix_caching:
+            return ()
+        return self.bounds.internal_writes(start, end, req.num_prompt_tokens, req.junction_stops)
+
+    def _fit_writes(self, req: Request, writes: tuple[int, ...], need: int) -> tuple[int, ...]:
+        """The internal checkpoints this step can write beside the `need` pages it takes from
+        the state pool anyway (one page per SSM group each): all of them, or, under pressure,
+        the observed junctions first, then the lower positions. What is left out is counted
+        (`internal_writes_dropped`), never an admission refused for it."""
+        if not writes or not self.ssm:
+            return writes
+        room = max(self.state_pool.num_free - need, 0) // len(self.ssm)
+        if room >= len(writes):
+            return writes
+        junctions = set(req.junction_stops)
+        ranked = sorted(writes, key=lambda p: (p not in junctions, p))
+        self.internal_writes_dropped += len(writes) - room
+        return tuple(sorted(ranked[:room]))
+
     def will_snapshot(self, req: Request, end: int, num_drafts: int) -> bool:
         """A step that samples (its chunk reaches the last known token) and may verify a unit
         boundary: its SSM groups get a snapshot block (`limit`). Under `flop-aware` eviction a
@@ -199,6 +222,7 @@ class CacheManager:
         resume = hit.resume_point if hit else 0
         checkpoint = self.will_checkpoint(req, end)
         snapshot = self.will_snapshot(req, end, num_drafts)
+        internal = self.internal_writes(req, start, end)
         total = end + num_lookahead
         need = need_pages = 0
         for i, m in enumerate(self.attention):
@@ -211,6 +235,9 @@ class CacheManager:
             need, need_pages = need + need_pages, 0
         if need > self.pool.num_free or need_pages > self.state_pool.num_free:
             return None
+        internal = self._fit_writes(
+            req, internal, need if self.state_pool is self.pool else need_pages
+        )
         if first:
             assert hit is not None
             for i, m in enumerate(self.attention):
@@ -221,7 +248,7 @@ class CacheManager:
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        states = tuple(s.plan_step(rid, end, checkpoint, snapshot) for s in self.ssm)
+        states = tuple(s.plan_step(rid, end, checkpoint, snapshot, internal) for s in self.ssm)
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
 
     def commit(self, req: Request) -> None:

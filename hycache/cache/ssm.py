@@ -51,6 +51,7 @@ class _State:
     pending_end: int = 0
     pending_checkpoint: bool = False
     pending_snapshot: bool = False
+    pending_writes: tuple[tuple[int, int], ...] = ()  # (position, block) written in the forward
     snapshot: int | None = None  # decode snapshot block S (never keyed while we hold it)
     snapshot_pos: int = 0  # the position S holds (0: nothing written yet)
 
@@ -63,6 +64,8 @@ class StateIO:
     src: int | None
     dst: int
     snapshot: int | None = None
+    # internal checkpoints: (position, block) pairs the forward writes before reaching `dst`
+    writes: tuple[tuple[int, int], ...] = ()
 
 
 class SSMManager:
@@ -80,10 +83,15 @@ class SSMManager:
         return find_ssm_hit(hashes, lookup or self.pool.lookup, self.group, self.bounds.unit, limit)
 
     def blocks_needed(
-        self, request_id: str, hit_block: int | None, checkpoint: bool, snapshot: bool = False
+        self,
+        request_id: str,
+        hit_block: int | None,
+        checkpoint: bool,
+        snapshot: bool = False,
+        num_writes: int = 0,
     ) -> int:
         st = self._states.get(request_id)
-        need = 0
+        need = num_writes
         if st is None and hit_block is not None and self.pool.ref_cnt[hit_block] == 0:
             need += 1
         running = st.running if st else None
@@ -100,11 +108,19 @@ class SSMManager:
             st.src, st.src_held = hit_block, True
 
     def plan_step(
-        self, request_id: str, end: int, checkpoint: bool, snapshot: bool = False
+        self,
+        request_id: str,
+        end: int,
+        checkpoint: bool,
+        snapshot: bool = False,
+        internal: tuple[int, ...] = (),
     ) -> StateIO:
-        """Choose the destination of this step's final state (see the module diagram), and the
-        snapshot block when this sampling step may verify a unit boundary."""
+        """Choose the destination of this step's final state (see the module diagram), the
+        snapshot block when this sampling step may verify a unit boundary, and a fresh block
+        for each checkpoint written inside the forward (`internal` positions)."""
         st = self._states[request_id]
+        writes = tuple(zip(internal, self.pool.allocate(len(internal)), strict=True))
+        st.pending_writes = writes
         if checkpoint:
             (dst,) = self.pool.allocate(1)
         else:
@@ -115,7 +131,7 @@ class SSMManager:
             (st.snapshot,) = self.pool.allocate(1)
         st.pending_dst, st.pending_end = dst, end
         st.pending_checkpoint, st.pending_snapshot = checkpoint, snapshot
-        return StateIO(st.src, dst, st.snapshot if snapshot else None)
+        return StateIO(st.src, dst, st.snapshot if snapshot else None, writes)
 
     def commit(self, request_id: str, hashes: PrefixHashes, last_verified: int) -> None:
         """The forward has written the planned state: key it if it is a checkpoint, and make it
@@ -129,6 +145,10 @@ class SSMManager:
             if pos:
                 st.snapshot_pos = pos
         dst, end = st.pending_dst, st.pending_end
+        for pos, block in st.pending_writes:  # frozen at once: keyed, then left to the cache
+            self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos)
+            self.pool.free([block])
+        st.pending_writes = ()
         if st.src_held and st.src is not None and st.src != dst:
             self.pool.free([st.src])
         if st.pending_checkpoint:
@@ -153,6 +173,7 @@ class SSMManager:
             self.pool.free([st.snapshot], low_priority=True)
         if st.pending_dst is not None and st.pending_dst != st.running:
             blocks.append(st.pending_dst)
+        blocks.extend(block for _, block in st.pending_writes)  # planned, never written
         if st.src_held and st.src is not None:
             blocks.append(st.src)
         if st.running is not None:

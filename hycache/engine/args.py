@@ -35,6 +35,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--seed", type=int, default=0)
     add_eviction_flags(g)
+    add_checkpoint_flags(g)
 
 
 def add_eviction_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
@@ -53,6 +54,19 @@ def add_eviction_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> 
         default=DEFAULT_EVICTION_ALPHA,
         help="flop-aware: pool turnovers of recency one block-prefill's worth of saved FLOPs is "
         "worth",
+    )
+
+
+def add_checkpoint_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """`--internal-checkpoints / --no-internal-checkpoints`: its one definition (generate, serve,
+    simulate, explain, bench)."""
+    g.add_argument(
+        "--internal-checkpoints",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write SSM checkpoints inside a forward (the scan cut there) instead of ending a "
+        "prefill chunk at each (as vLLM 0.33 does for Mamba2); --no-internal-checkpoints: a "
+        "Mamba layer that cannot export",
     )
 
 
@@ -165,5 +179,6 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
         seed=args.seed,
         eviction=args.eviction,
         eviction_alpha=args.eviction_alpha,
+        internal_checkpoints=args.internal_checkpoints,
         **tier,
     )

@@ -148,6 +148,7 @@ class RequestOutput:
     # one per output token when the request asked for `SamplingParams.logprobs`
     logprobs: list[TokenLogprob] | None = None
     store_hit_tokens: int = 0  # of hit_tokens, loaded from the second tier (`kv_store`)
+    checkpoint_splits: int = 0  # of prefill_steps, those a checkpoint stop ended early
 
 
 @dataclass
@@ -204,6 +205,7 @@ class LLM:
         kv_store_gb: float = 1.0,
         eviction: str = "lru",
         eviction_alpha: float = DEFAULT_EVICTION_ALPHA,
+        internal_checkpoints: bool = True,
     ) -> None:
         """Cache memory: by default `cache_memory_gb` (speculative scratch included) is split
         into attention blocks and SSM state pages (`hycache.cache.layout`); `num_blocks` alone
@@ -214,7 +216,10 @@ class LLM:
         processes; this one contributes `kv_store_gb` GiB), or a `KVStore`.
 
         `eviction`: `lru` or `flop-aware` (entries valued by the FLOPs a hit saves, priced from
-        this model's layers: `recompute_cost`), weighed by `eviction_alpha`."""
+        this model's layers: `recompute_cost`), weighed by `eviction_alpha`.
+
+        `internal_checkpoints`: SSM checkpoints written inside a forward, not by splitting the
+        prefill at each (`CacheConfig.internal_checkpoints`)."""
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
@@ -272,6 +277,7 @@ class LLM:
                 eviction=eviction,
                 eviction_alpha=eviction_alpha,
                 recompute_cost=recompute_cost(self.model, mc, drafter is not None),
+                internal_checkpoints=internal_checkpoints,
             ),
             SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
             SchedulerConfig(max_num_batched_tokens, max_num_seqs),
@@ -435,6 +441,7 @@ class LLM:
             req.first_outcome.lost_reuse if req.first_outcome else 0,
             list(req.output_logprobs) if req.sampling.logprobs is not None else None,
             store_hit_tokens=req.first_outcome.store_hit_tokens if req.first_outcome else 0,
+            checkpoint_splits=req.num_checkpoint_splits,
         )
 
     def stream(

@@ -167,7 +167,9 @@ class ModelRunner:
                     nd = len(s.draft_token_ids)
                     writes.append([(s.num_tokens + i, base + i) for i in range(nd + 1)])
                 else:
-                    writes.append([(s.num_tokens, st.dst)])
+                    writes.append(
+                        [*((p - s.start, b) for p, b in st.writes), (s.num_tokens, st.dst)]
+                    )
         return _batch(ids, positions, qlens, ctx, tables, srcs, writes, self.model.device)
 
     def _draft(

@@ -32,6 +32,7 @@ class ScheduledRequest:
     num_tokens: int  # known tokens computed this step (a prefill chunk, or 1 when decoding)
     draft_token_ids: list[int]  # verified in the same forward, after the known tokens
     alloc: StepAllocation
+    split: bool = False  # a checkpoint stop ended this chunk before the budget or the prompt
 
     @property
     def end(self) -> int:
@@ -152,7 +153,8 @@ class Scheduler:
                 alloc = self.cache.allocate(req, start, end, ahead, num_drafts=len(drafts))
             if alloc is None:
                 continue
-            scheduled.append(ScheduledRequest(req, start, end - start, drafts, alloc))
+            split = end < self._free_end(req, start, budget)
+            scheduled.append(ScheduledRequest(req, start, end - start, drafts, alloc, split))
             self._scheduled_ids.add(req.request_id)
             budget -= end - start + len(drafts)
         if not preempted:
@@ -191,7 +193,7 @@ class Scheduler:
             start = hit.resume_point
             req.junction_stops = self._extra_stops(req, hit.junction, start)
             req.num_computed_tokens = start
-            end = self._chunk_end(req, start, budget)
+            end = self._chunk_end(req, start, budget, hit.junction)
             ahead = self._lookahead(req, end, [])
             alloc = self.cache.allocate(req, start, end, ahead, hit) if end > start else None
             if alloc is None:
@@ -206,7 +208,8 @@ class Scheduler:
             if req.first_outcome is None:
                 req.first_outcome = req.outcome
             self.running.append(req)
-            scheduled.append(ScheduledRequest(req, start, end - start, [], alloc))
+            split = end < self._free_end(req, start, budget)
+            scheduled.append(ScheduledRequest(req, start, end - start, [], alloc, split))
             self._scheduled_ids.add(req.request_id)
             budget -= end - start
             if wait:
@@ -230,11 +233,20 @@ class Scheduler:
         k = self.config.speculative.num_speculative_tokens
         return len(drafts) + (k if end == req.num_tokens else 0)
 
-    def _chunk_end(self, req: Request, start: int, budget: int) -> int:
+    def _chunk_end(self, req: Request, start: int, budget: int, junction: int | None = None) -> int:
+        """Where the chunk from `start` ends; `junction`: the junction observed at admission
+        (default: the last admission's)."""
         if not self.cache.config.enable_prefix_caching:
             return min(req.num_tokens, start + budget)  # nothing is kept: no stop to make
-        stops = self.bounds.prefill_stops(start, req.num_prompt_tokens, req.junction_stops)
+        reach = min(req.num_tokens, start + budget)
+        j = req.outcome.junction if junction is None else junction
+        t = req.num_prompt_tokens
+        stops = self.bounds.prefill_stops(start, t, req.junction_stops, reach, j)
         return chunk_end(start, req.num_tokens, budget, stops, self.bounds.block_size)
+
+    def _free_end(self, req: Request, start: int, budget: int) -> int:
+        """Where the chunk would end with no checkpoint stop (budget, prompt, block grid)."""
+        return chunk_end(start, req.num_tokens, budget, [], self.bounds.block_size)
 
     def _preempt_newest(self) -> Request:
         """Preempt the newest running request that has not been served this step."""
@@ -265,6 +277,7 @@ class Scheduler:
             res = results.get(req.request_id, StepResult([]))
             if req.num_tokens - s.start > 1:
                 req.num_prefill_steps += 1
+                req.num_checkpoint_splits += s.split
                 req.prefill_tokens_computed += s.num_tokens
             accepted = min(res.num_accepted_drafts, len(s.draft_token_ids))
             req.num_computed_tokens = s.end + accepted

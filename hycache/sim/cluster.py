@@ -47,6 +47,7 @@ def step_work(out: SchedulerOutput) -> StepWork:
             context_len=s.start,
             num_draft_tokens=len(s.draft_token_ids),
             is_prefill=s.num_tokens > 1,
+            num_state_writes=max((len(st.writes) for st in s.alloc.states), default=0),
         )
         for s in out.scheduled
     )

@@ -3,8 +3,10 @@
 This owns the comparison:
 
 * the arms: a checkpoint policy with the EAGLE drafter on (`tail`, `replay`, `junction`,
-  `lookahead`, `limit`), or `eagle-off` (`replay` with no drafter at all: no speculative
-  decoding, no EAGLE drop, a cost model without drafter passes, weights or KV);
+  `lookahead`, `limit`), the same with checkpoints made by splitting the prefill instead of
+  writing them inside the forward (`limit-split`, ...: `--no-internal-checkpoints`), or
+  `eagle-off` (`replay` with no drafter at all: no speculative decoding, no EAGLE drop, a cost
+  model without drafter passes, weights or KV);
 * one `Simulator` run per arm (same workload, same seed, same GPU and model), in
   `compare_policies`, the one function that runs arms side by side;
 * the summary per arm, the ratios to the baseline `lookahead` (vLLM 0.33's default EAGLE
@@ -27,7 +29,18 @@ from hycache.sim.workloads import RequestSpec, SessionSpec
 EAGLE_OFF = "eagle-off"
 BASELINE = "lookahead"  # vLLM 0.33's default EAGLE setup: the arm to beat
 HEADLINE = "limit"  # hycache's own policy; the headline ratio is HEADLINE / BASELINE
-DEFAULT_ARMS: tuple[str, ...] = (EAGLE_OFF, "replay", "junction", BASELINE, HEADLINE)
+SPLIT = "-split"  # suffix: the policy without internal checkpoints (it splits at each)
+HEADLINE_SPLIT = HEADLINE + SPLIT
+BASELINE_SPLIT = BASELINE + SPLIT  # vLLM 0.33 with a Mamba layer that cannot export
+DEFAULT_ARMS: tuple[str, ...] = (
+    EAGLE_OFF,
+    "replay",
+    "junction",
+    BASELINE_SPLIT,
+    BASELINE,
+    HEADLINE,
+    HEADLINE_SPLIT,
+)
 
 SUMMARY_KEYS = (
     "output_tokens_per_s",
@@ -71,16 +84,19 @@ STORE_KEYS = (
 
 @dataclass(frozen=True)
 class Arm:
-    """One column of a comparison: a checkpoint policy, with or without the drafter."""
+    """One column of a comparison: a checkpoint policy, with or without the drafter;
+    `internal`: checkpoints written inside the forward (None: as the config says)."""
 
     name: str
     policy: Policy
     drafter: bool
+    internal: bool | None = None
 
 
 ARMS: dict[str, Arm] = {
     EAGLE_OFF: Arm(EAGLE_OFF, Policy.REPLAY, drafter=False),
     **{p: Arm(p, Policy(p), drafter=True) for p in POLICY_NAMES},
+    **{p + SPLIT: Arm(p + SPLIT, Policy(p), drafter=True, internal=False) for p in POLICY_NAMES},
 }
 ARM_NAMES: tuple[str, ...] = tuple(ARMS)
 
@@ -100,8 +116,12 @@ def parse_arms(value: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def arm_config(config: HycacheConfig, arm: Arm) -> HycacheConfig:
-    """`config` with the arm's policy; `eagle-off` also drops the drafter (k = 0)."""
-    cfg = replace(config, cache=replace(config.cache, policy=arm.policy))
+    """`config` with the arm's policy (and checkpoint writing, for a `-split` arm); `eagle-off`
+    also drops the drafter (k = 0)."""
+    internal = config.cache.internal_checkpoints if arm.internal is None else arm.internal
+    cfg = replace(
+        config, cache=replace(config.cache, policy=arm.policy, internal_checkpoints=internal)
+    )
     if not arm.drafter:
         spec = replace(config.speculative, num_speculative_tokens=0, eagle_drop=None)
         cfg = replace(cfg, speculative=spec)
@@ -183,14 +203,17 @@ class Workload:
 
 
 def extra_prefill_steps(base: SimResult, other: SimResult) -> int:
-    """Most extra prefill steps `other` took over `base` on a request that observed a junction
-    under `other` and resumed at the same point in both."""
+    """Most extra prefill steps `other`'s checkpoint stops cost over `base`'s on a request that
+    observed a junction under `other` and resumed at the same point in both. Counted as
+    chunks a checkpoint stop ended before the budget or the prompt did (`checkpoint_splits`):
+    under concurrency the budget a chunk gets depends on its neighbours, so raw step counts
+    differ between arms for reasons no policy chose."""
     ref = base.by_id()
     worst = 0
     for r in other.records:
         b = ref.get(r.id)
         if b is not None and r.junction and r.hit_tokens == b.hit_tokens:
-            worst = max(worst, r.prefill_steps - b.prefill_steps)
+            worst = max(worst, r.checkpoint_splits - b.checkpoint_splits)
     return worst
 
 

@@ -61,8 +61,13 @@ class SeqWork:
     context_len: int  # tokens already in the cache before this step (attention reads them)
     num_draft_tokens: int  # k when this is a speculative decode step for this request, else 0
     is_prefill: bool
+    # SSM checkpoints written inside this forward before its end (internal checkpoints): each
+    # is a state write (bytes), not a step boundary
+    num_state_writes: int = 0
 
     def __post_init__(self) -> None:
+        if self.num_state_writes < 0:
+            raise ValueError(f"num_state_writes must be >= 0, got {self.num_state_writes}")
         if self.num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be >= 1, got {self.num_new_tokens}")
         if self.context_len < 0:
@@ -378,9 +383,9 @@ class CostModel:
             nbytes += n_attn * kv_layer * (c + n)  # read the context, write the new tokens
             if n_mamba:
                 reads = 1 if c > 0 else 0  # a fresh request starts from a zero state
-                writes = 1
+                writes = 1 + s.num_state_writes
                 if self.intermediate_state_writes and s.num_draft_tokens:
-                    writes = 1 + s.num_draft_tokens
+                    writes += s.num_draft_tokens
                 nbytes += (reads + writes) * m.ssm_state_bytes
         return self._phase("target", flops, nbytes, 0.0)
 

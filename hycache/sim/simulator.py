@@ -50,6 +50,7 @@ class RequestRecord:
     finish_s: float
     preemptions: int
     store_hit_tokens: int | None = None  # of hit_tokens, from the second tier (None: no store)
+    checkpoint_splits: int = 0  # of prefill_steps, those a checkpoint stop ended early
     instance: int | None = None  # the instance that served it (None: a single instance)
 
     def line(self) -> dict[str, Any]:
@@ -60,6 +61,7 @@ class RequestRecord:
             "hit_tokens": self.hit_tokens,
             "prefill_tokens_computed": self.prefill_tokens_computed,
             "prefill_steps": self.prefill_steps,
+            "checkpoint_splits": self.checkpoint_splits,
             "junction": self.junction,
         }
         if self.store_hit_tokens is not None:
@@ -430,6 +432,7 @@ class Simulator:
             hit_tokens=first_outcome.resume_point,
             prefill_tokens_computed=req.prefill_tokens_computed,
             prefill_steps=req.num_prefill_steps,
+            checkpoint_splits=req.num_checkpoint_splits,
             junction=first_outcome.junction,
             lost_reuse_tokens=first_outcome.lost_reuse,
             output_tokens=req.num_output_tokens,

@@ -46,3 +46,20 @@ def test_drop_applied_once_and_ssm_never_drops() -> None:
     assert hit.attention_match == 40
     assert hit.resume_point == 36
     assert hit.junction == 0
+
+
+def test_internal_writes_under_page_pressure_keep_junctions_first() -> None:
+    """When the pool cannot hold every checkpoint a chunk would write inside its forward, the
+    observed junctions go first, then the lower positions; the rest are counted, and the
+    step itself is never refused for them."""
+    cfg = make_config(block_size=16, unit=4, policy="limit", num_blocks=64, max_model_len=128)
+    cache = CacheManager(cfg.cache, cfg.speculative)
+    req = new_request(cfg, "r", tokens(random.Random(1), 90))
+    req.junction_stops = (44, 48)
+    writes = (16, 32, 44, 48, 64, 80)
+    free = cache.state_pool.num_free
+    assert cache._fit_writes(req, writes, free) == ()
+    assert cache._fit_writes(req, writes, free - 1) == (44,)
+    assert cache._fit_writes(req, writes, free - 3) == (16, 44, 48)
+    assert cache._fit_writes(req, writes, 0) == writes
+    assert cache.internal_writes_dropped == 6 + 5 + 3

@@ -104,15 +104,41 @@ def drive(llm: LLM, seed: int, sp: SamplingParams | None = None) -> dict[str, li
     return done
 
 
+def tight_pool(policy: str, k: int, internal: bool) -> dict[str, int]:
+    """A pool that preempts on `drive`'s script (internal checkpoints split less, so need
+    fewer pages at once; with drafts, a shorter `max_model_len` lets the pool shrink)."""
+    if k:
+        if not internal:
+            return {"num_blocks": 28}
+        return {"num_blocks": 21 if policy == "junction" else 24, "max_model_len": 96}
+    return {"num_blocks": 16 if not internal or policy == "lookahead" else 15}
+
+
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 @pytest.mark.parametrize("k", [0, 2])
-def test_cached_equals_uncached(policy: str, k: int) -> None:
-    tight = {"num_blocks": 16 if k == 0 else 28}
+@pytest.mark.parametrize("internal", [False, True])
+def test_cached_equals_uncached(policy: str, k: int, internal: bool) -> None:
+    """Also with checkpoints written inside the forward (at offsets that are not multiples of
+    the model's scan chunk): the states they key equal those a split would have left."""
+    tight = {**tight_pool(policy, k, internal), "internal_checkpoints": internal}
     on = make_llm(policy=policy, num_speculative_tokens=k, **tight)
     off = make_llm(policy=policy, num_speculative_tokens=k, enable_prefix_caching=False, **tight)
+    written: list[tuple[int, ...]] = []
+    plan = on.scheduler.cache.internal_writes
+
+    def recording(req, start, end):  # type: ignore[no-untyped-def]
+        out = plan(req, start, end)
+        written.extend([out] if out else [])
+        return out
+
+    on.scheduler.cache.internal_writes = recording  # type: ignore[method-assign]
     rec_on, rec_off = LogitRecorder(on), LogitRecorder(off)
     got_on, got_off = drive(on, 7), drive(off, 7)
     assert got_on == got_off
+    if not internal:
+        assert not written
+    elif policy != "lookahead":  # lookahead writes only vLLM's export, when a chunk allows it
+        assert written
     assert set(got_on) == {"a", "b", "resend", "longer", "c", "turn2", "d", "e"}
     assert on.stats.hit_tokens > 0 and off.stats.hit_tokens == 0
     assert on.scheduler.num_preemptions > 0, "the pool should be small enough to preempt"
@@ -164,13 +190,15 @@ def test_resumed_ssm_state_equals_state_from_scratch() -> None:
 
 
 def test_a_checkpoint_keyed_one_unit_off_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The equality check must fail when the SSM state after n tokens is keyed at n - u."""
+    """The equality check must fail when the SSM state after n tokens is keyed at n - u (at
+    a chunk end, or written inside the forward)."""
     original: Callable = SSMManager.commit
 
     def off_by_one(self: SSMManager, request_id: str, hashes, num_computed: int) -> None:  # type: ignore[no-untyped-def]
         st = self._states[request_id]
         if st.pending_checkpoint and st.pending_end > U:
             st.pending_end -= U
+        st.pending_writes = tuple((p - U if p > U else p, b) for p, b in st.pending_writes)
         original(self, request_id, hashes, num_computed)
 
     monkeypatch.setattr(SSMManager, "commit", off_by_one)

@@ -39,7 +39,7 @@ from tests.engine.test_cached_equals_uncached import B, LogitRecorder, U, make_l
 VOCAB = 512  # the tiny preset
 K = 2  # speculative tokens wherever a drafter is on
 MAX_TOKENS = 4
-PLAIN_FAMILIES = (36, 45)  # shared prefix lengths P, none on the block grid
+PLAIN_FAMILIES = (36, 41)  # shared prefix lengths P, none on the block grid (limits 32, 40)
 HINTED_FAMILIES = (40, 51)  # limits 36 (k = 2) or 40 (k = 0); 48, on the block grid
 SIBLINGS = 3  # per family, after its producer
 CHATS, TURNS = 2, 4
@@ -79,10 +79,14 @@ def run_one(llm: LLM, prompt: list[int], hints: list[int] | None = None) -> Requ
 
 
 def distinct_suffixes(rng: random.Random, n: int) -> list[list[int]]:
-    """n suffixes of different lengths whose first tokens all differ, so that the family's
-    prompts share exactly their prefix."""
+    """n suffixes of different lengths, the longest first (the producer's: its tail
+    checkpoints then sit well past the shared prefix), whose first tokens all differ, so that
+    the family's prompts share exactly their prefix."""
     firsts = rng.sample(range(VOCAB), n)
-    return [[f] + [rng.randrange(VOCAB) for _ in range(3 + 2 * i)] for i, f in enumerate(firsts)]
+    return [
+        [f] + [rng.randrange(VOCAB) for _ in range(3 + 2 * (n - 1 - i))]
+        for i, f in enumerate(firsts)
+    ]
 
 
 # ---------------------------------------------------------------------- the workload, run once
@@ -461,3 +465,45 @@ def test_short_answer_to_a_prompt_on_the_unit_grid_is_snapshotted() -> None:
     kept = llm.scheduler.cache.ssm[0].find_hit(probe.hashes, pos)[0]
     second = run_one(llm, nxt)
     assert second.hit_tokens >= pos, f"resumed at {second.hit_tokens}; SSM keeps {kept}"
+
+
+def _budget_passes(start: int, num_tokens: int, budget: int) -> int:
+    """Prefill passes from `start` when only the budget (and the block grid it is floored to)
+    ends chunks: no checkpoint stop at all."""
+    from hycache.sched.chunking import chunk_end
+
+    passes = 0
+    while start < num_tokens:
+        start = chunk_end(start, num_tokens, budget, [], B)
+        passes += 1
+    return passes
+
+
+@pytest.mark.parametrize("k", [0, K])
+def test_checkpoints_written_inside_the_forward_cost_no_pass(k: int) -> None:
+    """`limit` with internal checkpoints (the default): a producer with a prefix hint runs as
+    many forward passes as with prefix caching off, at the same budget, and a sibling that
+    observes a junction only the passes its budget needs from where it resumed; both
+    checkpoints are kept (the next requests resume at their limits, mid-block, off the scan
+    chunk grid) and the tokens equal an uncached engine's."""
+    rng = random.Random(3)
+    shared = [rng.randrange(VOCAB) for _ in range(45)]
+    private = [rng.randrange(VOCAB) for _ in range(40)]
+    producer = shared + private  # 85 tokens: two passes at budget 64
+    hinted = shared + [rng.randrange(VOCAB) for _ in range(30)]
+    sibling = producer[:58] + [rng.randrange(VOCAB) for _ in range(33)]  # shares 58
+    third = producer[:58] + [rng.randrange(VOCAB) for _ in range(20)]
+    sp = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    runs = ((producer, [45]), (hinted, []), (sibling, []), (third, []))
+    outs: dict[bool, list[RequestOutput]] = {}
+    for on in (True, False):
+        llm = make_llm(policy="limit", num_speculative_tokens=k, enable_prefix_caching=on)
+        outs[on] = [llm.generate([p], sp, prefix_hints=[h])[0] for p, h in runs]
+    assert [o.token_ids for o in outs[True]] == [o.token_ids for o in outs[False]]
+    (p_on, h_on, s_on, t_on), (p_off, *_) = outs[True], outs[False]
+    assert p_on.prefill_steps == p_off.prefill_steps == 2
+    assert h_on.hit_tokens == limit(45, k)  # the producer's hint checkpoint
+    assert s_on.junction == 56 and s_on.hit_tokens < limit(58, k)  # observed, on the unit grid
+    assert t_on.hit_tokens == limit(58, k)  # the sibling's junction checkpoint
+    for o, prompt in ((h_on, hinted), (s_on, sibling), (t_on, third)):
+        assert o.prefill_steps == _budget_passes(o.hit_tokens, len(prompt), 64)

@@ -76,7 +76,7 @@ def test_speculative_equals_plain_with_penalties_and_bias(k: int) -> None:
                         frequency_penalty=0.6, repetition_penalty=1.4,
                         logit_bias=((3, 2.5), (9, -4.0)))  # fmt: skip
     plain = drive(make_llm(num_speculative_tokens=0), 11, sp)
-    spec_llm = make_llm(num_speculative_tokens=k, num_blocks=28)
+    spec_llm = make_llm(num_speculative_tokens=k, num_blocks=22, max_model_len=96)
     spec = drive(spec_llm, 11, sp)
     assert spec == plain
     assert plain != drive(make_llm(num_speculative_tokens=0), 11)  # the penalties did something

@@ -218,7 +218,9 @@ def test_second_stage_hits_the_cache(workload: Run) -> None:
     assert w.cached["resend"].hit_tokens == (len(w.prompts["a"]) - 1) // U * U
     assert w.cached["sib"].hit_tokens == (SYSTEM - 1) // U * U
     assert all(o.hit_tokens == 0 for o in w.uncached.values())
-    assert all(o.hit_tokens == 0 for n, o in w.cached.items() if n in ("a", "b"))
+    assert w.cached["a"].hit_tokens == 0
+    # b arrives with a: it may wait for a's prefix in flight and reuse what a keeps of it
+    assert w.cached["b"].hit_tokens <= SYSTEM
 
 
 def test_limit_snapshots_sit_on_unit_boundaries(workload: Run) -> None:

@@ -265,3 +265,32 @@ def test_any_chunking_any_block_size(
     table = shuffled_blocks(nblocks + 3, seed)[:nblocks]
     out = prefill(model, tokens, chunks, table, kv, states, slot=seed % 8)
     torch.testing.assert_close(out, full_hidden(model, tokens), rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("start", [0, 11])
+def test_internal_checkpoints_equal_the_sequential_recurrence(
+    model: BambaForCausalLM, start: int
+) -> None:
+    """States written inside one forward at offsets that cut the scan mid-chunk (chunk size
+    8: offsets 5, 13, 29, 46) equal the token-by-token recurrence (the decode path) over the
+    same tokens, conv and SSM alike, also for a chunk that resumes from a state."""
+    tokens = _tokens(60, 9)
+    kv, states = fresh_caches(model, num_blocks=16, block_size=16, num_slots=12)
+    table = shuffled_blocks(16, 4)
+    src = -1
+    if start:
+        prefill(model, tokens[:start], [start], table, kv, states, slot=0)
+        src = 0
+    offsets = [5, 13, 29, 46]
+    assert all(o % model.config.mamba_chunk_size for o in offsets)
+    writes = [(o, 1 + i) for i, o in enumerate(offsets)] + [(60 - start, 9)]
+    step(model, tokens[start:], start, table, kv, states, src=src, writes=writes)
+    want = {start + off: slot for off, slot in writes}
+    kv2, ref = fresh_caches(model, num_blocks=16, block_size=16, num_slots=1)
+    for pos, tok in enumerate(tokens):  # the recurrence: one token per step
+        step(model, [tok], pos, table, kv2, ref, src=0 if pos else -1, writes=[(1, 0)])
+        if pos + 1 in want:
+            slot = want.pop(pos + 1)
+            torch.testing.assert_close(states.ssm[:, slot], ref.ssm[:, 0], rtol=0, atol=ATOL)
+            torch.testing.assert_close(states.conv[:, slot], ref.conv[:, 0], rtol=0, atol=ATOL)
+    assert not want

@@ -25,10 +25,18 @@ def chunk_ends(sched: Scheduler, rid: str) -> list[tuple[int, int]]:
     return [(start, end) for start, end, _ in chunks(sched, rid)]
 
 
+def written(sched: Scheduler, rid: str) -> list[int]:
+    """Where the forward wrote a checkpoint for `rid`: chunk ends, and inside chunks."""
+    return sched.recorder.written[rid]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("internal", [True, False])
 @pytest.mark.parametrize("policy", ["junction", "limit"])
 def test_every_junction_stop_is_checkpointed_and_the_next_sibling_resumes_there(
-    policy: str,
+    policy: str, internal: bool
 ) -> None:
+    """A position the policy keeps is a position the forward writes: at a chunk end when the
+    prefill splits there, inside the chunk with internal checkpoints."""
     cases = 0
     for b, u in GEOMETRIES:
         for t in (2 * b - u, 3 * b + u + 1, 4 * b - 1):
@@ -36,16 +44,28 @@ def test_every_junction_stop_is_checkpointed_and_the_next_sibling_resumes_there(
                 if not 0 < shared < t:
                     continue
                 cfg = make_config(
-                    block_size=b, unit=u, policy=policy, max_model_len=4 * b, budget=4 * b
+                    block_size=b,
+                    unit=u,
+                    policy=policy,
+                    max_model_len=4 * b,
+                    budget=4 * b,
+                    internal_checkpoints=internal,
                 )
                 rng = random.Random(b * 7 + t + shared)
                 prefix = tokens(rng, shared)
                 prompts = [prefix + tokens(rng, t - shared) for _ in range(3)]
                 sched, (_, s1, s2) = run_sequential(cfg, prompts)
+                ends = {end for _, end, _ in chunks(sched, "r1")}
                 for stop in s1.junction_stops:
-                    assert (stop <= s1.num_prompt_tokens) and any(
-                        end == stop and ckpt for _, end, ckpt in chunks(sched, "r1")
-                    ), (b, u, t, shared, stop)
+                    assert stop <= s1.num_prompt_tokens and stop in written(sched, "r1"), (
+                        b,
+                        u,
+                        t,
+                        shared,
+                        stop,
+                    )
+                    # split at only without internal checkpoints (the prompt's end aside)
+                    assert (stop in ends) == (not internal or stop == s1.num_prompt_tokens)
                 if s1.junction_stops:
                     j = s1.outcome.junction
                     assert s2.first_hit_tokens == max(x for x in s1.junction_stops if x <= j)
@@ -75,7 +95,9 @@ def random_prompts(seed: int, n: int, b: int) -> list[list[int]]:
     return out
 
 
-def cfg_for(b: int, u: int, policy: str, eagle: bool = True) -> HycacheConfig:
+def cfg_for(
+    b: int, u: int, policy: str, eagle: bool = True, internal: bool = True
+) -> HycacheConfig:
     return make_config(
         block_size=b,
         unit=u,
@@ -84,6 +106,7 @@ def cfg_for(b: int, u: int, policy: str, eagle: bool = True) -> HycacheConfig:
         max_model_len=16 * b,
         budget=3 * b,
         num_blocks=4096,
+        internal_checkpoints=internal,
     )
 
 
@@ -162,20 +185,33 @@ def test_limit_is_inert_when_the_unit_is_the_block(seed: int) -> None:
 @given(
     seed=st.integers(0, 10**6),
     pair=st.sampled_from([("replay", "junction"), ("lookahead", "limit")]),
+    internal=st.booleans(),
 )
 def test_junction_costs_at_most_two_prefill_steps_and_nothing_without_a_junction(
-    seed: int, pair: tuple[str, str]
+    seed: int, pair: tuple[str, str], internal: bool
 ) -> None:
+    """Splitting at checkpoints: a junction costs at most two extra prefill steps, nothing
+    without one. Writing them inside the forward: no extra step ever (`replay` and
+    `junction` then chunk alike; `limit` never more than `lookahead`, which keeps vLLM's
+    splits)."""
     b, u = 16, 4
     prompts = random_prompts(seed, 12, b)
-    s_rep, rep = run_sequential(cfg_for(b, u, pair[0]), prompts)
-    s_jun, jun = run_sequential(cfg_for(b, u, pair[1]), prompts)
+    s_rep, rep = run_sequential(cfg_for(b, u, pair[0], internal=internal), prompts)
+    s_jun, jun = run_sequential(cfg_for(b, u, pair[1], internal=internal), prompts)
     for r, j in zip(rep, jun, strict=True):
         if r.first_hit_tokens != j.first_hit_tokens:
             continue  # a different resume point is a different request to chunk
+        if internal:
+            assert j.num_checkpoint_splits == 0  # every checkpoint written inside a chunk
+            assert j.num_prefill_steps <= r.num_prefill_steps
+            if pair[0] == "replay":
+                assert chunk_ends(s_jun, j.request_id) == chunk_ends(s_rep, r.request_id)
+            continue
         if not j.outcome.junction and not r.outcome.junction:
             assert chunk_ends(s_jun, j.request_id) == chunk_ends(s_rep, r.request_id)
         assert j.num_prefill_steps <= r.num_prefill_steps + 2
+        extra = j.num_prefill_steps - r.num_prefill_steps  # sequential: the stops alone
+        assert extra <= j.num_checkpoint_splits - r.num_checkpoint_splits
 
 
 def check_step(sched: Scheduler, out) -> None:  # type: ignore[no-untyped-def]

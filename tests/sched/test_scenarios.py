@@ -65,7 +65,10 @@ def test_mamba_align_split_stops_at_the_eagle_resume_point() -> None:
 
 @pytest.mark.parametrize("junction,expected", [(2_208, None), (992, 992)])
 def test_junction_past_the_prompt_adds_no_stop(junction: int, expected: int | None) -> None:
-    cfg = make_config(block_size=512, unit=32, budget=8192, max_model_len=8192)
+    """Splitting at checkpoints (a Mamba layer that cannot export)."""
+    cfg = make_config(
+        block_size=512, unit=32, budget=8192, max_model_len=8192, internal_checkpoints=False
+    )
     sched = Scheduler(cfg)
     rng = random.Random(5)
     req = new_request(cfg, "resumed", tokens(rng, 2_000))

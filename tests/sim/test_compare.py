@@ -47,10 +47,34 @@ def tiny_cost() -> CostModel:
 
 
 def test_arm_names_and_defaults() -> None:
-    assert DEFAULT_ARMS == ("eagle-off", "replay", "junction", "lookahead", "limit")
-    assert set(ARM_NAMES) == {EAGLE_OFF, *(p.value for p in Policy)}
+    assert DEFAULT_ARMS == (
+        "eagle-off",
+        "replay",
+        "junction",
+        "lookahead-split",
+        "lookahead",
+        "limit",
+        "limit-split",
+    )
+    policies = {p.value for p in Policy}
+    assert set(ARM_NAMES) == {EAGLE_OFF, *policies, *(p + "-split" for p in policies)}
     assert ARMS[EAGLE_OFF].policy is Policy.REPLAY and not ARMS[EAGLE_OFF].drafter
     assert all(ARMS[p.value].drafter and ARMS[p.value].policy is p for p in Policy)
+    for p in Policy:  # `-split`: the same policy, checkpoints by splitting the prefill
+        split = ARMS[p.value + "-split"]
+        assert split.policy is p and split.drafter and split.internal is False
+        assert ARMS[p.value].internal is None  # as the config says (on by default)
+
+
+def test_split_arm_turns_internal_checkpoints_off() -> None:
+    from hycache.sim.compare import arm_config
+    from tests.helpers import make_config
+
+    cfg = make_config(policy="lookahead")
+    assert cfg.cache.internal_checkpoints
+    assert not arm_config(cfg, ARMS["limit-split"]).cache.internal_checkpoints
+    assert arm_config(cfg, ARMS["limit-split"]).cache.policy is Policy.LIMIT
+    assert arm_config(cfg, ARMS["limit"]).cache.internal_checkpoints
 
 
 def test_parse_arms() -> None:

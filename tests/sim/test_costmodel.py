@@ -154,6 +154,20 @@ def test_verify_writes_one_state_per_position_unless_told_otherwise() -> None:
     assert per_pos - final_only == pytest.approx(8 * 3 * BAMBA.ssm_state_bytes)
 
 
+def test_an_internal_checkpoint_costs_a_state_write_not_a_step() -> None:
+    """A checkpoint written inside the forward adds one state's bytes to the chunk's step;
+    splitting there instead costs a second step (its overhead, weights read again)."""
+    c = cm(spec=True)
+    one = StepWork((SeqWork(4096, 0, 0, True, num_state_writes=2),))
+    plain = prefill(4096)
+    extra = c.breakdown(one)["target_bytes"] - c.breakdown(plain)["target_bytes"]
+    assert extra == pytest.approx(2 * BAMBA.ssm_state_bytes)
+    split = c.step_time(prefill(2048)) + c.step_time(prefill(2048, 2048))
+    assert c.step_time(plain) <= c.step_time(one) < split
+    with pytest.raises(ValueError, match="num_state_writes"):
+        SeqWork(8, 0, 0, True, num_state_writes=-1)
+
+
 def test_decode_bytes_match_hand_arithmetic() -> None:
     """One request, one token, context 1000, tiny model: every byte accounted for."""
     assert (TINY.layers.attention, TINY.layers.mamba) == (2, 4)

@@ -59,9 +59,14 @@ def budget(rng: random.Random, b: int) -> int:
     return rng.choice([max(16, b // 2 + 3), b, b + 39, 2 * b, 8192, 1 << 20])
 
 
-def hycache_config(setup: VllmSetup, policy: str, turns: Sequence[Turn]) -> HycacheConfig:
+def hycache_config(
+    setup: VllmSetup, policy: str, turns: Sequence[Turn], internal: bool | None = None
+) -> HycacheConfig:
     """hycache's config for the same deployment: geometry, budget, drafter and retention
-    (vLLM's `prefix_cache_retention_interval` 0 is hycache's `semantic`, None `dense`)."""
+    (vLLM's `prefix_cache_retention_interval` 0 is hycache's `semantic`, None `dense`);
+    `internal`: checkpoints written inside the forward (None: as vLLM's spec, the exporting
+    Mamba2 one with them, a Mamba layer that cannot export without)."""
+    internal = setup.exporting if internal is None else internal
     retention = {0: "semantic", None: "dense"}.get(setup.retention, setup.retention)
     length = max(len(t.prompt) + len(t.answer) for t in turns)
     return make_config(
@@ -73,4 +78,5 @@ def hycache_config(setup: VllmSetup, policy: str, turns: Sequence[Turn]) -> Hyca
         budget=setup.budget,
         max_model_len=max(length + 64, 8 * setup.block_size),
         retention=retention,  # type: ignore[arg-type]
+        internal_checkpoints=internal,
     )

@@ -107,20 +107,20 @@ def test_chat_turns(answer: int, at_default: int, at_dense: int, limit: int) -> 
 
 
 @pytest.mark.parametrize(
-    "b,u,budget_,shared,extra,expected,at_limit",
+    "b,u,budget_,shared,extra,expected",
     [
-        (1056, 32, 2112, 2112, 18, 2080, 0),
-        (32, 8, 124, 64, 4, 56, 0),
+        (1056, 32, 2112, 2112, 18, 2080),
+        (32, 8, 124, 64, 4, 56),
     ],
 )
 def test_prefix_of_an_earlier_prompt(
-    b: int, u: int, budget_: int, shared: int, extra: int, expected: int, at_limit: int
+    b: int, u: int, budget_: int, shared: int, extra: int, expected: int
 ) -> None:
     """long = A + x, then short = A. The EAGLE-drop setup resumes short at long's tail
-    checkpoint `T - u`, as `replay` and `junction` do. `limit` resumes it where vLLM's default
-    does, at 0: keeping the unit below its tail costs a prefill pass per request, which on the
-    trace workload cost more TTFT than it saved (an open gap until checkpoints are written
-    inside the forward)."""
+    checkpoint `T - u`, as `replay` and `junction` do. `limit` with internal checkpoints does
+    too (the unit below its tail is written inside the forward, no pass); splitting there
+    costs a prefill pass per request, so `limit --no-internal-checkpoints` keeps vLLM's
+    default (0)."""
     a = seq(1, shared)
     turns = [Turn(a + seq(2, extra), [5]), Turn(a, [6])]
     for spc in (False, True):
@@ -130,7 +130,9 @@ def test_prefix_of_an_earlier_prompt(
     assert hits(run_reference(setup, turns)) == [0, 0]
     for policy in ("replay", "junction"):
         assert hycache_hits(setup, policy, turns) == [0, expected]
-    assert hycache_hits(setup, "limit", turns) == [0, at_limit]
+    assert hycache_hits(setup, "limit", turns) == [0, expected]
+    split = run_hycache(hycache_config(setup, "limit", turns, internal=False), turns)
+    assert hits(split) == [0, 0]
 
 
 def test_seed_shape_chunk_ends_without_export() -> None:
@@ -169,8 +171,9 @@ def deployments(draw: st.DrawFn, drafts: bool) -> tuple[VllmSetup, list[Turn]]:
 def test_lookahead_is_vllms_default(
     case: tuple[VllmSetup, list[Turn]], exporting: bool, retention: int | None
 ) -> None:
-    """Hit for hit with both Mamba specs (and chunk end for chunk end without export), at
-    both retention settings; prompts only (answers of a token or a few, no drafts)."""
+    """Hit for hit and chunk end for chunk end with both Mamba specs: the exporting one
+    against internal checkpoints, the other against splitting; prompts only (answers of a
+    token or a few, no drafts)."""
     base, turns = case
     setup = VllmSetup(
         base.block_size,
@@ -183,23 +186,20 @@ def test_lookahead_is_vllms_default(
     if retention is None and any(len(t.answer) > 1 for t in turns):
         turns = [Turn(t.prompt, t.answer[:1]) for t in turns]  # dense decode states: see above
     ref = run_reference(setup, turns)
-    ours = run_hycache(hycache_config(setup, "lookahead", turns), turns)
-    if exporting:
-        # vLLM exports one checkpoint from inside the final chunk and skips the replay
-        # boundary's stop there; hycache still splits (issue #17), keeping at least as much
-        assert all(o >= r for o, r in zip(hits(ours), hits(ref), strict=True))
-    else:
-        assert hits(ours) == hits(ref)
-        assert [o.chunk_ends for o in ours] == [r.chunk_ends for r in ref]
+    ours = run_hycache(hycache_config(setup, "lookahead", turns), turns)  # internal = exporting
+    assert hits(ours) == hits(ref)
+    assert [o.chunk_ends for o in ours] == [r.chunk_ends for r in ref]
 
 
-@given(case=deployments(drafts=True))
-def test_lookahead_with_drafts_is_vllms_default(case: tuple[VllmSetup, list[Turn]]) -> None:
+@given(case=deployments(drafts=True), exporting=st.booleans())
+def test_lookahead_with_drafts_is_vllms_default(
+    case: tuple[VllmSetup, list[Turn]], exporting: bool
+) -> None:
     """Drafts proposed and partly accepted while decoding (chat turns resume inside the
-    previous answer): the same hits and chunk ends as vLLM without export."""
+    previous answer): the same hits and chunk ends as vLLM, with either Mamba spec."""
     base, turns = case
     setup = VllmSetup(
-        base.block_size, base.unit, base.budget, base.num_speculative_tokens, exporting=False
+        base.block_size, base.unit, base.budget, base.num_speculative_tokens, exporting=exporting
     )
     ref = run_reference(setup, turns)
     ours = run_hycache(hycache_config(setup, "lookahead", turns), turns)
@@ -211,10 +211,9 @@ def test_lookahead_with_drafts_is_vllms_default(case: tuple[VllmSetup, list[Turn
 def test_limit_and_the_drop_policies_never_below_vllm(
     case: tuple[VllmSetup, list[Turn]], exporting: bool
 ) -> None:
-    """Per request: `limit` >= vLLM's default setup, `junction` >= the EAGLE-drop setup with
-    the junction flag, `replay` >= the drop setup without it. (`limit` >= the drop setup does
-    not hold everywhere: a prompt that is a prefix of an earlier one, and a first sibling whose
-    shared prefix ends inside the producer's last full block, resume lower; see
+    """Per request: `limit` (internal checkpoints, the default) >= vLLM's default setup and
+    both EAGLE-drop setups, `junction` >= the drop setup with the junction flag, `replay` >=
+    the drop setup without it. (Splitting instead, `limit` >= the default setup only: see
     `test_prefix_of_an_earlier_prompt`.)"""
     base, turns = case
     b, u, bud, k = base.block_size, base.unit, base.budget, base.num_speculative_tokens
@@ -229,7 +228,7 @@ def test_limit_and_the_drop_policies_never_below_vllm(
     junction = hycache_hits(base, "junction", turns)
     replay = hycache_hits(base, "replay", turns)
     for i in range(len(turns)):
-        assert limit[i] >= default[i], i
+        assert limit[i] >= max(default[i], with_flag[i], without[i]), i
         assert junction[i] >= with_flag[i], i
         assert replay[i] >= without[i], i
 

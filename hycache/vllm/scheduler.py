@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.request import Request
@@ -43,8 +44,13 @@ logger = logging.getLogger("hycache.vllm")
 HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on the server)
 
 
+SUPPORTED_VLLM = "0.33"  # the scheduler and cache-manager internals these classes extend
+
+
 def inert_reason(sched: Any) -> str | None:
     """Why `limit` cannot apply to this vLLM scheduler, or None when it can."""
+    if not vllm.__version__.startswith(SUPPORTED_VLLM + "."):
+        return f"vLLM {vllm.__version__} is not {SUPPORTED_VLLM}.x"
     if not sched.cache_config.enable_prefix_caching:
         return "prefix caching is off"
     if not sched.need_mamba_block_aligned_split:
@@ -137,8 +143,6 @@ class _Limit:
         t = request.num_prompt_tokens
         stops = set(bounds.junction_stops(junction, hit, t))
         stops.update(bounds.hint_stops(parse_hints(request), hit, t))
-        # the prompt's own stops, but the tail checkpoint: vLLM's final chunk exports it
-        stops.update(s for s in bounds.prompt_stops(t) if s != bounds.tail_checkpoint(t))
         return tuple(sorted(s for s in stops if s > hit))
 
     def _get_local_prefix_cache_hit(

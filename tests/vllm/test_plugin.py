@@ -150,14 +150,15 @@ def test_a_bad_hint_is_ignored_with_one_warning(
 # -- random sharing shapes --------------------------------------------------------------------
 
 
+STOPS_SEEN: dict[str, tuple[int, ...]] = {}  # request id -> stops, by RecordingScheduler
+
+
 class RecordingScheduler(SyncScheduler):
     """The plugin, recording each request's stops (a junction or hint it acted on)."""
 
-    stops_seen: dict[str, tuple[int, ...]] = {}
-
     def hycache_stops(self, request, hit, junction):  # type: ignore[no-untyped-def]
         stops = super().hycache_stops(request, hit, junction)
-        RecordingScheduler.stops_seen[request.request_id] = stops
+        STOPS_SEEN[request.request_id] = stops
         return stops
 
 
@@ -193,7 +194,7 @@ def test_random_shapes(case: tuple[VllmSetup, list[Turn]]) -> None:
     exactly as on stock vLLM."""
     setup, turns = case
     stock = run_reference(setup, turns)
-    RecordingScheduler.stops_seen = {}
+    STOPS_SEEN.clear()
     plugin = run_reference(with_cls(setup, f"{__name__}.RecordingScheduler"), turns)
     limit = hits(run_hycache(hycache_config(setup, "limit", turns), turns))
     for i, (s, p, m) in enumerate(zip(hits(stock), hits(plugin), limit, strict=True)):
@@ -201,7 +202,7 @@ def test_random_shapes(case: tuple[VllmSetup, list[Turn]]) -> None:
         assert p == m if not setup.exporting else p <= m, i
     for s, p in zip(stock, plugin, strict=True):
         assert p.hit == s.hit  # the caches are the same so far
-        if RecordingScheduler.stops_seen.get(p.request_id):
+        if STOPS_SEEN.get(p.request_id):
             break  # this request acts on a junction (its stops), so the caches part here
         assert p.chunk_ends == s.chunk_ends
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -228,3 +229,67 @@ def test_inert_is_stock_and_says_why_once(
     assert len(lines) == 1 and "inert" in lines[0] and reason in lines[0], lines
     stock = run_reference(setup, turns)
     assert [(t.hit, t.chunk_ends) for t in plugin] == [(t.hit, t.chunk_ends) for t in stock]
+
+
+# -- blocks go back to vLLM's pool --------------------------------------------------------------
+
+
+def drive_concurrently(
+    ref: ReferenceScheduler, turns: list[Turn], abort: str, max_tokens: int = 8
+) -> list[Any]:
+    """All turns at once in a pool too small for them (vLLM preempts), `abort` aborted
+    mid-prefill; each step samples one token per request that finished its prompt."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request, RequestStatus
+
+    s = ref.scheduler
+    reqs = [
+        Request(
+            f"c{i}",
+            list(t.prompt),
+            SamplingParams(
+                max_tokens=max_tokens,
+                ignore_eos=True,
+                extra_args={"prefix_hints": list(t.prefix_hints)} if t.prefix_hints else None,
+            ),
+            None,
+            block_hasher=ref.hasher,
+        )
+        for i, t in enumerate(turns)
+    ]
+    by_id = {r.request_id: r for r in reqs}
+    for r in reqs:
+        s.add_request(r)
+    for step in range(10_000):
+        if not s.has_requests():
+            break
+        out = s.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[] if by_id[i].num_computed_tokens < by_id[i].num_tokens else [7] for i in ids]
+        index = {i: n for n, i in enumerate(ids)}
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=sampled)
+        s.update_from_output(out, mro)
+        if step == 3:
+            s.finish_requests(abort, RequestStatus.FINISHED_ABORTED)
+    assert not s.has_requests()
+    return reqs
+
+
+@pytest.mark.parametrize("cls", [PLUGIN, SYNC])
+def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
+    from vllm.v1.request import RequestStatus
+
+    from hycache.vllm.managers import UnitKeyedAttention
+
+    ref = ReferenceScheduler(VllmSetup(64, 16, 256, num_blocks=24, scheduler_cls=cls))
+    start = ref.num_free_blocks()
+    reqs = drive_concurrently(ref, family(0, 640, 83, 4, hint=640), "c1", max_tokens=300)
+    assert any(r.num_preemptions for r in reqs)  # the pool was too small: vLLM preempted
+    assert reqs[1].status is RequestStatus.FINISHED_ABORTED
+    assert all(r.status is RequestStatus.FINISHED_LENGTH_CAPPED for r in reqs if r is not reqs[1])
+    assert ref.num_free_blocks() == start
+    for m in ref.scheduler.kv_cache_manager.coordinator.single_type_managers:
+        assert not m.req_to_blocks
+        if isinstance(m, UnitKeyedAttention):
+            assert not m._num_keyed_units

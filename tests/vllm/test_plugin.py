@@ -293,3 +293,38 @@ def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
         assert not m.req_to_blocks
         if isinstance(m, UnitKeyedAttention):
             assert not m._num_keyed_units
+
+
+# -- hycache explain --backend vllm ---------------------------------------------------------------
+
+SEED_SHAPE = [
+    "--block-size",
+    "4416",
+    "--prefix-match-unit",
+    "64",
+    "--eagle",
+    "--prompt-tokens",
+    "64016",
+    "--shared-prefix",
+    "57600",
+]
+
+
+def test_explain_backend_vllm_on_the_seed_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    """Stock vLLM beside `hycache.vllm.Scheduler`, measured on vLLM's scheduler (k=3)."""
+    import json
+
+    from hycache.cli import main
+
+    assert main(["explain", *SEED_SHAPE, "--backend", "vllm", "--json"]) == 0
+    cols = json.loads(capsys.readouterr().out)["policies"]
+    stock, ours = cols["vllm"], cols["hycache.vllm.Scheduler"]
+    assert stock["siblings"] == [0, 57_408, 57_408]
+    assert ours["siblings"] == [0, 57_536, 57_536] == [0, ours["limit"], ours["limit"]]
+    assert stock["resend"] == ours["resend"] == 64_000
+    assert stock["producer_checkpoints"] == ours["producer_checkpoints"] == [64_000]
+    assert stock["sibling_prefill_steps"] == [14, 1, 1]
+    assert ours["sibling_prefill_steps"] == [17, 3, 3]
+    assert main(["explain", *SEED_SHAPE, "--backend", "vllm", "--prefix-hint", "57600"]) == 0
+    table = capsys.readouterr().out
+    assert "57,536 / 57,536 / 57,536" in table and "0 / 57,408 / 57,408" in table

@@ -328,3 +328,41 @@ def test_explain_backend_vllm_on_the_seed_shape(capsys: pytest.CaptureFixture[st
     assert main(["explain", *SEED_SHAPE, "--backend", "vllm", "--prefix-hint", "57600"]) == 0
     table = capsys.readouterr().out
     assert "57,536 / 57,536 / 57,536" in table and "0 / 57,408 / 57,408" in table
+
+
+# -- the README's command ---------------------------------------------------------------------
+
+
+def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
+    """The README's `vllm serve` flags, flag for flag, through vLLM's parser and config
+    (`tests/vllm/serve_command.py`, in a process with vLLM's CPU platform)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.vllm.serve_command import readme_command
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.vllm.serve_command"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    got = json.loads(lines[-1].removeprefix("RESULT "))
+    assert got["flags"] == readme_command()[3:]
+    assert got["scheduler_cls"] == PLUGIN
+    assert got["scheduler"] == "hycache.vllm.scheduler.Scheduler"  # what PLUGIN names
+    assert got["mamba_cache_mode"] == "align" and got["enable_prefix_caching"]
+    assert got["prefix_match_unit"] == 64 and got["max_num_batched_tokens"] == 8192
+    assert (got["speculative_method"], got["num_speculative_tokens"]) == ("mtp", 3)
+    assert got["num_hash_lookahead_tokens"] == 1  # vLLM's lookahead keys: the plugin is on
+    assert got["hits_hint_0"] == [0, 0, 57_536, 57_536]
+    assert got["hits_hint_57600"] == [0, 57_536, 57_536, 57_536]

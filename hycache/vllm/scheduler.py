@@ -42,6 +42,7 @@ from hycache.vllm.managers import STOPS_ATTR, stops_of
 logger = logging.getLogger("hycache.vllm")
 
 HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on the server)
+HINTS_ATTR = "hycache_hints"  # the parsed hints, set on each vLLM request
 
 
 SUPPORTED_VLLM = "0.33"  # the scheduler and cache-manager internals these classes extend
@@ -84,7 +85,16 @@ def boundaries_for(sched: Any) -> Boundaries:
 
 def parse_hints(request: Request) -> tuple[int, ...]:
     """The request's prefix hints; a bad one (not a list of ints, negative, past the prompt)
-    is ignored with one warning for the request."""
+    is ignored with one warning for the request (parsed once: a preempted request is looked
+    up again)."""
+    parsed: tuple[int, ...] | None = getattr(request, HINTS_ATTR, None)
+    if parsed is None:
+        parsed = _parse_hints(request)
+        setattr(request, HINTS_ATTR, parsed)
+    return parsed
+
+
+def _parse_hints(request: Request) -> tuple[int, ...]:
     extra = request.sampling_params.extra_args if request.sampling_params else None
     raw = extra.get(HINTS_KEY) if isinstance(extra, dict) else None
     if raw is None:

@@ -17,7 +17,9 @@ else:
 vLLM 0.33's in-forward export (one Mamba2 checkpoint per forward, `MambaMixer2`'s spec) stays
 as it is: its position is derived on the worker from the chunk end (one unit below the prompt
 end, in the final chunk), so a scheduler cannot direct it to a junction. Each stop above is a
-chunk end, one forward pass each; the final chunk still exports the tail checkpoint.
+chunk end, one forward pass each; the final chunk still exports the tail checkpoint. The
+replay boundary, where hycache's own scheduler also stops, gets no stop here: vLLM's final
+chunk spans it to export the tail, and the stop would cost every request two passes.
 
 Inert (exactly vLLM's scheduler, logged once with the reason) unless the model has a Mamba
 group in `mamba_cache_mode="align"`, prefix caching is on, `prefix_match_unit < block_size`

@@ -63,7 +63,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
     policies = (args.policy,) if args.policy else POLICY_NAMES
     # validate the geometry through the config before running anything
     build_config(args, policy=policies[0], max_model_len=args.prompt_tokens + 8, num_blocks=10**6)
-    result = explain(inputs, tuple(policies))
+    if args.backend == "vllm":
+        from hycache.vllm.reference import available
+
+        if args.policy:
+            raise SystemExit("hycache explain: --policy applies to --backend hycache only")
+        if not available():
+            raise SystemExit(
+                "hycache explain --backend vllm: vllm is not installed here; `make setup` "
+                "installs vLLM 0.33.0 (pip install vllm==0.33.0 --no-deps, then "
+                "requirements/vllm.txt)"
+            )
+        from hycache.vllm.explain import explain_vllm
+
+        result = explain_vllm(inputs)
+    else:
+        result = explain(inputs, tuple(policies))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -185,6 +200,13 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="every request names N tokens as a shared prefix (repeatable; used by `limit`)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("hycache", "vllm"),
+        default="hycache",
+        help="hycache: one column per policy; vllm: vLLM 0.33's real scheduler, stock beside "
+        "hycache.vllm.Scheduler (needs vllm installed)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_explain)

@@ -631,3 +631,15 @@ def test_bench_store_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     )
     res = run_engine_policy(b, "limit")
     assert res["store_hit_tokens"] == 0 and res["hit_tokens"] > 0  # the device pool kept all
+
+
+def test_explain_backend_vllm_says_plainly_when_vllm_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hycache.vllm.reference as reference
+
+    monkeypatch.setattr(reference, "available", lambda: False)
+    with pytest.raises(SystemExit, match="vllm is not installed here"):
+        main(["explain", *WORKED, "--backend", "vllm"])
+    with pytest.raises(SystemExit, match="--policy applies to --backend hycache only"):
+        main(["explain", *WORKED, "--backend", "vllm", "--policy", "limit"])

@@ -93,8 +93,22 @@ class VllmSetup:
 class ReferenceScheduler:
     """vLLM's real scheduler for one `VllmSetup`; requests run one after another."""
 
-    def __init__(self, setup: VllmSetup, num_blocks: int = 0) -> None:
+    def __init__(
+        self, setup: VllmSetup, num_blocks: int = 0, vllm_config: Any | None = None
+    ) -> None:
+        """`vllm_config`: a config vLLM built itself (from `vllm serve` flags, say) instead of
+        the one `setup` describes; its cache block size is set to `setup`'s, as vLLM does at
+        engine start once it has sized the Mamba state page."""
         _quiet_vllm()
+        self.setup = setup
+        if vllm_config is not None:
+            vllm_config.cache_config.block_size = setup.block_size
+        self.vllm_config = vllm_config if vllm_config is not None else self._make_vllm_config()
+        self.num_blocks = num_blocks or setup.num_blocks or 4096
+        self.scheduler = self._build()
+        self._proposals = 0  # drafts proposed so far: the index into each turn's accept cycle
+
+    def _make_vllm_config(self) -> Any:
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -105,7 +119,7 @@ class ReferenceScheduler:
             VllmConfig,
         )
 
-        self.setup = setup
+        setup = self.setup
         b, k = setup.block_size, setup.num_speculative_tokens
         model = ModelConfig(
             model=_model_dir(), skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN
@@ -138,7 +152,7 @@ class ReferenceScheduler:
             if k
             else None
         )
-        self.vllm_config = VllmConfig(
+        return VllmConfig(
             model_config=model,
             cache_config=cache_cfg,
             scheduler_config=sched_cfg,
@@ -146,9 +160,6 @@ class ReferenceScheduler:
             device_config=DeviceConfig(device="cpu"),
             parallel_config=parallel,
         )
-        self.num_blocks = num_blocks or setup.num_blocks or 4096
-        self.scheduler = self._build()
-        self._proposals = 0  # drafts proposed so far: the index into each turn's accept cycle
 
     def _kv_cache_config(self) -> Any:
         import torch

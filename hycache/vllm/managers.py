@@ -1,0 +1,150 @@
+"""`limit`'s cache-side mechanisms inside vLLM 0.33's `KVCacheManager` (`hycache.vllm.Scheduler`).
+
+vLLM's scheduler builds its `KVCacheManager` inline, and its coordinator builds one manager per
+KV cache group. `install` re-classes the two managers of a hybrid model in place (their state is
+kept) as the subclasses below; the coordinator, block pool and lookup stay vLLM's own:
+
+    FullAttentionManager ──▶ UnitKeyedAttention   keys on every unit of every block it caches
+                                                  (the lookahead keys vLLM already computes),
+                                                  so a sibling's lookup observes its junction
+                                                  to the unit: `floor((P-1)/u)*u`
+    MambaManager         ──▶ StopKeepingMamba     keeps (and keys) the state at each stop the
+                                                  scheduler made for the request, on the unit
+                                                  grid or the block grid, beside vLLM's own
+
+Where the stops lie is the scheduler's business (`hycache.vllm.scheduler`), which takes them
+from `hycache.cache.boundaries` and records them on the request (`stops_of`); nothing here
+derives a position.
+
+vLLM's block pool keeps one "primary" key per block plus secondary ones, and drops a block's
+keys when a longer partial key arrives (`BlockPool.cache_partial_block`). A block being filled
+gets a longer unit key every unit, so `_key_unit` keeps the longest key primary and re-inserts
+the shorter ones as secondary keys: attention KV is append-only, so each still holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+from vllm.v1.request import Request
+
+STOPS_ATTR = "hycache_stops"  # set on each vLLM request by the scheduler
+
+
+def stops_of(request: Request) -> tuple[int, ...]:
+    """The stops the scheduler made (and the Mamba group keeps) for this request's prompt."""
+    return getattr(request, STOPS_ATTR, ())
+
+
+def _key_unit(pool: BlockPool, request: Request, block: Any, pos: int, group: int) -> None:
+    """Make `block` reachable from the unit key at `pos` without dropping its other keys."""
+    unit_hash = request.block_hashes[pos // pool.hash_block_size - 1]
+    key = make_block_hash_with_group_id(unit_hash, group)
+    if block.block_hash == key or pool.cached_block_hash_to_block.contain(key, block.block_id):
+        return
+    if block.block_hash is None or (block.block_hash_num_tokens or 0) > pos:
+        pool._insert_block_hash(key, block, num_tokens=pos)
+        return
+    # a longer key than the primary: it becomes the primary, the others stay as secondaries
+    older = pool._remove_cached_block_hashes(block)
+    pool._insert_block_hash(key, block, num_tokens=pos)
+    for old in older:
+        pool._insert_block_hash(old, block, num_tokens=None)
+
+
+class UnitKeyedAttention(FullAttentionManager):
+    """vLLM's full-attention manager, plus a key on every unit of the tokens it caches."""
+
+    _num_keyed_units: dict[str, int]
+
+    def cache_blocks(
+        self,
+        request: Request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Sequence[int],
+    ) -> None:
+        rid = request.request_id
+        blocks_before = self.num_cached_block.get(rid, 0)
+        super().cache_blocks(
+            request,
+            num_tokens,
+            retention_interval=retention_interval,
+            replay_boundaries=replay_boundaries,
+        )
+        if not self.kv_cache_spec.prefix_cacheable or rid not in self.req_to_blocks:
+            return
+        u, b = self.block_pool.hash_block_size, self.block_size
+        hashed = min(num_tokens, len(request.block_hashes) * u) // u * u
+        blocks = self.req_to_blocks[rid]
+        keyed = self._num_keyed_units.get(rid)
+        if keyed is None:
+            # first call: units below the hit are keyed on the blocks the request hit
+            keyed = blocks_before * b // u
+        # a block promoted to full this call lost its unit keys (`cache_full_blocks`)
+        first = min(keyed * u, blocks_before * b)
+        for pos in range(first // u * u + u, hashed + 1, u):
+            if pos % b == 0:
+                continue
+            block = blocks[pos // b] if pos // b < len(blocks) else None
+            if block is not None and not block.is_null:
+                _key_unit(self.block_pool, request, block, pos, self.kv_cache_group_id)
+        self._num_keyed_units[rid] = max(keyed, hashed // u)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[Any]:
+        self._num_keyed_units.pop(request_id, None)
+        return super().pop_blocks_for_free(request_id)
+
+
+class StopKeepingMamba(MambaManager):
+    """vLLM's Mamba manager (align mode), also keeping the states at the request's stops."""
+
+    def cache_blocks(
+        self,
+        request: Request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Sequence[int],
+    ) -> None:
+        # a block-grid stop is one more reachable boundary for vLLM's sparse retention mask
+        stops = tuple(s for s in stops_of(request) if s % self.block_size == 0)
+        super().cache_blocks(
+            request,
+            num_tokens,
+            retention_interval=retention_interval,
+            replay_boundaries=(*replay_boundaries, *stops),
+        )
+
+    def _cache_partial_tail_block(
+        self, request: Request, num_tokens: int, retention_interval: int | None
+    ) -> Any:
+        """A chunk that ended at a sub-block stop: key its state as vLLM keys a junction it
+        observed itself (`shared_prefix_checkpoint`), at that stop."""
+        if (
+            num_tokens % self.block_size == 0
+            or num_tokens not in stops_of(request)
+            or request.request_id in self._checkpoints
+        ):
+            return super()._cache_partial_tail_block(request, num_tokens, retention_interval)
+        saved = self.shared_prefix_checkpoint, request.shared_prefix_boundary
+        self.shared_prefix_checkpoint, request.shared_prefix_boundary = True, num_tokens
+        try:
+            return super()._cache_partial_tail_block(request, num_tokens, retention_interval)
+        finally:
+            self.shared_prefix_checkpoint, request.shared_prefix_boundary = saved
+
+
+def install(kv_cache_manager: Any) -> None:
+    """Re-class the attention and Mamba managers of a hybrid `KVCacheManager` in place."""
+    for manager in kv_cache_manager.coordinator.single_type_managers:
+        if type(manager) is FullAttentionManager:
+            manager.__class__ = UnitKeyedAttention
+            manager._num_keyed_units = {}
+        elif type(manager) is MambaManager:
+            manager.__class__ = StopKeepingMamba

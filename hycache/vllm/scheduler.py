@@ -1,0 +1,198 @@
+"""`hycache.vllm.Scheduler`: hycache's `limit` policy inside vLLM 0.33 (`--scheduler-cls`).
+
+`Scheduler` subclasses vLLM's `AsyncScheduler` (async scheduling kept), `SyncScheduler` its
+`Scheduler`. Both add `limit`'s prompt-side mechanisms to vLLM's own scheduling, and nothing
+else:
+
+    lookup (vLLM's coordinator)      every-unit attention keys (`managers.UnitKeyedAttention`)
+                                     make the attention hit, hence vLLM's observed junction j
+                                     (`shared_prefix_boundary`), the limit floor((P-1)/u)*u
+    _get_local_prefix_cache_hit  ──▶ the request's stops: `Boundaries.junction_stops(j)` (vLLM's
+                                     floor(j/B)*B, j on the unit grid, the block boundary after
+                                     it) and `Boundaries.hint_stops` for the prefix hints in
+                                     `SamplingParams.extra_args["prefix_hints"]`
+    _mamba_block_aligned_split   ──▶ vLLM's split, then ended at the first of those stops
+    Mamba manager                    keeps the state at each stop (`managers.StopKeepingMamba`)
+
+vLLM 0.33's in-forward export (one Mamba2 checkpoint per forward, `MambaMixer2`'s spec) stays
+as it is: its position is derived on the worker from the chunk end (one unit below the prompt
+end, in the final chunk), so a scheduler cannot direct it to a junction. Each stop above is a
+chunk end, one forward pass each; the final chunk still exports the tail checkpoint. The
+replay boundary, where hycache's own scheduler also stops, gets no stop here: vLLM's final
+chunk spans it to export the tail, and the stop would cost every request two passes.
+
+Inert (exactly vLLM's scheduler, logged once with the reason) unless the model has a Mamba
+group in `mamba_cache_mode="align"`, prefix caching is on, `prefix_match_unit < block_size`
+with vLLM's sub-block hits, and an EAGLE/MTP drafter hashes with vLLM's lookahead keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+from vllm.v1.request import Request
+
+from hycache.cache.boundaries import Boundaries
+from hycache.config import Policy
+from hycache.vllm import managers
+from hycache.vllm.managers import STOPS_ATTR, stops_of
+
+logger = logging.getLogger("hycache.vllm")
+
+HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on the server)
+HINTS_ATTR = "hycache_hints"  # the parsed hints, set on each vLLM request
+
+
+SUPPORTED_VLLM = "0.33"  # the scheduler and cache-manager internals these classes extend
+
+
+def inert_reason(sched: Any) -> str | None:
+    """Why `limit` cannot apply to this vLLM scheduler, or None when it can."""
+    if not vllm.__version__.startswith(SUPPORTED_VLLM + "."):
+        return f"vLLM {vllm.__version__} is not {SUPPORTED_VLLM}.x"
+    if not sched.cache_config.enable_prefix_caching:
+        return "prefix caching is off"
+    if not sched.need_mamba_block_aligned_split:
+        return "no Mamba group in mamba_cache_mode='align'"
+    if sched.hash_block_size >= sched.cache_config.block_size:
+        return f"prefix_match_unit equals block_size ({sched.cache_config.block_size})"
+    if not sched.mamba_partial_cache_hit:
+        return "vLLM disabled sub-block prefix-cache hits for these KV cache groups"
+    if not sched.num_spec_tokens:
+        return "no EAGLE/MTP drafter"
+    if sched.num_hash_lookahead_tokens != 1:
+        return (
+            "the drafter's keys do not cover one token past each unit "
+            f"(num_hash_lookahead_tokens={sched.num_hash_lookahead_tokens})"
+        )
+    return None
+
+
+def boundaries_for(sched: Any) -> Boundaries:
+    """hycache's boundary arithmetic for this vLLM deployment (`limit`, lookahead keys)."""
+    interval = sched.kv_cache_config.prefix_cache_retention_interval
+    retention: str | int = {0: "semantic", None: "dense"}.get(interval, interval)
+    return Boundaries(
+        block_size=sched.cache_config.block_size,
+        unit=sched.hash_block_size,
+        drafter=True,
+        policy=Policy.LIMIT,
+        retention=retention,
+    )
+
+
+def parse_hints(request: Request) -> tuple[int, ...]:
+    """The request's prefix hints; a bad one (not a list of ints, negative, past the prompt)
+    is ignored with one warning for the request (parsed once: a preempted request is looked
+    up again)."""
+    parsed: tuple[int, ...] | None = getattr(request, HINTS_ATTR, None)
+    if parsed is None:
+        parsed = _parse_hints(request)
+        setattr(request, HINTS_ATTR, parsed)
+    return parsed
+
+
+def _parse_hints(request: Request) -> tuple[int, ...]:
+    extra = request.sampling_params.extra_args if request.sampling_params else None
+    raw = extra.get(HINTS_KEY) if isinstance(extra, dict) else None
+    if raw is None:
+        return ()
+    t = request.num_prompt_tokens
+    if not isinstance(raw, list | tuple):
+        raw, bad = [], [raw]
+    else:
+        bad = [h for h in raw if isinstance(h, bool) or not isinstance(h, int) or not 0 < h <= t]
+    if bad:
+        logger.warning(
+            "hycache.vllm: request %s: ignoring prefix hints %r (each must be an int in "
+            "[1, %d], the prompt's length)",
+            request.request_id,
+            bad,
+            t,
+        )
+    return tuple(sorted({h for h in raw if h not in bad}))
+
+
+class _Limit:
+    """The mechanisms, over either vLLM scheduler class (see the module docstring)."""
+
+    hycache_bounds: Boundaries | None
+    hycache_inert_reason: str | None
+    hycache_vllm_base = "Scheduler"  # the vLLM class behaved as when inert (for the log line)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        reason = inert_reason(self)
+        self.hycache_inert_reason = reason
+        if reason is not None:
+            self.hycache_bounds = None
+            logger.info(
+                "hycache.vllm.%s is inert (%s): scheduling exactly as vLLM's %s",
+                type(self).__name__,
+                reason,
+                self.hycache_vllm_base,
+            )
+            return
+        self.hycache_bounds = boundaries_for(self)
+        managers.install(self.kv_cache_manager)  # type: ignore[attr-defined]
+        logger.info(
+            "hycache.vllm.%s: limit on (block_size %d, unit %d): keys on every unit, junction "
+            "stops on the unit grid, prefix hints",
+            type(self).__name__,
+            self.hycache_bounds.block_size,
+            self.hycache_bounds.unit,
+        )
+
+    def hycache_stops(self, request: Request, hit: int, junction: int) -> tuple[int, ...]:
+        """Stops (kept as checkpoints) for a request resuming at `hit` that observed
+        `junction`, and for its prefix hints: all from `hycache.cache.boundaries`."""
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        t = request.num_prompt_tokens
+        stops = set(bounds.junction_stops(junction, hit, t))
+        stops.update(bounds.hint_stops(parse_hints(request), hit, t))
+        return tuple(sorted(s for s in stops if s > hit))
+
+    def _get_local_prefix_cache_hit(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> Any:
+        out = super()._get_local_prefix_cache_hit(request, max_cache_hit_length)  # type: ignore[misc]
+        if self.hycache_bounds is not None:
+            _, hit, junction, _ = out
+            setattr(request, STOPS_ATTR, self.hycache_stops(request, hit, junction))
+        return out
+
+    def _mamba_block_aligned_split(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        n: int = super()._mamba_block_aligned_split(  # type: ignore[misc]
+            request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
+        )
+        stops = stops_of(request)
+        if not stops:
+            return n
+        start = (
+            request.num_computed_tokens
+            + num_new_local_computed_tokens
+            + num_external_computed_tokens
+        )
+        end = min((s for s in stops if start < s < start + n), default=start + n)
+        return end - start
+
+
+class Scheduler(_Limit, AsyncScheduler):
+    """vLLM's `AsyncScheduler` with hycache's `limit` (`--scheduler-cls hycache.vllm.Scheduler`)."""
+
+    hycache_vllm_base = "AsyncScheduler"
+
+
+class SyncScheduler(_Limit, VllmScheduler):
+    """vLLM's synchronous `Scheduler` with hycache's `limit`."""

@@ -1,0 +1,70 @@
+"""The README's `vllm serve` command, read by vLLM's own parser and built into vLLM's config.
+
+Run as `python -m tests.vllm.serve_command` with `VLLM_TARGET_DEVICE=cpu` (vLLM's config needs a
+platform, picked once per process): prints, as JSON, what the flags configured and the seed
+shape's hits on the scheduler that config builds. `$MODEL` becomes the packaged Nemotron-H
+config (with one MTP layer); `--skip-tokenizer-init` is added, since it has no tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_command() -> list[str]:
+    """The `vllm serve` command of the README's "Use it in vLLM" section, as argv."""
+    text = README.read_text()
+    section = text[text.index("## Use it in vLLM") :]
+    match = re.search(r"^vllm serve .*?(?<!\\)$", section, re.M | re.S)
+    assert match, "no `vllm serve` command in the README's Use it in vLLM section"
+    return shlex.split(match.group(0).replace("\\\n", " "))
+
+
+def main() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    import tests.vllm.conftest  # noqa: F401  (hypothesis profile, for the import below)
+    from hycache.vllm.reference import ReferenceScheduler, VllmSetup, _model_dir
+    from tests.vllm.test_plugin import family, hits
+
+    argv = readme_command()
+    assert argv[:3] == ["vllm", "serve", "$MODEL"], argv[:3]
+    flags = argv[3:]
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", _model_dir(), "--skip-tokenizer-init", *flags])
+    vc = EngineArgs.from_cli_args(args).create_engine_config()
+    cache, sched, spec = vc.cache_config, vc.scheduler_config, vc.speculative_config
+    setup = VllmSetup(
+        4416,  # vLLM sizes B at engine start (the Mamba page); the seed shape's
+        cache.prefix_match_unit,
+        sched.max_num_batched_tokens,
+        spec.num_speculative_tokens,
+        scheduler_cls=sched.scheduler_cls,
+    )
+    out = {"flags": flags}
+    for hint in (0, 57_600):
+        ref = ReferenceScheduler(setup, vllm_config=vc)
+        out["scheduler"] = f"{type(ref.scheduler).__module__}.{type(ref.scheduler).__name__}"
+        out[f"hits_hint_{hint}"] = hits(ref.run_all(family(1, 57_600, 6_416, 4, hint=hint)))
+        vc = EngineArgs.from_cli_args(args).create_engine_config()  # a fresh one per run
+    out.update(
+        scheduler_cls=sched.scheduler_cls,
+        prefix_match_unit=cache.prefix_match_unit,
+        mamba_cache_mode=cache.mamba_cache_mode,
+        enable_prefix_caching=cache.enable_prefix_caching,
+        speculative_method=spec.method,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        num_hash_lookahead_tokens=vc.num_hash_lookahead_tokens,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+    )
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""`hycache.vllm.Scheduler` inside vLLM 0.33's real scheduler and KV cache manager.
+
+Every run builds the scheduler as `vllm serve --scheduler-cls` does (`SchedulerConfig(
+scheduler_cls=...)`, then `get_scheduler_cls()`, in `hycache.vllm.reference`); stock is vLLM's
+own `Scheduler` on the same deployment. Passes are prefill chunks (one forward each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hycache.cache.boundaries import Boundaries
+from hycache.config import Policy
+from hycache.vllm import Scheduler, SyncScheduler
+from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
+from hycache.vllm.scenario import RequestTrace, Turn, run_hycache
+from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
+from tests.helpers import tokens
+from tests.vllm.shapes import GEOMETRIES, budget, hycache_config, scenario
+
+settings.load_profile("vllm-reference")
+
+PLUGIN = "hycache.vllm.Scheduler"
+SYNC = "hycache.vllm.SyncScheduler"
+
+
+def family(seed: int, shared: int, private: int, n: int, hint: int = 0) -> list[Turn]:
+    """A producer and n-1 siblings sharing `shared` tokens; the producer may carry a hint."""
+    rng = random.Random(seed)
+    prefix = tokens(rng, shared)
+    return [
+        Turn(prefix + tokens(rng, private), [5], (), (hint,) if hint and i == 0 else ())
+        for i in range(n)
+    ]
+
+
+def hits(traces: list[RequestTrace]) -> list[int]:
+    return [t.hit for t in traces]
+
+
+def passes(traces: list[RequestTrace]) -> list[int]:
+    return [len(t.chunk_ends) for t in traces]
+
+
+def with_cls(setup: VllmSetup, cls: str | None) -> VllmSetup:
+    return dataclasses.replace(setup, scheduler_cls=cls)
+
+
+def test_built_the_way_vllm_serve_builds_it() -> None:
+    ref = ReferenceScheduler(VllmSetup(64, 16, scheduler_cls=PLUGIN))
+    assert ref.vllm_config.scheduler_config.get_scheduler_cls() is Scheduler
+    assert type(ref.scheduler) is Scheduler is VllmLimitScheduler
+    assert ref.scheduler.hycache_bounds is not None
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler as Stock
+
+    assert issubclass(Scheduler, AsyncScheduler) and issubclass(SyncScheduler, Stock)
+    assert not issubclass(SyncScheduler, AsyncScheduler)
+
+
+# -- the issue's figures ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_seed_shape_at_full_scale(k: int) -> None:
+    """B=4416, u=64, 57,600 shared + 6,416 private, MTP k: stock siblings 0 / 57,408 /
+    57,408; the plugin's 0 / 57,536 / 57,536 (the limit), and with a hint on the producer
+    57,536 from the first sibling on. The junction's stops cost the observing sibling three
+    passes, and each mid-block resume two (vLLM's own split: a chunk starting mid-block
+    cannot export its tail checkpoint)."""
+    setup = VllmSetup(4416, 64, 8192, num_speculative_tokens=k)
+    limit = Boundaries(4416, 64, True, Policy.LIMIT).limit(57_600)
+    assert limit == 57_536
+    stock = run_reference(setup, family(1, 57_600, 6_416, 4))
+    plugin = run_reference(with_cls(setup, PLUGIN), family(1, 57_600, 6_416, 4))
+    hinted = run_reference(with_cls(setup, PLUGIN), family(1, 57_600, 6_416, 4, hint=57_600))
+    assert hits(stock) == [0, 0, 57_408, 57_408]
+    assert hits(plugin) == [0, 0, limit, limit]
+    assert hits(hinted) == [0, limit, limit, limit]
+    assert passes(stock) == [14, 14, 1, 1]
+    assert passes(plugin) == [14, 17, 3, 3]
+    assert passes(hinted) == [17, 3, 3, 3]
+    assert plugin[1].chunk_ends[-5:] == [57_408, 57_536, 61_824, 64_000, 64_016]
+
+
+@pytest.mark.parametrize("cls", [PLUGIN, SYNC])
+def test_small_family(cls: str) -> None:
+    """B=64, u=16, k=1, three requests of 640 shared + 83 private: stock 0 / 0 / 576, the
+    plugin reaches the limit 624 from the second sibling, and from the first with a hint."""
+    setup = VllmSetup(64, 16, 8192)
+    assert hits(run_reference(setup, family(0, 640, 83, 3))) == [0, 0, 576]
+    got = run_reference(with_cls(setup, cls), family(0, 640, 83, 3))
+    assert hits(got) == [0, 0, 624]
+    assert got[1].chunk_ends == [576, 624, 640, 723]  # floor(j/B)*B, j, the block after
+    assert hits(run_reference(with_cls(setup, cls), family(0, 640, 83, 3, hint=640))) == [
+        0,
+        624,
+        624,
+    ]
+
+
+def test_the_plugin_equals_hycache_limit_on_the_issue_shapes() -> None:
+    for setup, turns in [
+        (VllmSetup(64, 16, 8192), family(0, 640, 83, 3)),
+        (VllmSetup(64, 16, 8192), family(0, 640, 83, 3, hint=640)),
+        (VllmSetup(4416, 64, 8192), family(1, 57_600, 6_416, 4, hint=57_600)),
+    ]:
+        ours = hits(run_hycache(hycache_config(setup, "limit", turns), turns))
+        assert hits(run_reference(with_cls(setup, PLUGIN), turns)) == ours
+
+
+# -- hints ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "hints", [[-5], [10_000], ["640"], [True], [640.0], "640", [640, -1], {"at": 640}]
+)
+def test_a_bad_hint_is_ignored_with_one_warning(
+    hints: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Negative, past the prompt, not a list of ints: ignored (the good ones kept), one
+    warning per request, and the request runs as without it."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    good = isinstance(hints, list) and any(type(h) is int and h == 640 for h in hints)
+    ref = ReferenceScheduler(VllmSetup(64, 16, scheduler_cls=PLUGIN))
+    turns = family(0, 640, 83, 3)
+    req = Request(
+        "bad",
+        list(turns[0].prompt),
+        SamplingParams(max_tokens=1, extra_args={"prefix_hints": hints}),
+        None,
+        block_hasher=ref.hasher,
+    )
+    with caplog.at_level(logging.WARNING, logger="hycache.vllm"):
+        ref.scheduler.add_request(req)
+        ref.scheduler.schedule()
+    warnings = [r for r in caplog.records if r.name == "hycache.vllm"]
+    assert len(warnings) == 1 and "ignoring prefix hints" in warnings[0].getMessage()
+    assert req.hycache_stops == ((576, 624, 640) if good else ())
+
+
+# -- random sharing shapes --------------------------------------------------------------------
+
+
+STOPS_SEEN: dict[str, tuple[int, ...]] = {}  # request id -> stops, by RecordingScheduler
+
+
+class RecordingScheduler(SyncScheduler):
+    """The plugin, recording each request's stops (a junction or hint it acted on)."""
+
+    def hycache_stops(self, request, hit, junction):  # type: ignore[no-untyped-def]
+        stops = super().hycache_stops(request, hit, junction)
+        STOPS_SEEN[request.request_id] = stops
+        return stops
+
+
+def contains_an_answer(turns: list[Turn]) -> bool:
+    """A prompt that extends an earlier prompt and its answer (a chat turn): decode-side
+    snapshots, which the plugin does not bring, decide its hit."""
+    return any(
+        list(t.prompt[: len(p.prompt) + len(p.answer)]) == [*p.prompt, *p.answer]
+        for i, t in enumerate(turns)
+        for p in turns[:i]
+        if len(t.prompt) > len(p.prompt)
+    )
+
+
+@st.composite
+def shapes(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn]]:
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    b, u = rng.choice(GEOMETRIES)
+    k = rng.choice([1, 1, 2, 3])
+    turns = scenario(rng, b, u, k, drafts=True)
+    while contains_an_answer(turns):
+        turns = scenario(rng, b, u, k, drafts=True)
+    return VllmSetup(b, u, budget(rng, b), k, exporting=draw(st.booleans())), turns
+
+
+@given(case=shapes())
+def test_random_shapes(case: tuple[VllmSetup, list[Turn]]) -> None:
+    """Per request: plugin >= stock; plugin = `limit` (`hycache simulate --policy limit
+    --sequential`) with a Mamba layer that splits at its checkpoints, and at most `limit`
+    with the Mamba2 spec (vLLM exports one checkpoint per forward and skips the replay
+    boundary's stop, which hycache's split keeps: a request that is a prefix of an earlier
+    one can resume lower). Until a request acts on a junction, every request chunks
+    exactly as on stock vLLM."""
+    setup, turns = case
+    stock = run_reference(setup, turns)
+    STOPS_SEEN.clear()
+    plugin = run_reference(with_cls(setup, f"{__name__}.RecordingScheduler"), turns)
+    limit = hits(run_hycache(hycache_config(setup, "limit", turns), turns))
+    for i, (s, p, m) in enumerate(zip(hits(stock), hits(plugin), limit, strict=True)):
+        assert s <= p, i
+        assert p == m if not setup.exporting else p <= m, i
+    for s, p in zip(stock, plugin, strict=True):
+        assert p.hit == s.hit  # the caches are the same so far
+        if STOPS_SEEN.get(p.request_id):
+            break  # this request acts on a junction (its stops), so the caches part here
+        assert p.chunk_ends == s.chunk_ends
+
+
+# -- inert where limit does not apply -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "setup,reason",
+    [
+        (VllmSetup(64, 64), "prefix_match_unit equals block_size"),
+        (VllmSetup(64, 16, num_speculative_tokens=0), "no EAGLE/MTP drafter"),
+        (VllmSetup(64, 16, lookahead=False), "num_hash_lookahead_tokens=0"),
+    ],
+)
+def test_inert_is_stock_and_says_why_once(
+    setup: VllmSetup, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    turns = family(0, 640, 83, 3) + family(2, 200, 300, 2)
+    with caplog.at_level(logging.INFO, logger="hycache.vllm"):
+        plugin = run_reference(with_cls(setup, PLUGIN), turns)
+    lines = [r.getMessage() for r in caplog.records if r.name == "hycache.vllm"]
+    assert len(lines) == 1 and "inert" in lines[0] and reason in lines[0], lines
+    stock = run_reference(setup, turns)
+    assert [(t.hit, t.chunk_ends) for t in plugin] == [(t.hit, t.chunk_ends) for t in stock]
+
+
+# -- blocks go back to vLLM's pool --------------------------------------------------------------
+
+
+def drive_concurrently(
+    ref: ReferenceScheduler, turns: list[Turn], abort: str, max_tokens: int = 8
+) -> list[Any]:
+    """All turns at once in a pool too small for them (vLLM preempts), `abort` aborted
+    mid-prefill; each step samples one token per request that finished its prompt."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request, RequestStatus
+
+    s = ref.scheduler
+    reqs = [
+        Request(
+            f"c{i}",
+            list(t.prompt),
+            SamplingParams(
+                max_tokens=max_tokens,
+                ignore_eos=True,
+                extra_args={"prefix_hints": list(t.prefix_hints)} if t.prefix_hints else None,
+            ),
+            None,
+            block_hasher=ref.hasher,
+        )
+        for i, t in enumerate(turns)
+    ]
+    by_id = {r.request_id: r for r in reqs}
+    for r in reqs:
+        s.add_request(r)
+    for step in range(10_000):
+        if not s.has_requests():
+            break
+        out = s.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[] if by_id[i].num_computed_tokens < by_id[i].num_tokens else [7] for i in ids]
+        index = {i: n for n, i in enumerate(ids)}
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=sampled)
+        s.update_from_output(out, mro)
+        if step == 3:
+            s.finish_requests(abort, RequestStatus.FINISHED_ABORTED)
+    assert not s.has_requests()
+    return reqs
+
+
+@pytest.mark.parametrize("cls", [PLUGIN, SYNC])
+def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
+    from vllm.v1.request import RequestStatus
+
+    from hycache.vllm.managers import UnitKeyedAttention
+
+    ref = ReferenceScheduler(VllmSetup(64, 16, 256, num_blocks=24, scheduler_cls=cls))
+    start = ref.num_free_blocks()
+    reqs = drive_concurrently(ref, family(0, 640, 83, 4, hint=640), "c1", max_tokens=300)
+    assert any(r.num_preemptions for r in reqs)  # the pool was too small: vLLM preempted
+    assert reqs[1].status is RequestStatus.FINISHED_ABORTED
+    assert all(r.status is RequestStatus.FINISHED_LENGTH_CAPPED for r in reqs if r is not reqs[1])
+    assert ref.num_free_blocks() == start
+    for m in ref.scheduler.kv_cache_manager.coordinator.single_type_managers:
+        assert not m.req_to_blocks
+        if isinstance(m, UnitKeyedAttention):
+            assert not m._num_keyed_units
+
+
+# -- hycache explain --backend vllm ---------------------------------------------------------------
+
+SEED_SHAPE = [
+    "--block-size",
+    "4416",
+    "--prefix-match-unit",
+    "64",
+    "--eagle",
+    "--prompt-tokens",
+    "64016",
+    "--shared-prefix",
+    "57600",
+]
+
+
+def test_explain_backend_vllm_on_the_seed_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    """Stock vLLM beside `hycache.vllm.Scheduler`, measured on vLLM's scheduler (k=3)."""
+    import json
+
+    from hycache.cli import main
+
+    assert main(["explain", *SEED_SHAPE, "--backend", "vllm", "--json"]) == 0
+    cols = json.loads(capsys.readouterr().out)["policies"]
+    stock, ours = cols["vllm"], cols["hycache.vllm.Scheduler"]
+    assert stock["siblings"] == [0, 57_408, 57_408]
+    assert ours["siblings"] == [0, 57_536, 57_536] == [0, ours["limit"], ours["limit"]]
+    assert stock["resend"] == ours["resend"] == 64_000
+    assert stock["producer_checkpoints"] == ours["producer_checkpoints"] == [64_000]
+    assert stock["sibling_prefill_steps"] == [14, 1, 1]
+    assert ours["sibling_prefill_steps"] == [17, 3, 3]
+    assert main(["explain", *SEED_SHAPE, "--backend", "vllm", "--prefix-hint", "57600"]) == 0
+    table = capsys.readouterr().out
+    assert "57,536 / 57,536 / 57,536" in table and "0 / 57,408 / 57,408" in table
+
+
+# -- the README's command ---------------------------------------------------------------------
+
+
+def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
+    """The README's `vllm serve` flags, flag for flag, through vLLM's parser and config
+    (`tests/vllm/serve_command.py`, in a process with vLLM's CPU platform)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.vllm.serve_command import readme_command
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.vllm.serve_command"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    got = json.loads(lines[-1].removeprefix("RESULT "))
+    assert got["flags"] == readme_command()[3:]
+    assert got["scheduler_cls"] == PLUGIN
+    assert got["scheduler"] == "hycache.vllm.scheduler.Scheduler"  # what PLUGIN names
+    assert got["mamba_cache_mode"] == "align" and got["enable_prefix_caching"]
+    assert got["prefix_match_unit"] == 64 and got["max_num_batched_tokens"] == 8192
+    assert (got["speculative_method"], got["num_speculative_tokens"]) == ("mtp", 3)
+    assert got["num_hash_lookahead_tokens"] == 1  # vLLM's lookahead keys: the plugin is on
+    assert got["hits_hint_0"] == [0, 0, 57_536, 57_536]
+    assert got["hits_hint_57600"] == [0, 57_536, 57_536, 57_536]

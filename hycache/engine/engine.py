@@ -37,7 +37,7 @@ from hycache.model.config import HybridConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
 from hycache.request import Request, RequestStatus, SamplingParams, TokenLogprob
-from hycache.sched.scheduler import Scheduler
+from hycache.sched.scheduler import Scheduler, SchedulerOutput
 from hycache.store import KVStore
 
 DTYPES = {
@@ -285,6 +285,8 @@ class LLM:
             mirror = attach_store(kv_store, kv_store_gb, self.scheduler.cache, self.runner, fp)
             self.store = mirror.store
         self.stats = EngineStats()
+        # the last step's schedule (`hycache.calibrate` reads the work each timed step did)
+        self.last_schedule: SchedulerOutput | None = None
         self._ids = itertools.count()
         self._streamed: dict[str, int] = {}  # output tokens already streamed, per request
         self.eos_token_ids = eos_token_ids(model)
@@ -375,7 +377,7 @@ class LLM:
 
     def step(self) -> list[StreamEvent]:
         """One engine step; returns the new tokens of every request that produced some."""
-        out = self.scheduler.schedule()
+        out = self.last_schedule = self.scheduler.schedule()
         results = self.runner.execute(out)
         finished = self.scheduler.update(out, results)
         self.stats.steps += 1

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hycache.sim.costmodel import StepWork
-from hycache.sim.fit import Conditions, Fit, Sample, fit, profile_dict, residuals
+from hycache.sim.fit import Conditions, Fit, Sample, ablation, fit, profile_dict, residuals
 from hycache.sim.presets import GpuSpec, load_model_spec
 
 Progress = Callable[[str], None]
@@ -126,6 +126,7 @@ class CalibrateOptions:
     dtype: str = "float32"
     seed: int = 0
     quick: bool = False
+    clock: str = "wall"  # what the fit matches: "wall", or "cpu" (process CPU time)
     grid: Grid = FIT_GRID
     held_out: Grid = HELD_OUT_GRID
     extra: dict[str, Any] = field(default_factory=dict)
@@ -457,6 +458,7 @@ def measure(o: CalibrateOptions, progress: Progress) -> Measured:
             "prefix_match_unit": o.prefix_match_unit,
             "repeats": o.repeats,
             "cores": os.cpu_count() or 0,
+            "clock": o.clock,
             # per k: the per-draft acceptance of the engine's drafter on the probes' random
             # prompts (what `--acceptance-rate` should be to simulate this engine)
             "acceptance_rate": {
@@ -479,11 +481,13 @@ def profile_from(m: Measured, model_name: str, progress: Progress, command: str)
     """Fit `m.fitted` and build the profile document, residuals of both grids included."""
     model = load_model_spec(model_name)
     block = int(m.conditions.extra["block_size"])
-    values: Fit = fit(m.fitted, model, m.gpu, block_size=block)
-    progress("fitted")
-    rows = residuals(m.fitted, values, model, m.gpu, block)
-    held_rows = residuals(m.held_out, values, model, m.gpu, block)
+    clock = str(m.conditions.extra.get("clock", "wall"))
+    values: Fit = fit(m.fitted, model, m.gpu, block_size=block, clock=clock)
+    progress("fitted; the ablation")
+    rows = residuals(m.fitted, values, model, m.gpu, block, clock)
+    held_rows = residuals(m.held_out, values, model, m.gpu, block, clock)
+    why = ablation(m.fitted, model, m.gpu, block_size=block, clock=clock)
     return profile_dict(
         m.gpu, values, model=model_name, fitted=rows, held_out=held_rows,
-        conditions=m.conditions, command=command,
+        conditions=m.conditions, command=command, ablation=why,
     )  # fmt: skip

@@ -109,6 +109,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.eviction_curves:
         return cmd_eviction_curves(args)
+    if args.validate:
+        from hycache.cli_calibrate import cmd_validate
+
+        if args.json == BENCH_JSON:
+            args.json = "out/validate.json"
+        return cmd_validate(args)
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
     check_store_args(args)
@@ -183,6 +189,9 @@ BENCH_ONLY_DEFAULTS: dict[str, Any] = {
     "eviction": "lru",
     "eviction_alpha": DEFAULT_EVICTION_ALPHA,
     "eviction_curves": False,
+    "validate": None,
+    "threads": 1,
+    "clock": None,
 }
 
 
@@ -422,5 +431,8 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "against flop-aware, on the family, multi-turn and trace workloads (writes "
         "out/eviction.json and out/eviction.png unless --json / --plot name other files)",
     )
+    from hycache.cli_calibrate import add_validate_flags
+
+    add_validate_flags(p)
     p.set_defaults(func=cmd_bench)
     add_bench_serve_parser(p)

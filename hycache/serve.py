@@ -257,8 +257,12 @@ def create_app(
         if isinstance(body, Response):
             return body
         if llm.tokenizer is None or (chat and prep.encoder is None):
-            return _no_tokenizer() if llm.tokenizer is None else error_response(
-                400, "this model has no chat template; pass --chat-template FILE"
+            return (
+                _no_tokenizer()
+                if llm.tokenizer is None
+                else error_response(
+                    400, "this model has no chat template; pass --chat-template FILE"
+                )
             )
         try:
             if isinstance(body, TokenizeChatBody):

@@ -102,8 +102,20 @@ class Sample:
     def __post_init__(self) -> None:
         if self.wall_s <= 0:
             raise ValueError(f"{self.label}: wall_s must be > 0, got {self.wall_s}")
+        if self.cpu_s < 0:
+            raise ValueError(f"{self.label}: cpu_s must be >= 0, got {self.cpu_s}")
         if self.kind not in SAMPLE_KINDS:
             raise ValueError(f"{self.label}: kind must be one of {SAMPLE_KINDS}, got {self.kind!r}")
+
+    def measured(self, clock: str) -> float:
+        """The median on `clock`: ``"wall"``, or ``"cpu"`` (process CPU time: what a quiet
+        machine's wall clock shows for a one-thread engine sharing its cores with others)."""
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+        return self.cpu_s if clock == "cpu" and self.cpu_s > 0 else self.wall_s
+
+
+CLOCKS = ("wall", "cpu")
 
 
 @dataclass(frozen=True)
@@ -289,13 +301,14 @@ def fit(
     overlap: bool = False,
     seq_overhead: bool = True,
     kv_factor: bool = True,
+    clock: str = "wall",
 ) -> Fit:
     """The free parameters that minimise the squared relative error over `samples`.
 
     `overlap`: fit the GPU roofline (each phase the larger of compute and memory) instead of
     compute + memory. `seq_overhead=False` pins `seq_overhead_s` at 0 and `kv_factor=False`
     the K/V factor at 1 (a GPU's paged kernels read each cached byte once)."""
-    return _fit(samples, model, gpu, block_size, overlap, seq_overhead, kv_factor)[0]
+    return _fit(samples, model, gpu, block_size, overlap, seq_overhead, kv_factor, clock)[0]
 
 
 def _fit(
@@ -306,12 +319,13 @@ def _fit(
     overlap: bool,
     seq_overhead: bool,
     kv_factor: bool,
+    clock: str = "wall",
 ) -> tuple[Fit, float]:
     samples = [s for s in samples if s.kind == "step"]
     if not samples:
         raise ValueError("fit: no whole-step samples")
     feats = [_features(s, model, gpu, block_size) for s in samples]
-    y = np.array([s.wall_s for s in samples])
+    y = np.array([s.measured(clock) for s in samples])
     drafter = any(s.num_speculative_tokens for s in samples)
     free = [True, drafter, seq_overhead, kv_factor]
     values, err = (_roofline_fit if overlap else _linear_fit)(feats, y, free)
@@ -333,9 +347,10 @@ def ablation(
     gpu: GpuSpec,
     *,
     block_size: int | None = None,
+    clock: str = "wall",
 ) -> dict[str, float]:
     """The fit's relative rms error with each added term taken away (why each is there)."""
-    base = {"overlap": False, "seq_overhead": True, "kv_factor": True}
+    base = {"overlap": False, "seq_overhead": True, "kv_factor": True, "clock": clock}
     out = {}
     for name, change in ABLATIONS.items():
         opts = {**base, **change}
@@ -363,11 +378,13 @@ def residuals(
     model: ModelSpec,
     gpu: GpuSpec,
     block_size: int | None = None,
+    clock: str = "wall",
 ) -> list[dict[str, Any]]:
-    """Per shape: measured (wall and CPU), predicted, and the relative error."""
+    """Per shape: measured (on `clock`; wall and CPU beside), predicted, relative error."""
     out = []
     for s in samples:
         pred = predict(s, values, model, gpu, block_size)
+        measured = s.measured(clock)
         out.append(
             {
                 "shape": s.label,
@@ -376,20 +393,27 @@ def residuals(
                 "requests": len(s.work.seqs),
                 "tokens": s.work.num_tokens,
                 "block_copies": s.work.num_block_copies,
-                "measured_s": s.wall_s,
+                "measured_s": measured,
+                "wall_s": s.wall_s,
                 "cpu_s": s.cpu_s,
                 "repeats": s.repeats,
                 "spread": s.spread,
                 "load": s.load,
                 "predicted_s": pred,
-                "error": pred / s.wall_s - 1.0,
+                "error": pred / measured - 1.0,
             }
         )
     return out
 
 
-def max_abs_error(rows: Sequence[Mapping[str, Any]]) -> float:
-    return max((abs(r["error"]) for r in rows), default=0.0)
+def max_abs_error(rows: Sequence[Mapping[str, Any]], kind: str = "step") -> float:
+    """The largest |error| over the rows of `kind` (whole steps: what the fit is for)."""
+    return max((abs(r["error"]) for r in rows if r["kind"] == kind), default=0.0)
+
+
+def rms_error(rows: Sequence[Mapping[str, Any]], kind: str = "step") -> float:
+    errs = [r["error"] for r in rows if r["kind"] == kind]
+    return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else 0.0
 
 
 @dataclass(frozen=True)
@@ -416,6 +440,7 @@ def profile_dict(
     held_out: Sequence[Mapping[str, Any]],
     conditions: Conditions,
     command: str,
+    ablation: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """A device profile: the GPU preset fields (efficiencies and overheads fitted), then
     `model` (the model preset the fit was done on), `residuals` (the fitted shapes),
@@ -438,6 +463,9 @@ def profile_dict(
         "command": command,
         "max_abs_error_fitted": max_abs_error(fitted),
         "max_abs_error_held_out": max_abs_error(held_out),
+        "rms_error_fitted": rms_error(fitted),
+        "rms_error_held_out": rms_error(held_out),
+        "ablation_rms_error": dict(ablation or {}),
         **asdict(conditions),
     }
     return doc

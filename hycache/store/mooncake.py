@@ -65,8 +65,11 @@ def parse_url(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme != "mooncake" or not parts.hostname or parts.path not in ("", "/"):
         raise ValueError(f"kv-store: expected mooncake://HOST:PORT, got {url!r}")
-    if parts.username is not None or parts.query or parts.fragment or not valid_host(
-        parts.hostname
+    if (
+        parts.username is not None
+        or parts.query
+        or parts.fragment
+        or not valid_host(parts.hostname)
     ):
         raise ValueError(f"kv-store: {url!r}: {parts.hostname!r} is not a host name or address")
     try:

@@ -129,6 +129,12 @@ class CalibrateOptions:
     clock: str = "wall"  # what the fit matches: "wall", or "cpu" (process CPU time)
     grid: Grid = FIT_GRID
     held_out: Grid = HELD_OUT_GRID
+    device: str = "cpu"
+    cache_memory_gb: float = 0.5
+    vocab: int = VOCAB
+    # a (model, config) made by the caller and reused by every probe (the GPU script's
+    # random-weight Bamba-9B); None: `model` is loaded by name for each probe
+    build: Callable[[], tuple[Any, Any]] | None = field(default=None, compare=False)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def grids(self) -> tuple[Grid, Grid]:
@@ -138,15 +144,19 @@ class CalibrateOptions:
 # -- the device --------------------------------------------------------------------------------
 
 
-def measure_device(threads: int, device: str = "cpu") -> GpuSpec:
-    """Peak float32 FLOP/s (a 1024^3 matrix product, best of 5) and memory bandwidth (a
-    64 MiB copy, read + written, best of 5) on `threads` torch threads."""
+def measure_device(threads: int, device: str = "cpu", dtype: str = "float32") -> GpuSpec:
+    """Peak FLOP/s (a square matrix product in `dtype`: 1024 on a CPU, 8192 on a GPU; best of
+    5) and memory bandwidth (a copy, read + written: 64 MiB on a CPU, 4 GiB on a GPU; best
+    of 5) on `threads` torch threads."""
     import torch
 
+    from hycache.engine.engine import DTYPES
+
     torch.set_num_threads(threads)
-    n = 1024
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+    gpu = device != "cpu"
+    n = 8192 if gpu else 1024
+    a = torch.randn(n, n, device=device).to(DTYPES[dtype])
+    b = torch.randn(n, n, device=device).to(DTYPES[dtype])
     best = float("inf")
     for _ in range(6):
         t0 = time.perf_counter()
@@ -155,7 +165,7 @@ def measure_device(threads: int, device: str = "cpu") -> GpuSpec:
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     flops = 2.0 * n**3 / best
-    src = torch.empty(16 << 20, device=device)  # 64 MiB of float32
+    src = torch.empty((1 << 30) if gpu else (16 << 20), device=device)  # float32
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(6):
@@ -172,7 +182,8 @@ def measure_device(threads: int, device: str = "cpu") -> GpuSpec:
         hbm_bandwidth=bandwidth,
         memory_bytes=memory,
         description=f"{device}, {threads} torch thread(s), measured by hycache calibrate",
-        source="peak_flops: a 1024^3 float32 matmul; hbm_bandwidth: a 64 MiB copy (best of 5)",
+        source=f"peak_flops: a {n}^3 {dtype} matmul; hbm_bandwidth: a "
+        f"{src.numel() * 4 >> 20} MiB copy (best of 5)",
     )
 
 
@@ -193,6 +204,7 @@ class _Timer:
 
         c0, t0 = time.process_time(), time.perf_counter()
         events = self.llm.step()
+        _sync(self.llm.model.device)
         t1, c1 = time.perf_counter(), time.process_time()
         self.wall += t1 - t0
         self.cpu += c1 - c0
@@ -200,6 +212,13 @@ class _Timer:
             work = step_work(self.llm.last_schedule)
             self.steps.setdefault(label, []).append((work, t1 - t0, c1 - c0))
         return events
+
+
+def _sync(device: Any) -> None:
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def _sample(label: str, runs: list[tuple[StepWork, float, float]], k: int, kind: str) -> Sample:
@@ -220,9 +239,17 @@ def _sample(label: str, runs: list[tuple[StepWork, float, float]], k: int, kind:
     )
 
 
+_BUILT: dict[int, tuple[Any, Any]] = {}
+
+
 def _engine(o: CalibrateOptions, k: int, max_len: int, **kw: Any) -> Any:
     from hycache.engine.engine import LLM
 
+    if o.build is not None:
+        if id(o.build) not in _BUILT:
+            _BUILT.clear()
+            _BUILT[id(o.build)] = o.build()
+        kw["prebuilt"] = _BUILT[id(o.build)]
     return LLM(
         o.model,
         dtype=o.dtype,
@@ -232,7 +259,8 @@ def _engine(o: CalibrateOptions, k: int, max_len: int, **kw: Any) -> Any:
         policy="limit",
         num_speculative_tokens=k,
         seed=o.seed,
-        cache_memory_gb=0.5,
+        cache_memory_gb=o.cache_memory_gb,
+        device=o.device,
         **kw,
     )
 
@@ -241,8 +269,8 @@ def _all_decoding(sched: Any) -> bool:
     return all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running)
 
 
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(VOCAB) for _ in range(n)]
+def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(n)]
 
 
 def _prefill(o: CalibrateOptions, p: PrefillProbe, rng: random.Random) -> list[Sample]:
@@ -255,10 +283,10 @@ def _prefill(o: CalibrateOptions, p: PrefillProbe, rng: random.Random) -> list[S
     )  # fmt: skip
     timer = _Timer(llm)
     one = SamplingParams(max_tokens=1, ignore_eos=True)
-    llm.generate([_tokens(rng, min(prompt, 64))], one)  # warm-up
+    llm.generate([_tokens(rng, min(prompt, 64), o.vocab)], one)  # warm-up
     want = {(p.chunk, c): f"prefill n={p.chunk} c={c} k={p.k}" for c in p.contexts}
     for _ in range(o.repeats):
-        llm.add_request(_tokens(rng, prompt), one)
+        llm.add_request(_tokens(rng, prompt, o.vocab), one)
         while llm.scheduler.has_unfinished():
             s = llm.scheduler.running[0] if llm.scheduler.running else None
             start = s.num_computed_tokens if s is not None else 0
@@ -287,13 +315,13 @@ def _decode(
         max_num_seqs=biggest + 1,
     )  # fmt: skip
     timer = _Timer(llm)
-    shared = _tokens(rng, p.context)
+    shared = _tokens(rng, p.context, o.vocab)
     llm.generate([shared], SamplingParams(max_tokens=1, ignore_eos=True))  # the producer
     out: list[Sample] = []
     for b in sorted({*p.batches, *mixed}):
         n_out = steps * (p.k + 1) * (3 if b in mixed else 1) + 8
         sp = SamplingParams(max_tokens=n_out, ignore_eos=True)
-        ids = {llm.add_request(shared + _tokens(rng, 8), sp) for _ in range(b)}
+        ids = {llm.add_request(shared + _tokens(rng, 8, o.vocab), sp) for _ in range(b)}
         sched = llm.scheduler
         while not (len(sched.running) == b and _all_decoding(sched)):
             timer.step()
@@ -312,7 +340,7 @@ def _decode(
             for _ in range(o.repeats):
                 # n + u tokens: the first chunk stops at the tail checkpoint, n; the last u
                 # tokens run in the next step (not timed)
-                llm.add_request(_tokens(rng, n + o.prefix_match_unit), one)
+                llm.add_request(_tokens(rng, n + o.prefix_match_unit, o.vocab), one)
                 timer.step(mlabel)
                 timer.step()
             runs = [
@@ -438,14 +466,14 @@ def measure(o: CalibrateOptions, progress: Progress) -> Measured:
     load0 = os.getloadavg()[0]
     with _threads(o.threads), torch.inference_mode():
         progress("measuring the device")
-        gpu = measure_device(o.threads)
+        gpu = measure_device(o.threads, o.device, "bfloat16" if o.device != "cpu" else "float32")
         accepted: dict[int, list[int]] = {}
         fitted = measure_grid(o, fit_grid, progress, accepted)
         progress("held-out shapes")
         held = measure_grid(o, held_grid, progress)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     cond = Conditions(
-        device="cpu",
+        device=o.device,
         threads=o.threads,
         dtype=o.dtype,
         torch_version=str(torch.__version__),

@@ -146,6 +146,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if e.get("kv_store"):
             title += f"; second tier {e['kv_store']} ({e['kv_store_gb']:g} GiB per arm)"
         console.print(policy_table(title, doc["engine"]["policies"]))
+        if args.engine_profile:
+            from hycache.cli_calibrate import engine_prediction_table
+            from hycache.validate import predict_engine_bench
+
+            assert engine is not None
+            predicted = predict_engine_bench(engine, args.engine_profile)
+            doc["engine"]["predicted"] = {"profile": args.engine_profile, "policies": predicted}
+            console.print(engine_prediction_table(doc["engine"]["policies"], predicted))
     for name, part in doc.get("simulated", {}).items():
         i = part["inputs"]
         title = (
@@ -190,6 +198,7 @@ BENCH_ONLY_DEFAULTS: dict[str, Any] = {
     "eviction_alpha": DEFAULT_EVICTION_ALPHA,
     "eviction_curves": False,
     "validate": None,
+    "engine_profile": None,
     "threads": 1,
     "clock": None,
 }
@@ -421,6 +430,13 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--engine-repeats", type=positive_int, default=None, help="alternating repeats (3)"
     )
     p.add_argument("--trace-requests", type=positive_int, default=None)
+    p.add_argument(
+        "--engine-profile",
+        default=None,
+        metavar="PROFILE",
+        help="a calibrated CPU profile (`hycache calibrate`): the simulator's prediction for "
+        "the engine part, beside what the engine measured",
+    )
     add_store_args(p)  # the engine part's arms: each its own store of this kind
     g = p.add_argument_group("eviction")
     add_eviction_flags(g)  # every arm of the tables, engine and simulated

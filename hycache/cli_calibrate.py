@@ -41,14 +41,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def residuals_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """Per shape: measured on the fit's clock (wall and CPU beside), predicted, error; the
+    spread of the repeats and the load average. Copies and state writes (dim) are not
+    fitted."""
     t = Table(title=title)
-    for col in ("shape", "measured ms", "CPU ms", "predicted ms", "error", "spread", "load"):
+    cols = ("shape", "measured ms", "wall ms", "CPU ms", "predicted ms", "error", "spread", "load")
+    for col in cols:
         t.add_column(col, justify="left" if col == "shape" else "right")
     for r in rows:
         style = None if r["kind"] == "step" else "dim"
         t.add_row(
             r["shape"],
             f"{r['measured_s'] * 1e3:.2f}",
+            f"{r['wall_s'] * 1e3:.2f}",
             f"{r['cpu_s'] * 1e3:.2f}",
             f"{r['predicted_s'] * 1e3:.2f}",
             f"{r['error']:+.1%}",
@@ -109,6 +114,26 @@ def validation_table(doc: dict[str, Any]) -> Table:
             r = c["ratio"]
             cells = (f"{r['measured']:.3f}", f"{r['predicted']:.3f}", f"{r['error_pp']:+.1f} pp")
             t.add_row(name, "limit/lookahead", "output tok/s", *cells, style="bold")
+    return t
+
+
+def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any]) -> Table:
+    """`hycache bench --engine-profile`: the CPU engine arm, measured beside predicted."""
+    from hycache.validate import METRICS
+
+    t = Table(title="CPU engine arm: measured vs the simulator with the calibrated profile")
+    for col in ("policy", "metric", "measured", "predicted", "error"):
+        t.add_column(col, justify="left" if col in ("policy", "metric") else "right")
+    for p, pred in predicted.items():
+        for label, key in METRICS:
+            m, s = measured[p][key], pred[key]
+            t.add_row(p, label, f"{m:.3g}", f"{s:.3g}", f"{s / m - 1:+.1%}" if m else "")
+    if {"limit", "lookahead"} <= set(predicted):
+        key = "output_tokens_per_s"
+        rm = measured["limit"][key] / measured["lookahead"][key]
+        rp = predicted["limit"][key] / predicted["lookahead"][key]
+        t.add_row("limit/lookahead", "output tok/s", f"{rm:.3f}", f"{rp:.3f}",
+                  f"{100 * (rp - rm):+.1f} pp", style="bold")  # fmt: skip
     return t
 
 

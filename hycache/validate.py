@@ -35,6 +35,7 @@ from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
 from hycache.sim.workloads import (
+    RequestSpec,
     SessionSpec,
     family_workload,
     multi_turn_workload,
@@ -316,8 +317,53 @@ def misses(doc: dict[str, Any], rel: float = 0.10, pp: float = 3.0) -> list[str]
         for p in (x for x in c if x != "ratio"):
             for key in ("output_tokens_per_s", "ttft_p50_s"):
                 err = c[p][key]["error"]
-                if err is None or abs(err) > rel:
+                if err is None or abs(err) > rel + 1e-9:
                     out.append(f"{name} {p} {key}: {err:+.1%}" if err is not None else name)
-        if "ratio" in c and abs(c["ratio"]["error_pp"]) > pp:
+        if "ratio" in c and abs(c["ratio"]["error_pp"]) > pp + 1e-9:
             out.append(f"{name} limit/lookahead: {c['ratio']['error_pp']:+.1f} pp")
+    return out
+
+
+def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
+    """What the simulator with `profile` predicts for `hycache bench`'s CPU engine arm
+    (`hycache.bench.EngineBench`, the same prompts), per policy; the acceptance rate is the
+    profile's measurement."""
+    import random
+
+    from hycache.bench import ENGINE_ARMS
+
+    rng = random.Random(bench.seed)
+    system = [rng.randrange(VOCAB) for _ in range(bench.shared_prefix_tokens)]
+    requests = [
+        RequestSpec(
+            i,
+            np.array(system + [rng.randrange(VOCAB) for _ in range(bench.suffix_tokens)]),
+            bench.output_tokens,
+            None,
+        )
+        for i in range(bench.num_requests)
+    ]
+    w = Workload("system-prompt", requests)
+    o = ValidateOptions(
+        profile=profile,
+        block_size=bench.block_size,
+        prefix_match_unit=bench.prefix_match_unit,
+        num_speculative_tokens=bench.num_speculative_tokens,
+        concurrency=bench.concurrency,
+        max_num_batched_tokens=bench.max_num_batched_tokens,
+        seed=bench.seed,
+    )
+    gpu = load_gpu(profile)
+    k = o.num_speculative_tokens
+    cost = CostModel(
+        load_model_spec(gpu.fitted_on or o.model), gpu, speculative=k > 0,
+        num_speculative_tokens=k, block_size=o.block_size, pool_layout="separate",
+    )  # fmt: skip
+    accept = profile_acceptance(gpu, k)
+    max_len = bench.shared_prefix_tokens + bench.suffix_tokens + bench.output_tokens + 16
+    out = {}
+    for p in ENGINE_ARMS:
+        cfg = _engine(o, p, max_len).config
+        cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
+        out[p] = simulate(cfg, w, cost, o.concurrency, o.seed)
     return out

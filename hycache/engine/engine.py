@@ -204,6 +204,7 @@ class LLM:
         kv_store_gb: float = 1.0,
         eviction: str = "lru",
         eviction_alpha: float = DEFAULT_EVICTION_ALPHA,
+        prebuilt: tuple[torch.nn.Module, HybridConfig] | None = None,
     ) -> None:
         """Cache memory: by default `cache_memory_gb` (speculative scratch included) is split
         into attention blocks and SSM state pages (`hycache.cache.layout`); `num_blocks` alone
@@ -214,10 +215,17 @@ class LLM:
         processes; this one contributes `kv_store_gb` GiB), or a `KVStore`.
 
         `eviction`: `lru` or `flop-aware` (entries valued by the FLOPs a hit saves, priced from
-        this model's layers: `recompute_cost`), weighed by `eviction_alpha`."""
+        this model's layers: `recompute_cost`), weighed by `eviction_alpha`.
+
+        `prebuilt`: a (model, config) built by the caller (e.g. random weights made on the
+        device for a model too large to initialise on the host); `model` then only names it."""
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
+        if prebuilt is not None:
+            self.model, self.model_config = prebuilt  # type: ignore[assignment]
+            self.tokenizer = None
+        else:
+            self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
         mc = self.model_config
         max_len = max_model_len or min(mc.max_position_embeddings, 8192)
         drafter = None

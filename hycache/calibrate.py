@@ -510,11 +510,12 @@ def profile_from(m: Measured, model_name: str, progress: Progress, command: str)
     model = load_model_spec(model_name)
     block = int(m.conditions.extra["block_size"])
     clock = str(m.conditions.extra.get("clock", "wall"))
-    values: Fit = fit(m.fitted, model, m.gpu, block_size=block, clock=clock)
+    # the engine pads decode/verify attention to the step's longest context (model/layers.py)
+    values: Fit = fit(m.fitted, model, m.gpu, block_size=block, clock=clock, padded=True)
     progress("fitted; the ablation")
     rows = residuals(m.fitted, values, model, m.gpu, block, clock)
     held_rows = residuals(m.held_out, values, model, m.gpu, block, clock)
-    why = ablation(m.fitted, model, m.gpu, block_size=block, clock=clock)
+    why = ablation(m.fitted, model, m.gpu, block_size=block, clock=clock, padded=True)
     return profile_dict(
         m.gpu, values, model=model_name, fitted=rows, held_out=held_rows,
         conditions=m.conditions, command=command, ablation=why,

@@ -79,6 +79,7 @@ def fit_table(doc: dict[str, Any]) -> Table:
         "seq_overhead_s",
         "kv_bytes_factor",
         "phase_overlap",
+        "padded_decode_attention",
     ):
         t.add_row(key, f"{doc[key]:.4g}" if not isinstance(doc[key], bool) else str(doc[key]))
     t.add_row("rms error, fitted / held out", f"{cal['rms_error_fitted']:.1%} / "

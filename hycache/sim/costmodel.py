@@ -130,7 +130,10 @@ class CostModel:
     ``kv_bytes_factor`` multiplies the attention K/V traffic (1: a paged kernel reads each
     cached byte once; the CPU engine gathers the blocks into a contiguous copy first) and
     ``phase_overlap=False`` adds a phase's compute and memory terms instead of taking the
-    larger (one CPU thread runs the matrix products and the gathers one after the other).
+    larger (one CPU thread runs the matrix products and the gathers one after the other);
+    ``padded_decode_attention`` attends every decoding request of a step over the longest
+    decoding context among them (the CPU engine pads decode and verify attention into one
+    batched layout; a paged kernel reads each request's own context).
 
     ``block_size`` (optional) lets block copies cost a whole page (:meth:`block_bytes`); without
     it a copy costs one SSM state. ``pool_layout`` is the cache layout the copies run in: with
@@ -158,6 +161,7 @@ class CostModel:
         seq_overhead_s: float | None = None,
         kv_bytes_factor: float | None = None,
         phase_overlap: bool | None = None,
+        padded_decode_attention: bool | None = None,
     ) -> None:
         self.model = model
         self.gpu = gpu
@@ -178,6 +182,9 @@ class CostModel:
         if phase_overlap is None:
             phase_overlap = gpu.phase_overlap if gpu.phase_overlap is not None else True
         self.phase_overlap = phase_overlap
+        if padded_decode_attention is None:
+            padded_decode_attention = bool(gpu.padded_decode_attention)
+        self.padded_decode_attention = padded_decode_attention
         if self.kv_bytes_factor <= 0:
             raise ValueError(f"kv_bytes_factor must be > 0, got {self.kv_bytes_factor}")
         for label, eff in (
@@ -223,6 +230,7 @@ class CostModel:
             seq_overhead_s=self.seq_overhead_s,
             kv_bytes_factor=self.kv_bytes_factor,
             phase_overlap=self.phase_overlap,
+            padded_decode_attention=self.padded_decode_attention,
         )
 
     # --- memory sizing ------------------------------------------------------------------------
@@ -402,11 +410,11 @@ class CostModel:
         dense_body = m.body_total_params - m.moe_expert_params
         nbytes = float(dense_body * dt) + self._moe_weight_bytes(tokens) + m.lm_head_params * dt
 
-        for s in work.seqs:
+        for s, attended in zip(work.seqs, self._attended(work), strict=True):
             n, c = s.num_new_tokens, s.context_len
-            flops += n_attn * self._attention_flops_per_layer(n, c)
+            flops += n_attn * self._attention_flops_per_layer(n, attended)
             flops += n_mamba * self._ssm_flops_per_layer(n)
-            nbytes += n_attn * kv_layer * (c + n)  # read the context, write the new tokens
+            nbytes += n_attn * kv_layer * (attended + n)  # read the context, write the new ones
             if n_mamba:
                 reads = 1 if c > 0 else 0  # a fresh request starts from a zero state
                 writes = 1
@@ -414,6 +422,15 @@ class CostModel:
                     writes = 1 + s.num_draft_tokens
                 nbytes += (reads + writes) * m.ssm_state_bytes
         return self._phase("target", flops, nbytes, 0.0)
+
+    def _attended(self, work: StepWork) -> list[int]:
+        """The context each request's attention reads: its own, or with
+        `padded_decode_attention` the longest among the step's decoding requests."""
+        ctx = [s.context_len for s in work.seqs]
+        if not self.padded_decode_attention:
+            return ctx
+        longest = max((s.context_len for s in work.seqs if not s.is_prefill), default=0)
+        return [c if s.is_prefill else longest for s, c in zip(work.seqs, ctx, strict=True)]
 
     def _drafter_phases(self, work: StepWork) -> list[PhaseCost]:
         m = self.model
@@ -431,19 +448,20 @@ class CostModel:
         tokens = work.num_tokens
         flops = 2.0 * m.drafter_layer_params * tokens + head_flops_per_row * len(work.seqs)
         nbytes = weights
-        for s in work.seqs:
-            flops += attn_per_pair * _attention_pairs(s.num_new_tokens, s.context_len)
-            nbytes += kv_layer * (s.context_len + s.num_new_tokens)
+        attended = self._attended(work)
+        for s, a_ctx in zip(work.seqs, attended, strict=True):
+            flops += attn_per_pair * _attention_pairs(s.num_new_tokens, a_ctx)
+            nbytes += kv_layer * (a_ctx + s.num_new_tokens)
         out.append(self._phase("draft_1", flops, nbytes, self.draft_pass_overhead_s))
 
         # Passes 2..k: one token per decoding request, sequential.
-        decoding = [s for s in work.seqs if not s.is_prefill]
+        decoding = [(s, a) for s, a in zip(work.seqs, attended, strict=True) if not s.is_prefill]
         if decoding:
             for j in range(2, self.num_speculative_tokens + 1):
                 flops = (2.0 * m.drafter_layer_params + head_flops_per_row) * len(decoding)
                 nbytes = weights
-                for s in decoding:
-                    ctx = s.context_len + s.num_new_tokens + j - 2
+                for s, a_ctx in decoding:
+                    ctx = a_ctx + s.num_new_tokens + j - 2
                     flops += attn_per_pair * _attention_pairs(1, ctx)
                     nbytes += kv_layer * (ctx + 1)
                 out.append(self._phase(f"draft_{j}", flops, nbytes, self.draft_pass_overhead_s))

@@ -60,6 +60,7 @@ PRESET_FIELDS = (
     "seq_overhead_s",
     "kv_bytes_factor",
     "phase_overlap",
+    "padded_decode_attention",
 )
 SAMPLE_KINDS = ("step", "copies", "state_writes")
 FREE_PARAMETERS = (
@@ -130,6 +131,7 @@ class Fit:
     seq_overhead_s: float = 0.0
     kv_bytes_factor: float = 1.0
     phase_overlap: bool = True
+    padded_decode_attention: bool = False  # the engine's attention layout (not fitted)
 
     def cost_model(
         self, model: ModelSpec, gpu: GpuSpec, k: int, *, block_size: int | None = None
@@ -145,6 +147,7 @@ class Fit:
             seq_overhead_s=self.seq_overhead_s,
             kv_bytes_factor=self.kv_bytes_factor,
             phase_overlap=self.phase_overlap,
+            padded_decode_attention=self.padded_decode_attention,
             speculative=k > 0,
             num_speculative_tokens=k,
             block_size=block_size,
@@ -170,14 +173,17 @@ def _phase_terms(s: Sample, cost: CostModel) -> list[tuple[float, float]]:
     return [(p.compute_s, p.memory_s) for p in phases]
 
 
-def _features(s: Sample, model: ModelSpec, gpu: GpuSpec, block_size: int | None) -> _Features:
+def _features(
+    s: Sample, model: ModelSpec, gpu: GpuSpec, block_size: int | None, padded: bool = False
+) -> _Features:
     if s.kind == "state_writes":
         nbytes = 2.0 * s.work.num_block_copies * model.ssm_state_bytes
         return _Features((0.0,), (nbytes / gpu.hbm_bandwidth,), (0.0,), (0.0, 0.0, 0.0))
     k = s.num_speculative_tokens
-    one = _phase_terms(s, Fit(1.0, 1.0).cost_model(model, gpu, k, block_size=block_size))
+    unit = Fit(1.0, 1.0, padded_decode_attention=padded)
+    one = _phase_terms(s, unit.cost_model(model, gpu, k, block_size=block_size))
     two = _phase_terms(
-        s, Fit(1.0, 1.0, kv_bytes_factor=2.0).cost_model(model, gpu, k, block_size=block_size)
+        s, replace(unit, kv_bytes_factor=2.0).cost_model(model, gpu, k, block_size=block_size)
     )
     kv = tuple(m2 - m1 for (_, m1), (_, m2) in zip(one, two, strict=True))
     if s.kind == "copies":
@@ -302,13 +308,17 @@ def fit(
     seq_overhead: bool = True,
     kv_factor: bool = True,
     clock: str = "wall",
+    padded: bool = False,
 ) -> Fit:
     """The free parameters that minimise the squared relative error over `samples`.
 
     `overlap`: fit the GPU roofline (each phase the larger of compute and memory) instead of
     compute + memory. `seq_overhead=False` pins `seq_overhead_s` at 0 and `kv_factor=False`
-    the K/V factor at 1 (a GPU's paged kernels read each cached byte once)."""
-    return _fit(samples, model, gpu, block_size, overlap, seq_overhead, kv_factor, clock)[0]
+    the K/V factor at 1 (a GPU's paged kernels read each cached byte once). `padded`: the
+    engine pads decode attention to the step's longest context (`CostModel`'s
+    `padded_decode_attention`; a fact about the engine, not a fitted number)."""
+    values = _fit(samples, model, gpu, block_size, overlap, seq_overhead, kv_factor, clock, padded)
+    return values[0]
 
 
 def _fit(
@@ -320,15 +330,17 @@ def _fit(
     seq_overhead: bool,
     kv_factor: bool,
     clock: str = "wall",
+    padded: bool = False,
 ) -> tuple[Fit, float]:
     samples = [s for s in samples if s.kind == "step"]
     if not samples:
         raise ValueError("fit: no whole-step samples")
-    feats = [_features(s, model, gpu, block_size) for s in samples]
+    feats = [_features(s, model, gpu, block_size, padded) for s in samples]
     y = np.array([s.measured(clock) for s in samples])
     drafter = any(s.num_speculative_tokens for s in samples)
     free = [True, drafter, seq_overhead, kv_factor]
     values, err = (_roofline_fit if overlap else _linear_fit)(feats, y, free)
+    values = replace(values, padded_decode_attention=padded)
     return values, math.sqrt(err / len(samples))
 
 
@@ -348,9 +360,13 @@ def ablation(
     *,
     block_size: int | None = None,
     clock: str = "wall",
+    padded: bool = False,
 ) -> dict[str, float]:
     """The fit's relative rms error with each added term taken away (why each is there)."""
-    base = {"overlap": False, "seq_overhead": True, "kv_factor": True, "clock": clock}
+    base = {
+        "overlap": False, "seq_overhead": True, "kv_factor": True, "clock": clock,
+        "padded": padded,
+    }  # fmt: skip
     out = {}
     for name, change in ABLATIONS.items():
         opts = {**base, **change}
@@ -454,6 +470,7 @@ def profile_dict(
         seq_overhead_s=values.seq_overhead_s,
         kv_bytes_factor=values.kv_bytes_factor,
         phase_overlap=values.phase_overlap,
+        padded_decode_attention=values.padded_decode_attention,
     )
     doc = {k: getattr(spec, k) for k in PRESET_FIELDS if getattr(spec, k) not in (None, "")}
     doc["model"] = model

@@ -69,6 +69,7 @@ class GpuSpec:
     seq_overhead_s: float | None = None
     kv_bytes_factor: float | None = None
     phase_overlap: bool | None = None
+    padded_decode_attention: bool | None = None
     fitted_on: str = ""
     calibration: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -447,6 +448,7 @@ def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
         seq_overhead_s=r.get_float("seq_overhead_s", required=False, positive=False),
         kv_bytes_factor=r.get_float("kv_bytes_factor", required=False),
         phase_overlap=_optional_bool(r, "phase_overlap"),
+        padded_decode_attention=_optional_bool(r, "padded_decode_attention"),
         fitted_on=r.get_str("model", required=False),
         calibration=_calibration(r),
     )

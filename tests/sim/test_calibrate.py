@@ -228,3 +228,17 @@ def test_gpu_script_smoke(tmp_path: Path) -> None:
     rows = doc["calibration"]["preset_beside_measured"]
     assert rows and all(r["preset_s"] > 0 and r["refit_s"] > 0 for r in rows)
     assert load_gpu(out).phase_overlap is True
+
+
+def test_padded_decode_attention_reads_the_longest_context() -> None:
+    gpu = load_gpu("h200")
+    mixed = StepWork((SeqWork(3, 100, 2, False), SeqWork(3, 1000, 2, False),
+                      SeqWork(64, 5000, 0, True)))  # fmt: skip
+    even = StepWork((SeqWork(3, 1000, 2, False), SeqWork(3, 1000, 2, False),
+                     SeqWork(64, 5000, 0, True)))  # fmt: skip
+    kw = {"speculative": True, "num_speculative_tokens": 2, "block_size": 64}
+    padded = CostModel(MODEL, gpu, padded_decode_attention=True, **kw)
+    plain = CostModel(MODEL, gpu, **kw)
+    assert padded.breakdown(mixed)["bytes"] == plain.breakdown(even)["bytes"]
+    assert padded.breakdown(mixed)["flops"] == plain.breakdown(even)["flops"]
+    assert plain.breakdown(mixed)["bytes"] < plain.breakdown(even)["bytes"]

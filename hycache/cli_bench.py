@@ -133,6 +133,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         engine = replace(engine, kv_store=args.kv_store, kv_store_gb=args.kv_store_gb)
     if sim is not None and args.trace_requests:
         sim = replace(sim, trace_requests=args.trace_requests)
+    if engine is not None and args.engine_profile:
+        from hycache.sim.presets import load_gpu
+
+        # the engine part runs on the torch threads the profile was calibrated on
+        cal = (load_gpu(args.engine_profile).calibration or {}).get("calibration", {})
+        engine = replace(engine, threads=int(cal.get("threads") or 1))
     with progress_reporter("benchmarking") as progress:
         doc = bench(engine, sim, progress, curves=not args.skip_curves, workers=args.jobs)
     if "engine" in doc:

@@ -199,7 +199,7 @@ def profile_clock(gpu: GpuSpec) -> str:
     return str(cal.get("calibration", {}).get("extra", {}).get("clock", "wall"))
 
 
-def _engine(o: ValidateOptions, policy: str, max_len: int) -> Any:
+def _engine(o: ValidateOptions, policy: str, max_len: int, num_blocks: int | None = None) -> Any:
     from hycache.engine.engine import LLM
 
     return LLM(
@@ -212,6 +212,7 @@ def _engine(o: ValidateOptions, policy: str, max_len: int) -> Any:
         max_num_batched_tokens=o.max_num_batched_tokens,
         max_num_seqs=o.concurrency,
         seed=o.seed,
+        num_blocks=num_blocks,
     )
 
 
@@ -363,7 +364,7 @@ def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
     max_len = bench.shared_prefix_tokens + bench.suffix_tokens + bench.output_tokens + 16
     out = {}
     for p in ENGINE_ARMS:
-        cfg = _engine(o, p, max_len).config
+        cfg = _engine(o, p, max_len, bench.num_blocks).config
         cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
         out[p] = simulate(cfg, w, cost, o.concurrency, o.seed)
     return out

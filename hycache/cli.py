@@ -1,4 +1,5 @@
-"""The `hycache` command line: explain | simulate | trace-gen | bench [serve] | generate | serve.
+"""The `hycache` command line: explain | simulate | trace-gen | bench [serve] | calibrate |
+generate | serve.
 
 This file parses arguments and prints; the work lives in the modules it calls. It holds
 `explain`, `generate`, `serve`, the engine's second-tier glue (`build_llm`), the parser and
@@ -7,7 +8,8 @@ This file parses arguments and prints; the work lives in the modules it calls. I
 - hycache.cli_common: what several commands share (`UserError`, argparse types, the cache
   flags and config, the second-tier flags `add_store_args` / `check_store_args`);
 - hycache.cli_simulate: `simulate` and `trace-gen`;
-- hycache.cli_bench: `bench` and `bench serve`.
+- hycache.cli_bench: `bench` and `bench serve`;
+- hycache.cli_calibrate: `calibrate`, and the tables of `bench --validate`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from rich.text import Text
 
 from hycache.cli_bench import add_bench_parser
+from hycache.cli_calibrate import add_calibrate_parser
 from hycache.cli_common import (
     UserError,
     add_cache_flags,
@@ -236,6 +239,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     add_bench_parser(sub)
+    add_calibrate_parser(sub)
 
     from hycache.engine.args import add_serve_args
 

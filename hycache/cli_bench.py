@@ -109,6 +109,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.eviction_curves:
         return cmd_eviction_curves(args)
+    if args.validate:
+        from hycache.cli_calibrate import cmd_validate
+
+        if args.json == BENCH_JSON:
+            args.json = "out/validate.json"
+        return cmd_validate(args)
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
     check_store_args(args)
@@ -129,6 +135,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         engine = replace(engine, kv_store=args.kv_store, kv_store_gb=args.kv_store_gb)
     if sim is not None and args.trace_requests:
         sim = replace(sim, trace_requests=args.trace_requests)
+    if engine is not None and args.engine_profile:
+        from hycache.sim.presets import load_gpu
+
+        # the engine part runs on the torch threads the profile was calibrated on
+        cal = (load_gpu(args.engine_profile).calibration or {}).get("calibration", {})
+        engine = replace(engine, threads=int(cal.get("threads") or 1))
     with progress_reporter("benchmarking") as progress:
         doc = bench(engine, sim, progress, curves=not args.skip_curves, workers=args.jobs)
     if "engine" in doc:
@@ -145,6 +157,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if e.get("kv_store"):
             title += f"; second tier {e['kv_store']} ({e['kv_store_gb']:g} GiB per arm)"
         console.print(policy_table(title, doc["engine"]["policies"]))
+        if args.engine_profile:
+            from hycache.cli_calibrate import engine_prediction_table
+            from hycache.validate import predict_engine_bench
+
+            assert engine is not None
+            predicted = predict_engine_bench(engine, args.engine_profile)
+            doc["engine"]["predicted"] = {"profile": args.engine_profile, "policies": predicted}
+            console.print(engine_prediction_table(doc["engine"]["policies"], predicted))
     for name, part in doc.get("simulated", {}).items():
         i = part["inputs"]
         title = (
@@ -189,6 +209,10 @@ BENCH_ONLY_DEFAULTS: dict[str, Any] = {
     "eviction": "lru",
     "eviction_alpha": DEFAULT_EVICTION_ALPHA,
     "eviction_curves": False,
+    "validate": None,
+    "engine_profile": None,
+    "threads": 1,
+    "clock": None,
 }
 
 
@@ -425,6 +449,13 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--engine-repeats", type=positive_int, default=None, help="alternating repeats (3)"
     )
     p.add_argument("--trace-requests", type=positive_int, default=None)
+    p.add_argument(
+        "--engine-profile",
+        default=None,
+        metavar="PROFILE",
+        help="a calibrated CPU profile (`hycache calibrate`): the simulator's prediction for "
+        "the engine part, beside what the engine measured",
+    )
     add_store_args(p)  # the engine part's arms: each its own store of this kind
     g = p.add_argument_group("eviction")
     add_eviction_flags(g)  # every arm of the tables, engine and simulated
@@ -435,5 +466,8 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "against flop-aware, on the family, multi-turn and trace workloads (writes "
         "out/eviction.json and out/eviction.png unless --json / --plot name other files)",
     )
+    from hycache.cli_calibrate import add_validate_flags
+
+    add_validate_flags(p)
     p.set_defaults(func=cmd_bench)
     add_bench_serve_parser(p)

@@ -37,7 +37,7 @@ from hycache.model.config import HybridConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
 from hycache.request import Request, RequestStatus, SamplingParams, TokenLogprob
-from hycache.sched.scheduler import Scheduler
+from hycache.sched.scheduler import Scheduler, SchedulerOutput
 from hycache.store import KVStore
 
 DTYPES = {
@@ -206,6 +206,7 @@ class LLM:
         eviction: str = "lru",
         eviction_alpha: float = DEFAULT_EVICTION_ALPHA,
         internal_checkpoints: bool = True,
+        prebuilt: tuple[torch.nn.Module, HybridConfig] | None = None,
     ) -> None:
         """Cache memory: by default `cache_memory_gb` (speculative scratch included) is split
         into attention blocks and SSM state pages (`hycache.cache.layout`); `num_blocks` alone
@@ -219,10 +220,17 @@ class LLM:
         this model's layers: `recompute_cost`), weighed by `eviction_alpha`.
 
         `internal_checkpoints`: SSM checkpoints written inside a forward, not by splitting the
-        prefill at each (`CacheConfig.internal_checkpoints`)."""
+        prefill at each (`CacheConfig.internal_checkpoints`).
+
+        `prebuilt`: a (model, config) built by the caller (e.g. random weights made on the
+        device for a model too large to initialise on the host); `model` then only names it."""
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
+        if prebuilt is not None:
+            self.model, self.model_config = prebuilt  # type: ignore[assignment]
+            self.tokenizer = None
+        else:
+            self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
         mc = self.model_config
         max_len = max_model_len or min(mc.max_position_embeddings, 8192)
         drafter = None
@@ -291,6 +299,8 @@ class LLM:
             mirror = attach_store(kv_store, kv_store_gb, self.scheduler.cache, self.runner, fp)
             self.store = mirror.store
         self.stats = EngineStats()
+        # the last step's schedule (`hycache.calibrate` reads the work each timed step did)
+        self.last_schedule: SchedulerOutput | None = None
         self._ids = itertools.count()
         self._streamed: dict[str, int] = {}  # output tokens already streamed, per request
         self.eos_token_ids = eos_token_ids(model)
@@ -381,7 +391,7 @@ class LLM:
 
     def step(self) -> list[StreamEvent]:
         """One engine step; returns the new tokens of every request that produced some."""
-        out = self.scheduler.schedule()
+        out = self.last_schedule = self.scheduler.schedule()
         results = self.runner.execute(out)
         finished = self.scheduler.update(out, results)
         self.stats.steps += 1

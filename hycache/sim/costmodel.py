@@ -109,9 +109,12 @@ class PhaseCost:
     compute_s: float
     memory_s: float
     overhead_s: float
+    overlap: bool = True  # compute and memory overlap (a roofline); False: they add up
 
     @property
     def time_s(self) -> float:
+        if not self.overlap:
+            return self.compute_s + self.memory_s + self.overhead_s
         return max(self.compute_s, self.memory_s) + self.overhead_s
 
 
@@ -123,9 +126,19 @@ def _attention_pairs(num_new: int, context: int) -> float:
 class CostModel:
     """Step times for ``model`` on ``gpu``.
 
-    Efficiencies and the per-step overhead default to the GPU preset's values, else to
-    :data:`DEFAULT_COMPUTE_EFFICIENCY`, :data:`DEFAULT_BANDWIDTH_EFFICIENCY` and
-    :data:`DEFAULT_STEP_OVERHEAD_S`.
+    Efficiencies and the overheads default to the GPU preset's values, else to
+    :data:`DEFAULT_COMPUTE_EFFICIENCY`, :data:`DEFAULT_BANDWIDTH_EFFICIENCY`,
+    :data:`DEFAULT_STEP_OVERHEAD_S` and :data:`DEFAULT_DRAFT_PASS_OVERHEAD_S`.
+    ``seq_overhead_s`` (a cost per request scheduled in a step, 0 unless given or in the
+    preset) is what `hycache calibrate` fits for engines whose runner loops over requests.
+    Two more knobs exist for calibrated CPU profiles (defaults keep the GPU roofline):
+    ``kv_bytes_factor`` multiplies the attention K/V traffic (1: a paged kernel reads each
+    cached byte once; the CPU engine gathers the blocks into a contiguous copy first) and
+    ``phase_overlap=False`` adds a phase's compute and memory terms instead of taking the
+    larger (one CPU thread runs the matrix products and the gathers one after the other);
+    ``padded_decode_attention`` attends every decoding request of a step over the longest
+    decoding context among them (the CPU engine pads decode and verify attention into one
+    batched layout; a paged kernel reads each request's own context).
 
     ``block_size`` (optional) lets block copies cost a whole page (:meth:`block_bytes`); without
     it a copy costs one SSM state. ``pool_layout`` is the cache layout the copies run in: with
@@ -146,10 +159,14 @@ class CostModel:
         step_overhead_s: float | None = None,
         speculative: bool,
         num_speculative_tokens: int,
-        draft_pass_overhead_s: float = DEFAULT_DRAFT_PASS_OVERHEAD_S,
+        draft_pass_overhead_s: float | None = None,
         block_size: int | None = None,
         intermediate_state_writes: bool = True,
         pool_layout: PoolLayout = "shared",
+        seq_overhead_s: float | None = None,
+        kv_bytes_factor: float | None = None,
+        phase_overlap: bool | None = None,
+        padded_decode_attention: bool | None = None,
     ) -> None:
         self.model = model
         self.gpu = gpu
@@ -160,13 +177,28 @@ class CostModel:
             bandwidth_efficiency, gpu.bandwidth_efficiency, DEFAULT_BANDWIDTH_EFFICIENCY
         )
         self.step_overhead_s = _pick(step_overhead_s, gpu.step_overhead_s, DEFAULT_STEP_OVERHEAD_S)
+        draft_pass_overhead_s = _pick(
+            draft_pass_overhead_s, gpu.draft_pass_overhead_s, DEFAULT_DRAFT_PASS_OVERHEAD_S
+        )
+        # per request scheduled in a step: 0 unless a calibrated profile fitted one
+        self.seq_overhead_s = _pick(seq_overhead_s, gpu.seq_overhead_s, 0.0)
+        # times each attended K/V byte is moved (1: a paged kernel reads it once)
+        self.kv_bytes_factor = _pick(kv_bytes_factor, gpu.kv_bytes_factor, 1.0)
+        if phase_overlap is None:
+            phase_overlap = gpu.phase_overlap if gpu.phase_overlap is not None else True
+        self.phase_overlap = phase_overlap
+        if padded_decode_attention is None:
+            padded_decode_attention = bool(gpu.padded_decode_attention)
+        self.padded_decode_attention = padded_decode_attention
+        if self.kv_bytes_factor <= 0:
+            raise ValueError(f"kv_bytes_factor must be > 0, got {self.kv_bytes_factor}")
         for label, eff in (
             ("compute_efficiency", self.compute_efficiency),
             ("bandwidth_efficiency", self.bandwidth_efficiency),
         ):
             if not 0.0 < eff <= 1.0:
                 raise ValueError(f"{label} must be in (0, 1], got {eff}")
-        if self.step_overhead_s < 0 or draft_pass_overhead_s < 0:
+        if min(self.step_overhead_s, draft_pass_overhead_s, self.seq_overhead_s) < 0:
             raise ValueError("overheads must be >= 0")
         if num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
@@ -200,6 +232,10 @@ class CostModel:
             block_size=self.block_size,
             intermediate_state_writes=self.intermediate_state_writes,
             pool_layout=self.pool_layout,
+            seq_overhead_s=self.seq_overhead_s,
+            kv_bytes_factor=self.kv_bytes_factor,
+            phase_overlap=self.phase_overlap,
+            padded_decode_attention=self.padded_decode_attention,
         )
 
     # --- memory sizing ------------------------------------------------------------------------
@@ -306,6 +342,7 @@ class CostModel:
             compute_s=flops / self._flops_rate,
             memory_s=nbytes / self._bytes_rate,
             overhead_s=overhead_s,
+            overlap=self.phase_overlap,
         )
 
     def _ssm_flops_per_layer(self, num_new: int) -> float:
@@ -360,15 +397,17 @@ class CostModel:
         if work.seqs and self.speculative:
             out.extend(self._drafter_phases(work))
 
-        # The fixed per-step cost: scheduling, input preparation, sampling, launches.
-        out.append(self._phase("step_overhead", 0.0, 0.0, self.step_overhead_s))
+        # The fixed per-step cost: scheduling, input preparation, sampling, launches (and,
+        # when a calibrated profile has one, a cost per request scheduled).
+        overhead = self.step_overhead_s + self.seq_overhead_s * len(work.seqs)
+        out.append(self._phase("step_overhead", 0.0, 0.0, overhead))
         return out
 
     def _target_phase(self, work: StepWork) -> PhaseCost:
         m = self.model
         dt = m.dtype_bytes
         tokens = work.num_tokens
-        kv_layer = m.kv_bytes_per_token_per_layer
+        kv_layer = m.kv_bytes_per_token_per_layer * self.kv_bytes_factor
         n_attn, n_mamba = m.layers.attention, m.layers.mamba
 
         logits = sum(1 if s.is_prefill else s.num_new_tokens for s in work.seqs)
@@ -376,11 +415,11 @@ class CostModel:
         dense_body = m.body_total_params - m.moe_expert_params
         nbytes = float(dense_body * dt) + self._moe_weight_bytes(tokens) + m.lm_head_params * dt
 
-        for s in work.seqs:
+        for s, attended in zip(work.seqs, self._attended(work), strict=True):
             n, c = s.num_new_tokens, s.context_len
-            flops += n_attn * self._attention_flops_per_layer(n, c)
+            flops += n_attn * self._attention_flops_per_layer(n, attended)
             flops += n_mamba * self._ssm_flops_per_layer(n)
-            nbytes += n_attn * kv_layer * (c + n)  # read the context, write the new tokens
+            nbytes += n_attn * kv_layer * (attended + n)  # read the context, write the new ones
             if n_mamba:
                 reads = 1 if c > 0 else 0  # a fresh request starts from a zero state
                 writes = 1 + s.num_state_writes
@@ -389,10 +428,19 @@ class CostModel:
                 nbytes += (reads + writes) * m.ssm_state_bytes
         return self._phase("target", flops, nbytes, 0.0)
 
+    def _attended(self, work: StepWork) -> list[int]:
+        """The context each request's attention reads: its own, or with
+        `padded_decode_attention` the longest among the step's decoding requests."""
+        ctx = [s.context_len for s in work.seqs]
+        if not self.padded_decode_attention:
+            return ctx
+        longest = max((s.context_len for s in work.seqs if not s.is_prefill), default=0)
+        return [c if s.is_prefill else longest for s, c in zip(work.seqs, ctx, strict=True)]
+
     def _drafter_phases(self, work: StepWork) -> list[PhaseCost]:
         m = self.model
         dt = m.dtype_bytes
-        kv_layer = m.kv_bytes_per_token_per_layer * m.drafter.num_layers
+        kv_layer = m.kv_bytes_per_token_per_layer * m.drafter.num_layers * self.kv_bytes_factor
         a = m.attention
         attn_per_pair = ATTENTION_FLOPS_PER_PAIR_ELEMENT * a.num_heads * a.head_dim
         attn_per_pair *= m.drafter.num_layers
@@ -405,19 +453,20 @@ class CostModel:
         tokens = work.num_tokens
         flops = 2.0 * m.drafter_layer_params * tokens + head_flops_per_row * len(work.seqs)
         nbytes = weights
-        for s in work.seqs:
-            flops += attn_per_pair * _attention_pairs(s.num_new_tokens, s.context_len)
-            nbytes += kv_layer * (s.context_len + s.num_new_tokens)
+        attended = self._attended(work)
+        for s, a_ctx in zip(work.seqs, attended, strict=True):
+            flops += attn_per_pair * _attention_pairs(s.num_new_tokens, a_ctx)
+            nbytes += kv_layer * (a_ctx + s.num_new_tokens)
         out.append(self._phase("draft_1", flops, nbytes, self.draft_pass_overhead_s))
 
         # Passes 2..k: one token per decoding request, sequential.
-        decoding = [s for s in work.seqs if not s.is_prefill]
+        decoding = [(s, a) for s, a in zip(work.seqs, attended, strict=True) if not s.is_prefill]
         if decoding:
             for j in range(2, self.num_speculative_tokens + 1):
                 flops = (2.0 * m.drafter_layer_params + head_flops_per_row) * len(decoding)
                 nbytes = weights
-                for s in decoding:
-                    ctx = s.context_len + s.num_new_tokens + j - 2
+                for s, a_ctx in decoding:
+                    ctx = a_ctx + s.num_new_tokens + j - 2
                     flops += attn_per_pair * _attention_pairs(1, ctx)
                     nbytes += kv_layer * (ctx + 1)
                 out.append(self._phase(f"draft_{j}", flops, nbytes, self.draft_pass_overhead_s))

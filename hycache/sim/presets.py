@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,15 @@ class GpuSpec:
     step_overhead_s: float | None = None
     description: str = ""
     source: str = ""
+    # a calibrated device profile (`hycache calibrate`) also fits these and records the
+    # model it was fitted on and its residuals (`calibration`: the rest of its file)
+    draft_pass_overhead_s: float | None = None
+    seq_overhead_s: float | None = None
+    kv_bytes_factor: float | None = None
+    phase_overlap: bool | None = None
+    padded_decode_attention: bool | None = None
+    fitted_on: str = ""
+    calibration: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -416,6 +425,13 @@ def _optional_fraction(r: _Reader, key: str) -> float | None:
     return v
 
 
+def _optional_bool(r: _Reader, key: str) -> bool | None:
+    if r.data.get(key) is None:
+        r.used.add(key)
+        return None
+    return r.get_bool(key)
+
+
 def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
     r = _Reader(data, where)
     spec = GpuSpec(
@@ -428,9 +444,35 @@ def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
         step_overhead_s=r.get_float("step_overhead_s", required=False, positive=False),
         description=r.get_str("description", required=False),
         source=r.get_str("source", required=False),
+        draft_pass_overhead_s=r.get_float("draft_pass_overhead_s", required=False, positive=False),
+        seq_overhead_s=r.get_float("seq_overhead_s", required=False, positive=False),
+        kv_bytes_factor=r.get_float("kv_bytes_factor", required=False),
+        phase_overlap=_optional_bool(r, "phase_overlap"),
+        padded_decode_attention=_optional_bool(r, "padded_decode_attention"),
+        fitted_on=r.get_str("model", required=False),
+        calibration=_calibration(r),
     )
     r.finish()
     return spec
+
+
+PROFILE_FIELDS = ("residuals", "held_out", "calibration")
+
+
+def _calibration(r: _Reader) -> dict[str, Any] | None:
+    """A calibrated profile's `residuals` and `held_out` (lists of objects) and `calibration`
+    (an object), kept as read; None for a plain preset."""
+    out: dict[str, Any] = {}
+    for key in PROFILE_FIELDS:
+        v = r._get(key, required=False)
+        if v is None:
+            continue
+        want = dict if key == "calibration" else list
+        if not isinstance(v, want) or (want is list and not all(isinstance(x, dict) for x in v)):
+            what = "an object" if want is dict else "a list of objects"
+            raise r.fail(key, f"must be {what}")
+        out[key] = v
+    return out or None
 
 
 def _model_from_dict(data: Any, where: str) -> ModelSpec:

@@ -1,0 +1,525 @@
+"""`hycache calibrate`: time the real engine over a grid of step shapes and fit the simulator's
+cost model to it (the fit itself, torch-free, is `hycache.sim.fit`).
+
+The device is measured first: a large float32 matrix product gives its peak FLOP rate and a
+large tensor copy its memory bandwidth (the `peak_flops` and `hbm_bandwidth` of the profile,
+so the fitted efficiencies are fractions of what this device does at its best). Then the
+engine runs small workloads built so that their steps take known shapes, and each step is
+timed around `LLM.step()` (scheduler, runner and sampler: what a simulated step stands for),
+its work read from `LLM.last_schedule` exactly as the simulator describes a step:
+
+* prefill chunks: one request at a time, `max_num_batched_tokens` = the chunk, prefix caching
+  off; a long prompt gives chunks at growing contexts;
+* decode (verify) steps: a producer prefills a shared prompt once; `b` siblings (the prompt
+  plus 8 tokens of their own) then resume near its end and decode together at that context,
+  with `k` drafts (k = 0: no drafter);
+* mixed steps: while siblings decode, a fresh request's prefill chunk joins each step;
+* block copies and SSM state writes, timed alone on the runner's caches.
+
+Each shape is repeated; its time is the median, with the process CPU time and the load
+average beside it. Shapes in `held_out` are measured the same way but never shown to the fit.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from hycache.sim.costmodel import StepWork
+from hycache.sim.fit import Conditions, Fit, Sample, ablation, fit, profile_dict, residuals
+from hycache.sim.presets import GpuSpec, load_model_spec
+
+Progress = Callable[[str], None]
+
+VOCAB = 512  # the tiny preset's vocabulary: every probe prompt is drawn below it
+
+
+@dataclass(frozen=True)
+class DecodeProbe:
+    """`batches` sibling groups, one after another, decoding at `context` with `k` drafts;
+    `mixed`: for each batch size, the chunk length of a fresh request joining each step."""
+
+    context: int
+    k: int
+    batches: tuple[int, ...]
+    mixed: tuple[tuple[int, int], ...] = ()  # (batch size, chunk tokens)
+
+
+@dataclass(frozen=True)
+class PrefillProbe:
+    """Chunks of `chunk` tokens at each of `contexts` (one request, chunk by chunk)."""
+
+    chunk: int
+    contexts: tuple[int, ...]
+    k: int = 2
+
+
+@dataclass(frozen=True)
+class Grid:
+    prefill: tuple[PrefillProbe, ...]
+    decode: tuple[DecodeProbe, ...]
+    copies: tuple[int, ...]  # block copies per timed batch
+    state_writes: tuple[int, ...]
+
+
+FIT_GRID = Grid(
+    prefill=(
+        PrefillProbe(552, (0,)),
+        PrefillProbe(1104, (0, 2208, 4416, 6624)),
+        PrefillProbe(2208, (0, 4416)),
+        PrefillProbe(4416, (0,)),
+        PrefillProbe(1104, (0, 3312), k=0),
+    ),
+    decode=(
+        DecodeProbe(512, 2, (1, 4, 8), mixed=((2, 552),)),
+        DecodeProbe(4000, 2, (1, 8)),
+        DecodeProbe(8000, 2, (2, 8), mixed=((4, 1104),)),
+        DecodeProbe(2048, 0, (1, 8)),
+        DecodeProbe(2048, 1, (4,)),
+        DecodeProbe(2048, 3, (4,)),
+    ),
+    copies=(4, 32),
+    state_writes=(4, 32),
+)
+
+HELD_OUT_GRID = Grid(
+    prefill=(PrefillProbe(1656, (0, 3312)), PrefillProbe(3312, (3312,))),
+    decode=(
+        DecodeProbe(1500, 2, (3, 6), mixed=((6, 2208),)),
+        DecodeProbe(6000, 2, (5,)),
+        DecodeProbe(3000, 1, (2,)),
+    ),
+    copies=(12,),
+    state_writes=(12,),
+)
+
+QUICK_FIT = Grid(
+    prefill=(PrefillProbe(128, (0, 256)), PrefillProbe(256, (0,))),
+    decode=(DecodeProbe(256, 2, (1, 3), mixed=((2, 128),)), DecodeProbe(256, 0, (2,))),
+    copies=(4,),
+    state_writes=(4,),
+)
+QUICK_HELD_OUT = Grid(
+    prefill=(PrefillProbe(192, (0,)),),
+    decode=(DecodeProbe(384, 2, (2,)),),
+    copies=(),
+    state_writes=(),
+)
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """What `hycache calibrate` runs: the engine model, torch threads, repeats per shape, the
+    cache geometry of the probes, and the grids (`quick`: a smoke-test size)."""
+
+    model: str = "tiny"
+    threads: int = 1
+    repeats: int = 5
+    block_size: int = 552
+    prefix_match_unit: int = 8
+    dtype: str = "float32"
+    seed: int = 0
+    quick: bool = False
+    clock: str = "wall"  # what the fit matches: "wall", or "cpu" (process CPU time)
+    grid: Grid = FIT_GRID
+    held_out: Grid = HELD_OUT_GRID
+    device: str = "cpu"
+    cache_memory_gb: float = 0.5
+    vocab: int = VOCAB
+    # a (model, config) made by the caller and reused by every probe (the GPU script's
+    # random-weight Bamba-9B); None: `model` is loaded by name for each probe
+    build: Callable[[], tuple[Any, Any]] | None = field(default=None, compare=False)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def grids(self) -> tuple[Grid, Grid]:
+        return (QUICK_FIT, QUICK_HELD_OUT) if self.quick else (self.grid, self.held_out)
+
+
+# -- the device --------------------------------------------------------------------------------
+
+
+def measure_device(
+    threads: int, device: str = "cpu", dtype: str = "float32", clock: str = "wall"
+) -> GpuSpec:
+    """Peak FLOP/s (a square matrix product in `dtype`: 1024 on a CPU, 8192 on a GPU; best of
+    5) and memory bandwidth (a copy, read + written: 64 MiB on a CPU, 4 GiB on a GPU; best
+    of 5) on `threads` torch threads, timed by `clock` (``"cpu"``: process CPU time, so
+    that a machine shared with other work does not halve the peaks)."""
+    import torch
+
+    from hycache.engine.engine import DTYPES
+
+    torch.set_num_threads(threads)
+    tick = time.process_time if clock == "cpu" and device == "cpu" else time.perf_counter
+    gpu = device != "cpu"
+    n = 8192 if gpu else 1024
+    a = torch.randn(n, n, device=device).to(DTYPES[dtype])
+    b = torch.randn(n, n, device=device).to(DTYPES[dtype])
+    best = float("inf")
+    for _ in range(6):
+        t0 = tick()
+        a @ b
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, tick() - t0)
+    flops = 2.0 * n**3 / best
+    src = torch.empty((1 << 30) if gpu else (16 << 20), device=device)  # float32
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(6):
+        t0 = tick()
+        dst.copy_(src)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, tick() - t0)
+    bandwidth = 2.0 * src.numel() * 4 / best
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return GpuSpec(
+        name=f"{device}-{threads}t",
+        peak_flops=flops,
+        hbm_bandwidth=bandwidth,
+        memory_bytes=memory,
+        description=f"{device}, {threads} torch thread(s), measured by hycache calibrate",
+        source=f"peak_flops: a {n}^3 {dtype} matmul; hbm_bandwidth: a "
+        f"{src.numel() * 4 >> 20} MiB copy (best of 5)",
+    )
+
+
+# -- timing steps ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Timer:
+    """Times `LLM.step()` calls and files each under a label."""
+
+    llm: Any
+    steps: dict[str, list[tuple[StepWork, float, float]]] = field(default_factory=dict)
+    cpu: float = 0.0
+    wall: float = 0.0
+
+    def step(self, label: str | None = None) -> list[Any]:
+        from hycache.sim.cluster import step_work
+
+        c0, t0 = time.process_time(), time.perf_counter()
+        events = self.llm.step()
+        _sync(self.llm.model.device)
+        t1, c1 = time.perf_counter(), time.process_time()
+        self.wall += t1 - t0
+        self.cpu += c1 - c0
+        if label is not None:
+            work = step_work(self.llm.last_schedule)
+            self.steps.setdefault(label, []).append((work, t1 - t0, c1 - c0))
+        return events
+
+
+def _sync(device: Any) -> None:
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _sample(label: str, runs: list[tuple[StepWork, float, float]], k: int, kind: str) -> Sample:
+    """The median of a shape's repeats; its work is the middle repeat's (contexts drift by a
+    few tokens from one decode step to the next)."""
+    walls = [w for _, w, _ in runs]
+    med = statistics.median(walls)
+    return Sample(
+        label=label,
+        work=runs[len(runs) // 2][0],
+        num_speculative_tokens=k,
+        wall_s=med,
+        cpu_s=statistics.median(c for *_, c in runs),
+        repeats=len(runs),
+        spread=(max(walls) - min(walls)) / med,
+        load=os.getloadavg()[0],
+        kind=kind,
+    )
+
+
+_BUILT: dict[int, tuple[Any, Any]] = {}
+
+
+def _engine(o: CalibrateOptions, k: int, max_len: int, **kw: Any) -> Any:
+    from hycache.engine.engine import LLM
+
+    if o.build is not None:
+        if id(o.build) not in _BUILT:
+            _BUILT.clear()
+            _BUILT[id(o.build)] = o.build()
+        kw["prebuilt"] = _BUILT[id(o.build)]
+    return LLM(
+        o.model,
+        dtype=o.dtype,
+        block_size=o.block_size if not o.quick else 64,
+        prefix_match_unit=o.prefix_match_unit,
+        max_model_len=max_len,
+        policy="limit",
+        num_speculative_tokens=k,
+        seed=o.seed,
+        cache_memory_gb=o.cache_memory_gb,
+        device=o.device,
+        **kw,
+    )
+
+
+def _all_decoding(sched: Any) -> bool:
+    return all(r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running)
+
+
+def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+def _prefill(o: CalibrateOptions, p: PrefillProbe, rng: random.Random) -> list[Sample]:
+    from hycache.request import SamplingParams
+
+    prompt = max(p.contexts) + p.chunk
+    llm = _engine(
+        o, p.k, prompt + 8, max_num_batched_tokens=p.chunk, max_num_seqs=1,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    timer = _Timer(llm)
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    llm.generate([_tokens(rng, min(prompt, 64), o.vocab)], one)  # warm-up
+    want = {(p.chunk, c): f"prefill n={p.chunk} c={c} k={p.k}" for c in p.contexts}
+    for _ in range(o.repeats):
+        llm.add_request(_tokens(rng, prompt, o.vocab), one)
+        while llm.scheduler.has_unfinished():
+            s = llm.scheduler.running[0] if llm.scheduler.running else None
+            start = s.num_computed_tokens if s is not None else 0
+            timer.step(want.get((p.chunk, start)))
+    out = []
+    for label in want.values():
+        runs = [r for r in timer.steps.get(label, []) if r[0].num_tokens == p.chunk]
+        if runs:
+            out.append(_sample(label, runs, p.k, "step"))
+    return out
+
+
+def _decode(
+    o: CalibrateOptions, p: DecodeProbe, rng: random.Random, accepted: dict[int, list[int]]
+) -> list[Sample]:
+    """Decode (and mixed) shapes; adds (tokens produced, verify steps) per k to `accepted`."""
+    from hycache.request import SamplingParams
+
+    mixed = dict(p.mixed)
+    biggest = max([*p.batches, *mixed], default=1)
+    steps = o.repeats + 4
+    longest = max(mixed.values(), default=0) + o.prefix_match_unit + 8
+    max_len = max(p.context + 16 + 8 * steps * (p.k + 1), longest)
+    llm = _engine(
+        o, p.k, max_len, max_num_batched_tokens=8192,
+        max_num_seqs=biggest + 1,
+    )  # fmt: skip
+    timer = _Timer(llm)
+    shared = _tokens(rng, p.context, o.vocab)
+    llm.generate([shared], SamplingParams(max_tokens=1, ignore_eos=True))  # the producer
+    out: list[Sample] = []
+    for b in sorted({*p.batches, *mixed}):
+        n_out = steps * (p.k + 1) * (3 if b in mixed else 1) + 8
+        sp = SamplingParams(max_tokens=n_out, ignore_eos=True)
+        ids = {llm.add_request(shared + _tokens(rng, 8, o.vocab), sp) for _ in range(b)}
+        sched = llm.scheduler
+        while not (len(sched.running) == b and _all_decoding(sched)):
+            timer.step()
+        label = f"decode b={b} c={p.context} k={p.k}"
+        if b in p.batches:
+            for _ in range(o.repeats):
+                events = timer.step(label)
+                if p.k:
+                    tally = accepted.setdefault(p.k, [0, 0])
+                    tally[0] += sum(len(e.new_token_ids) for e in events)
+                    tally[1] += len(llm.last_schedule.scheduled)
+        if b in mixed:
+            n = mixed[b]
+            mlabel = f"mixed b={b} c={p.context} + prefill {n} k={p.k}"
+            one = SamplingParams(max_tokens=1, ignore_eos=True)
+            for _ in range(o.repeats):
+                # n tokens in one chunk (its checkpoints are written inside the forward)
+                llm.add_request(_tokens(rng, n, o.vocab), one)
+                timer.step(mlabel)
+            runs = [
+                r
+                for r in timer.steps.pop(mlabel)
+                if len(r[0].seqs) == b + 1 and r[0].seqs[-1].num_new_tokens == n
+            ]
+            if runs:
+                out.append(_sample(mlabel, runs, p.k, "step"))
+        while any(r.request_id in ids for r in sched.running) or sched.waiting:
+            timer.step()
+        if b in p.batches:
+            runs = [
+                r
+                for r in timer.steps.pop(label)
+                if len(r[0].seqs) == b and all(s.num_draft_tokens == p.k for s in r[0].seqs)
+            ]
+            if runs:
+                out.append(_sample(label, runs, p.k, "step"))
+    return out
+
+
+def _copies(o: CalibrateOptions, counts: Sequence[int], states: bool) -> list[Sample]:
+    """Block copies (attention K/V, the drafter's too) or SSM state copies, timed alone."""
+    if not counts:
+        return []
+    llm = _engine(o, 2, 4096, max_num_seqs=4)
+    runner = llm.runner
+    out = []
+    for n in counts:
+        runs = []
+        for rep in range(o.repeats + 1):
+            pairs = [(2 * i + 1, 2 * i + 2) for i in range(rep, rep + n)]
+            c0, t0 = time.process_time(), time.perf_counter()
+            for src, dst in pairs:
+                if states:
+                    runner.states.copy_slot(src, dst)
+                else:
+                    for kv in (runner.kv, runner.draft_kv):
+                        kv.copy_block(src, dst)
+            t1, c1 = time.perf_counter(), time.process_time()
+            if rep:  # the first batch warms the caches up
+                runs.append((StepWork((), num_block_copies=n), t1 - t0, c1 - c0))
+        kind = "state_writes" if states else "copies"
+        out.append(_sample(f"{kind.replace('_', ' ')} n={n}", runs, 2, kind))
+    return out
+
+
+def measure_grid(
+    o: CalibrateOptions,
+    grid: Grid,
+    progress: Progress,
+    accepted: dict[int, list[int]] | None = None,
+) -> list[Sample]:
+    """Every shape of `grid`, in order (`accepted`: see `_decode`)."""
+    accepted = {} if accepted is None else accepted
+    rng = random.Random(o.seed)
+    out: list[Sample] = []
+    total = len(grid.prefill) + len(grid.decode) + 2
+    for i, p in enumerate(grid.prefill, 1):
+        progress(f"{i}/{total} prefill chunks of {p.chunk} (k={p.k})")
+        out.extend(_prefill(o, p, rng))
+    for i, d in enumerate(grid.decode, len(grid.prefill) + 1):
+        progress(f"{i}/{total} decode at {d.context} (k={d.k}, batches {d.batches})")
+        out.extend(_decode(o, d, rng, accepted))
+    progress(f"{total - 1}/{total} block copies")
+    out.extend(_copies(o, grid.copies, states=False))
+    progress(f"{total}/{total} state writes")
+    out.extend(_copies(o, grid.state_writes, states=True))
+    return out
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def acceptance_rate(k: int, tokens_per_step: float) -> float:
+    """The per-draft acceptance `p` (drafts accepted in a row, as the simulator draws them)
+    whose expected tokens per verify step, 1 + p + ... + p^k, is `tokens_per_step`."""
+    target = tokens_per_step - 1.0
+    if target <= 0:
+        return 0.0
+    if target >= k:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid**j for j in range(1, k + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass
+class Measured:
+    """What `measure` timed: the device, the fitted and held-out shapes, and where."""
+
+    gpu: GpuSpec
+    fitted: list[Sample]
+    held_out: list[Sample]
+    conditions: Conditions
+
+
+def measure(o: CalibrateOptions, progress: Progress) -> Measured:
+    """Measure the device and both grids (on `o.threads` torch threads)."""
+    import torch
+
+    if o.repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {o.repeats}")
+    if o.threads < 1:
+        raise ValueError(f"threads must be >= 1, got {o.threads}")
+    fit_grid, held_grid = o.grids()
+    t0, c0 = time.perf_counter(), time.process_time()
+    load0 = os.getloadavg()[0]
+    with _threads(o.threads), torch.inference_mode():
+        progress("measuring the device")
+        dtype = "bfloat16" if o.device != "cpu" else "float32"
+        gpu = measure_device(o.threads, o.device, dtype, o.clock)
+        accepted: dict[int, list[int]] = {}
+        fitted = measure_grid(o, fit_grid, progress, accepted)
+        progress("held-out shapes")
+        held = measure_grid(o, held_grid, progress)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    cond = Conditions(
+        device=o.device,
+        threads=o.threads,
+        dtype=o.dtype,
+        torch_version=str(torch.__version__),
+        load_before=load0,
+        load_after=os.getloadavg()[0],
+        cpu_over_wall=cpu / wall if wall else 0.0,
+        wall_s=wall,
+        extra={
+            "block_size": o.block_size if not o.quick else 64,
+            "prefix_match_unit": o.prefix_match_unit,
+            "repeats": o.repeats,
+            "cores": os.cpu_count() or 0,
+            "clock": o.clock,
+            # per k: the per-draft acceptance of the engine's drafter on the probes' random
+            # prompts (what `--acceptance-rate` should be to simulate this engine)
+            "acceptance_rate": {
+                str(k): acceptance_rate(k, tokens / steps)
+                for k, (tokens, steps) in accepted.items()
+            },
+        },
+    )
+    return Measured(gpu, fitted, held, cond)
+
+
+def calibrate(o: CalibrateOptions, progress: Progress, command: str = "") -> dict[str, Any]:
+    """Measure (`measure`), fit on the fitted grid, and return the profile document
+    (`hycache.sim.fit.profile_dict`)."""
+    m = measure(o, progress)
+    return profile_from(m, o.model, progress, command)
+
+
+def profile_from(m: Measured, model_name: str, progress: Progress, command: str) -> dict[str, Any]:
+    """Fit `m.fitted` and build the profile document, residuals of both grids included."""
+    model = load_model_spec(model_name)
+    block = int(m.conditions.extra["block_size"])
+    clock = str(m.conditions.extra.get("clock", "wall"))
+    # the engine pads decode/verify attention to the step's longest context (model/layers.py)
+    values: Fit = fit(m.fitted, model, m.gpu, block_size=block, clock=clock, padded=True)
+    progress("fitted; the ablation")
+    rows = residuals(m.fitted, values, model, m.gpu, block, clock)
+    held_rows = residuals(m.held_out, values, model, m.gpu, block, clock)
+    why = ablation(m.fitted, model, m.gpu, block_size=block, clock=clock, padded=True)
+    return profile_dict(
+        m.gpu, values, model=model_name, fitted=rows, held_out=held_rows,
+        conditions=m.conditions, command=command, ablation=why,
+    )  # fmt: skip

@@ -1,0 +1,488 @@
+"""Fitting the cost model's free parameters to measured step times (torch-free).
+
+This module owns the arithmetic of `hycache calibrate` once the timings exist: what one
+measured step shape is (:class:`Sample`), the cost model's free parameters (:class:`Fit`), the
+least-squares fit (:func:`fit`), the residuals per shape (:func:`residuals`) and the device
+profile document (:func:`profile_dict`, the GPU preset schema plus the calibration fields).
+The engine side (running the real engine over a grid of shapes) is `hycache.calibrate`.
+
+The model fitted is `CostModel.step_time` itself: per phase, a roofline
+``max(F / (peak * compute_eff), B / (bandwidth * bw_eff))``, plus the fixed overheads. For a
+given pair of efficiencies the overheads enter linearly, so they are solved exactly
+(non-negative least squares); the efficiencies are found by a deterministic log-grid search,
+refined around the best point. The objective is the sum of squared *relative* errors, so a
+2 ms decode step counts as much as a 2 s prefill chunk.
+
+Free parameters (each one a `CostModel` argument):
+
+    compute_efficiency      achieved / peak FLOP rate
+    bandwidth_efficiency    achieved / peak memory bandwidth
+    step_overhead_s         once per step with work (scheduling, input tensors, sampling)
+    draft_pass_overhead_s   once per drafter pass
+    seq_overhead_s          once per request scheduled in the step (added for the CPU
+                            engine: its runner and sampler loop over requests in Python)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from hycache.sim.costmodel import CostModel, StepWork
+from hycache.sim.presets import GpuSpec, ModelSpec
+
+__all__ = [
+    "FREE_PARAMETERS",
+    "Fit",
+    "Sample",
+    "fit",
+    "predict",
+    "profile_dict",
+    "residuals",
+]
+
+PRESET_FIELDS = (
+    "name",
+    "description",
+    "source",
+    "peak_flops",
+    "hbm_bandwidth",
+    "memory_bytes",
+    "compute_efficiency",
+    "bandwidth_efficiency",
+    "step_overhead_s",
+    "draft_pass_overhead_s",
+    "seq_overhead_s",
+    "kv_bytes_factor",
+    "phase_overlap",
+    "padded_decode_attention",
+)
+SAMPLE_KINDS = ("step", "copies", "state_writes")
+FREE_PARAMETERS = (
+    "compute_efficiency",
+    "bandwidth_efficiency",
+    "step_overhead_s",
+    "draft_pass_overhead_s",
+    "seq_overhead_s",
+    "kv_bytes_factor",
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured step shape: the work (as the simulator describes it), the drafter
+    setting it ran with, and the median of its repeats.
+
+    Only ``"step"`` samples are fitted; the others are reported beside the fit (timed alone,
+    a few small strided copies are dominated by per-call costs the step model does not
+    carry, and inside a step they are well under 1% of its time).
+
+    ``kind`` is ``"step"`` for a whole engine step (every phase and overhead of
+    `CostModel.step_time`), ``"copies"`` for ``work.num_block_copies`` block copies timed
+    alone (the `block_copies` phase: no step or request overhead) or ``"state_writes"`` for
+    as many SSM state copies timed alone (each reads and writes one state,
+    `ModelSpec.ssm_state_bytes`, at the fitted bandwidth; inside a step the cost model
+    charges state traffic in the target phase's bytes).
+    """
+
+    label: str
+    work: StepWork
+    num_speculative_tokens: int  # 0: no drafter
+    wall_s: float  # median over `repeats`
+    cpu_s: float = 0.0  # median process CPU time over the same repeats
+    repeats: int = 1
+    spread: float = 0.0  # (max - min) / median of the repeats' wall times
+    load: float = 0.0  # 1-minute load average while it ran
+    kind: str = "step"
+
+    def __post_init__(self) -> None:
+        if self.wall_s <= 0:
+            raise ValueError(f"{self.label}: wall_s must be > 0, got {self.wall_s}")
+        if self.cpu_s < 0:
+            raise ValueError(f"{self.label}: cpu_s must be >= 0, got {self.cpu_s}")
+        if self.kind not in SAMPLE_KINDS:
+            raise ValueError(f"{self.label}: kind must be one of {SAMPLE_KINDS}, got {self.kind!r}")
+
+    def measured(self, clock: str) -> float:
+        """The median on `clock`: ``"wall"``, or ``"cpu"`` (process CPU time: what a quiet
+        machine's wall clock shows for a one-thread engine sharing its cores with others)."""
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+        return self.cpu_s if clock == "cpu" and self.cpu_s > 0 else self.wall_s
+
+
+CLOCKS = ("wall", "cpu")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Fitted values of :data:`FREE_PARAMETERS`, and the form of the model they belong to
+    (`phase_overlap`: a roofline, or compute + memory)."""
+
+    compute_efficiency: float
+    bandwidth_efficiency: float
+    step_overhead_s: float = 0.0
+    draft_pass_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0
+    kv_bytes_factor: float = 1.0
+    phase_overlap: bool = True
+    padded_decode_attention: bool = False  # the engine's attention layout (not fitted)
+
+    def cost_model(
+        self, model: ModelSpec, gpu: GpuSpec, k: int, *, block_size: int | None = None
+    ) -> CostModel:
+        """The cost model these values describe (separate pools: the engine's layout)."""
+        return CostModel(
+            model,
+            gpu,
+            compute_efficiency=self.compute_efficiency,
+            bandwidth_efficiency=self.bandwidth_efficiency,
+            step_overhead_s=self.step_overhead_s,
+            draft_pass_overhead_s=self.draft_pass_overhead_s,
+            seq_overhead_s=self.seq_overhead_s,
+            kv_bytes_factor=self.kv_bytes_factor,
+            phase_overlap=self.phase_overlap,
+            padded_decode_attention=self.padded_decode_attention,
+            speculative=k > 0,
+            num_speculative_tokens=k,
+            block_size=block_size,
+            pool_layout="separate",
+        )
+
+
+@dataclass(frozen=True)
+class _Features:
+    """A sample's terms at peak rates (efficiencies 1), per phase: compute, memory other
+    than attention K/V, and attention K/V; and its overhead counts."""
+
+    compute_s: tuple[float, ...]
+    memory_s: tuple[float, ...]
+    kv_s: tuple[float, ...]
+    counts: tuple[float, float, float]  # steps, drafter passes, requests
+
+
+def _phase_terms(s: Sample, cost: CostModel) -> list[tuple[float, float]]:
+    phases = [p for p in cost.phases(s.work) if p.name != "step_overhead"]
+    if s.kind == "copies":
+        phases = [p for p in phases if p.name == "block_copies"]
+    return [(p.compute_s, p.memory_s) for p in phases]
+
+
+def _features(
+    s: Sample, model: ModelSpec, gpu: GpuSpec, block_size: int | None, padded: bool = False
+) -> _Features:
+    if s.kind == "state_writes":
+        nbytes = 2.0 * s.work.num_block_copies * model.ssm_state_bytes
+        return _Features((0.0,), (nbytes / gpu.hbm_bandwidth,), (0.0,), (0.0, 0.0, 0.0))
+    k = s.num_speculative_tokens
+    unit = Fit(1.0, 1.0, padded_decode_attention=padded)
+    one = _phase_terms(s, unit.cost_model(model, gpu, k, block_size=block_size))
+    two = _phase_terms(
+        s, replace(unit, kv_bytes_factor=2.0).cost_model(model, gpu, k, block_size=block_size)
+    )
+    kv = tuple(m2 - m1 for (_, m1), (_, m2) in zip(one, two, strict=True))
+    if s.kind == "copies":
+        counts = (0.0, 0.0, 0.0)
+    else:
+        drafts = sum(1 for p in Fit(1.0, 1.0).cost_model(model, gpu, k).phases(s.work)
+                     if p.name.startswith("draft_"))  # fmt: skip
+        counts = (1.0, float(drafts), float(len(s.work.seqs)))
+    return _Features(
+        tuple(c for c, _ in one),
+        tuple(m - d for (_, m), d in zip(one, kv, strict=True)),
+        kv,
+        counts,
+    )
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0, exactly: every subset of free columns (a handful here)."""
+    n = a.shape[1]
+    best, best_x = float("inf"), np.zeros(n)
+    for mask in itertools.product((True, False), repeat=n):
+        cols = [i for i in range(n) if mask[i]]
+        x = np.zeros(n)
+        if cols:
+            sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if (sol < 0).any():
+                continue
+            x[cols] = sol
+        err = float(np.sum((a @ x - b) ** 2))
+        if err < best - 1e-15:
+            best, best_x = err, x
+    return best_x
+
+
+def _linear_fit(
+    feats: Sequence[_Features], y: np.ndarray, free: Sequence[bool]
+) -> tuple[Fit, float]:
+    """Compute + memory (no overlap) is linear in 1/ce, 1/be, the K/V factor / be and the
+    overheads: one exact non-negative least squares on the relative errors. Unknowns are
+    kept at their physical bounds (1/ce >= 1, 1/be >= 1, K/V factor >= 1) by solving for
+    the excess over the bound."""
+    comp = np.array([sum(f.compute_s) for f in feats])
+    mem = np.array([sum(f.memory_s) for f in feats])
+    kv = np.array([sum(f.kv_s) for f in feats])
+    counts = np.array([f.counts for f in feats])
+    # time = comp*(1 + a) + mem*(1 + b) + kv*(1 + b + c) + counts @ theta
+    base = comp + mem + kv
+    cols = [comp, mem + kv, kv, counts[:, 0], counts[:, 1], counts[:, 2]]
+    use = [True, True, free[3], True, free[1], free[2]]
+    a = np.stack([c if u else np.zeros_like(c) for c, u in zip(cols, use, strict=True)], 1)
+    x = _nnls(a / y[:, None], (y - base) / y)
+    inv_ce, inv_be = 1.0 + x[0], 1.0 + x[1]
+    pred = base + a @ x
+    values = Fit(
+        compute_efficiency=float(1.0 / inv_ce),
+        bandwidth_efficiency=float(1.0 / inv_be),
+        step_overhead_s=float(x[3]),
+        draft_pass_overhead_s=float(x[4]),
+        seq_overhead_s=float(x[5]),
+        kv_bytes_factor=float((inv_be + x[2]) / inv_be),
+        phase_overlap=False,
+    )
+    return values, float(np.sum(((pred - y) / y) ** 2))
+
+
+def _roofline(f: _Features, ce: float, be: float, kvf: float) -> float:
+    return sum(
+        max(c / ce, (m + kvf * kv) / be)
+        for c, m, kv in zip(f.compute_s, f.memory_s, f.kv_s, strict=True)
+    )
+
+
+def _solve(
+    feats: Sequence[_Features], y: np.ndarray, ce: float, be: float, kvf: float, free: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """Best overheads for (ce, be, kvf) under the roofline, and the squared relative error."""
+    roof = np.array([_roofline(f, ce, be, kvf) for f in feats])
+    counts = np.array([f.counts for f in feats]) * free[None, :]
+    theta = _nnls(counts / y[:, None], (y - roof) / y)
+    pred = roof + counts @ theta
+    return theta, float(np.sum(((pred - y) / y) ** 2))
+
+
+def _roofline_fit(
+    feats: Sequence[_Features], y: np.ndarray, free: Sequence[bool]
+) -> tuple[Fit, float]:
+    """The roofline (max of compute and memory per phase): the overheads are linear for
+    given efficiencies, so a log grid over (ce, be) is searched, then refined."""
+    counts_free = np.array(free[:3], dtype=float)
+    kvfs = (1.0, 2.0, 4.0, 8.0) if free[3] else (1.0,)
+
+    def score(ce: float, be: float, kvf: float) -> float:
+        return _solve(feats, y, ce, be, kvf, counts_free)[1]
+
+    grid = np.geomspace(1e-3, 1.0, 16)
+    best = min(
+        ((score(c, b, v), c, b, v) for c in grid for b in grid for v in kvfs), key=lambda t: t[0]
+    )
+    step = float(grid[1] / grid[0])
+    for _ in range(6):
+        step = math.sqrt(step)
+        _, c0, b0, v0 = best
+        pts = [
+            (min(c0 * step**i, 1.0), min(b0 * step**j, 1.0), v0)
+            for i in range(-2, 3)
+            for j in range(-2, 3)
+        ]
+        best = min([best, *((score(*p), *p) for p in pts)], key=lambda t: t[0])
+    err, ce, be, kvf = best
+    theta, _ = _solve(feats, y, ce, be, kvf, counts_free)
+    values = Fit(float(ce), float(be), *(float(t) for t in theta), kv_bytes_factor=kvf)
+    return values, float(err)
+
+
+def fit(
+    samples: Sequence[Sample],
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    block_size: int | None = None,
+    overlap: bool = False,
+    seq_overhead: bool = True,
+    kv_factor: bool = True,
+    clock: str = "wall",
+    padded: bool = False,
+) -> Fit:
+    """The free parameters that minimise the squared relative error over `samples`.
+
+    `overlap`: fit the GPU roofline (each phase the larger of compute and memory) instead of
+    compute + memory. `seq_overhead=False` pins `seq_overhead_s` at 0 and `kv_factor=False`
+    the K/V factor at 1 (a GPU's paged kernels read each cached byte once). `padded`: the
+    engine pads decode attention to the step's longest context (`CostModel`'s
+    `padded_decode_attention`; a fact about the engine, not a fitted number)."""
+    values = _fit(samples, model, gpu, block_size, overlap, seq_overhead, kv_factor, clock, padded)
+    return values[0]
+
+
+def _fit(
+    samples: Sequence[Sample],
+    model: ModelSpec,
+    gpu: GpuSpec,
+    block_size: int | None,
+    overlap: bool,
+    seq_overhead: bool,
+    kv_factor: bool,
+    clock: str = "wall",
+    padded: bool = False,
+) -> tuple[Fit, float]:
+    samples = [s for s in samples if s.kind == "step"]
+    if not samples:
+        raise ValueError("fit: no whole-step samples")
+    feats = [_features(s, model, gpu, block_size, padded) for s in samples]
+    y = np.array([s.measured(clock) for s in samples])
+    drafter = any(s.num_speculative_tokens for s in samples)
+    free = [True, drafter, seq_overhead, kv_factor]
+    values, err = (_roofline_fit if overlap else _linear_fit)(feats, y, free)
+    values = replace(values, padded_decode_attention=padded)
+    return values, math.sqrt(err / len(samples))
+
+
+ABLATIONS: dict[str, dict[str, bool]] = {
+    "fitted form": {},
+    "without seq_overhead_s": {"seq_overhead": False},
+    "without kv_bytes_factor": {"kv_factor": False},
+    "roofline (max), all terms": {"overlap": True},
+    "roofline (max), GPU terms only": {"overlap": True, "seq_overhead": False, "kv_factor": False},
+}
+
+
+def ablation(
+    samples: Sequence[Sample],
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    block_size: int | None = None,
+    clock: str = "wall",
+    padded: bool = False,
+) -> dict[str, float]:
+    """The fit's relative rms error with each added term taken away (why each is there)."""
+    base = {
+        "overlap": False, "seq_overhead": True, "kv_factor": True, "clock": clock,
+        "padded": padded,
+    }  # fmt: skip
+    out = {}
+    for name, change in ABLATIONS.items():
+        opts = {**base, **change}
+        out[name] = _fit(samples, model, gpu, block_size, **opts)[1]
+    return out
+
+
+def predict(
+    s: Sample, values: Fit, model: ModelSpec, gpu: GpuSpec, block_size: int | None = None
+) -> float:
+    """The step time `values` predict for `s`: `CostModel.step_time`, or for a ``copies``
+    sample its `block_copies` phase alone."""
+    if s.kind == "state_writes":
+        nbytes = 2.0 * s.work.num_block_copies * model.ssm_state_bytes
+        return nbytes / (gpu.hbm_bandwidth * values.bandwidth_efficiency)
+    cost = values.cost_model(model, gpu, s.num_speculative_tokens, block_size=block_size)
+    if s.kind == "copies":
+        return sum(p.time_s for p in cost.phases(s.work) if p.name == "block_copies")
+    return cost.step_time(s.work)
+
+
+def residuals(
+    samples: Sequence[Sample],
+    values: Fit,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    block_size: int | None = None,
+    clock: str = "wall",
+) -> list[dict[str, Any]]:
+    """Per shape: measured (on `clock`; wall and CPU beside), predicted, relative error."""
+    out = []
+    for s in samples:
+        pred = predict(s, values, model, gpu, block_size)
+        measured = s.measured(clock)
+        out.append(
+            {
+                "shape": s.label,
+                "kind": s.kind,
+                "num_speculative_tokens": s.num_speculative_tokens,
+                "requests": len(s.work.seqs),
+                "tokens": s.work.num_tokens,
+                "block_copies": s.work.num_block_copies,
+                "measured_s": measured,
+                "wall_s": s.wall_s,
+                "cpu_s": s.cpu_s,
+                "repeats": s.repeats,
+                "spread": s.spread,
+                "load": s.load,
+                "predicted_s": pred,
+                "error": pred / measured - 1.0,
+            }
+        )
+    return out
+
+
+def max_abs_error(rows: Sequence[Mapping[str, Any]], kind: str = "step") -> float:
+    """The largest |error| over the rows of `kind` (whole steps: what the fit is for)."""
+    return max((abs(r["error"]) for r in rows if r["kind"] == kind), default=0.0)
+
+
+def rms_error(rows: Sequence[Mapping[str, Any]], kind: str = "step") -> float:
+    errs = [r["error"] for r in rows if r["kind"] == kind]
+    return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else 0.0
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """Where the timings were taken (recorded in the profile, never used by the fit)."""
+
+    device: str
+    threads: int
+    dtype: str
+    torch_version: str
+    load_before: float
+    load_after: float
+    cpu_over_wall: float  # process CPU time / wall time over every timed step
+    wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def profile_dict(
+    gpu: GpuSpec,
+    values: Fit,
+    *,
+    model: str,
+    fitted: Sequence[Mapping[str, Any]],
+    held_out: Sequence[Mapping[str, Any]],
+    conditions: Conditions,
+    command: str,
+    ablation: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """A device profile: the GPU preset fields (efficiencies and overheads fitted), then
+    `model` (the model preset the fit was done on), `residuals` (the fitted shapes),
+    `held_out` (shapes the fit did not see) and `calibration` (conditions, the command)."""
+    spec = replace(
+        gpu,
+        compute_efficiency=values.compute_efficiency,
+        bandwidth_efficiency=values.bandwidth_efficiency,
+        step_overhead_s=values.step_overhead_s,
+        draft_pass_overhead_s=values.draft_pass_overhead_s,
+        seq_overhead_s=values.seq_overhead_s,
+        kv_bytes_factor=values.kv_bytes_factor,
+        phase_overlap=values.phase_overlap,
+        padded_decode_attention=values.padded_decode_attention,
+    )
+    doc = {k: getattr(spec, k) for k in PRESET_FIELDS if getattr(spec, k) not in (None, "")}
+    doc["model"] = model
+    doc["residuals"] = [dict(r) for r in fitted]
+    doc["held_out"] = [dict(r) for r in held_out]
+    doc["calibration"] = {
+        "command": command,
+        "max_abs_error_fitted": max_abs_error(fitted),
+        "max_abs_error_held_out": max_abs_error(held_out),
+        "rms_error_fitted": rms_error(fitted),
+        "rms_error_held_out": rms_error(held_out),
+        "ablation_rms_error": dict(ablation or {}),
+        **asdict(conditions),
+    }
+    return doc

@@ -1,0 +1,365 @@
+"""`hycache bench --validate PROFILE`: the simulator against the engine it claims to predict.
+
+The same workloads, at the CPU engine's scale, run on the real engine (`tiny` + a random
+EAGLE drafter) and in the simulator (hycache's scheduler and cache with the dry-run executor,
+its clock the cost model of a calibrated device profile, `hycache calibrate`), `lookahead`
+and `limit`, in one run. The simulator gets the engine's own cache config (block size, unit,
+the pools the engine sized, the scheduler budget) and the drafter acceptance the profile
+measured; nothing it is given comes from the run it predicts.
+
+Workloads (vocabulary 512, the tiny model's), each closed loop at concurrency 8:
+
+* system prompt: `hycache bench`'s engine arm, 12 requests of 7,200 shared + 802 tokens, 32 out;
+* random families: 3 families of 3-5 requests, prefixes 1,500-6,000 tokens, suffixes 64-800,
+  16-48 out;
+* multi-turn chat: 6 sessions of 2-4 turns behind a 1,500-token system prompt, user messages
+  32-400 tokens, answers 16-48.
+
+Both sides are timed by the profile's clock (`wall`: `time.perf_counter`; `cpu`: the
+process's CPU time, for a machine shared with other work; the engine runs one torch thread
+by default, so the two agree on a quiet machine); the engine's other clock is reported too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from hycache.sim.compare import Workload
+from hycache.sim.costmodel import CostModel
+from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
+from hycache.sim.workloads import (
+    RequestSpec,
+    SessionSpec,
+    family_workload,
+    multi_turn_workload,
+    system_prompt_workload,
+)
+
+Progress = Callable[[str], None]
+
+VOCAB = 512
+POLICIES: tuple[str, ...] = ("lookahead", "limit")
+WORKLOADS: tuple[str, ...] = ("system-prompt", "family", "multi-turn")
+METRICS: tuple[tuple[str, str], ...] = (
+    ("output tok/s", "output_tokens_per_s"),
+    ("TTFT p50 s", "ttft_p50_s"),
+    ("TTFT p95 s", "ttft_p95_s"),
+    ("token hit rate", "token_hit_rate"),  # the same scheduler on both sides: equal
+)
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """One validation run. `clock` None: the profile's (`calibration.clock`, else wall)."""
+
+    profile: str
+    model: str = "tiny"
+    block_size: int = 552
+    prefix_match_unit: int = 8
+    num_speculative_tokens: int = 2
+    concurrency: int = 8
+    max_num_batched_tokens: int = 8192
+    threads: int = 1
+    repeats: int = 1
+    seed: int = 0
+    quick: bool = False
+    workloads: tuple[str, ...] = WORKLOADS
+    policies: tuple[str, ...] = POLICIES
+    clock: str | None = None
+    acceptance_rate: float | None = None  # None: the profile's measurement (else 0)
+
+
+def build_workload(name: str, seed: int, quick: bool = False) -> Workload:
+    """A validation workload at the CPU engine's scale (`quick`: a smoke-test size)."""
+    if name == "system-prompt":
+        n, p, s, o = (4, 300, 60, 6) if quick else (12, 7_200, 802, 32)
+        return Workload(name, system_prompt_workload(n, p, s, o, seed, vocab=VOCAB))
+    if name == "family":
+        shape = (2, (2, 3), (150, 400), (16, 64), (4, 8)) if quick else None
+        fam = shape or (3, (3, 5), (1_500, 6_000), (64, 800), (16, 48))
+        return Workload(name, family_workload(*fam, seed, vocab=VOCAB))  # type: ignore[arg-type]
+    if name == "multi-turn":
+        if quick:
+            sessions = multi_turn_workload(2, 2, (16, 48), (4, 8), seed, 200, vocab=VOCAB)
+        else:
+            sessions = multi_turn_workload(6, (2, 4), (32, 400), (16, 48), seed, 1_500, VOCAB)
+        return Workload(name, sessions=sessions)
+    raise ValueError(f"unknown validation workload {name!r}; one of {', '.join(WORKLOADS)}")
+
+
+@dataclass
+class _Item:
+    key: str
+    prompt: list[int]
+    max_tokens: int
+    session: SessionSpec | None = None
+    turn: int = 0
+    outputs: tuple[list[int], ...] = ()
+
+
+def _items(w: Workload) -> deque[_Item]:
+    """The simulator's admission order: the request stream, then each session's first turn
+    (later turns join the end of the queue as the turn before them finishes)."""
+    q: deque[_Item] = deque(
+        _Item(str(r.request_id), r.prompt_token_ids.tolist(), r.max_tokens) for r in w.requests
+    )
+    for s in w.sessions:
+        q.append(_Item(f"s{s.session_id}t0", s.user_messages[0].tolist(), s.output_tokens[0], s))
+    return q
+
+
+def _next_turn(item: _Item, output: list[int]) -> _Item | None:
+    s = item.session
+    if s is None or item.turn + 1 >= s.num_turns:
+        return None
+    outputs = (*item.outputs, output)
+    t = item.turn + 1
+    prompt = s.prompt_for_turn(t, [np.asarray(o) for o in outputs]).tolist()
+    return _Item(f"s{s.session_id}t{t}", prompt, s.output_tokens[t], s, t, outputs)
+
+
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def run_engine(llm: Any, w: Workload, concurrency: int, clock: str) -> dict[str, Any]:
+    """`w` closed loop on `llm` at `concurrency` in flight; metrics on both clocks."""
+    from hycache.request import SamplingParams
+
+    pending = _items(w)
+    arrived: dict[str, tuple[float, float]] = {}
+    first: dict[str, tuple[float, float]] = {}
+    items: dict[str, _Item] = {}
+    outputs: list[Any] = []
+    total = w.size
+    t0 = _clocks()
+    while len(outputs) < total:
+        while pending and len(arrived) - len(outputs) < concurrency:
+            item = pending.popleft()
+            sp = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
+            rid = llm.add_request(item.prompt, sp, request_id=item.key)
+            arrived[rid], items[rid] = _clocks(), item
+        events = llm.step()
+        now = _clocks()
+        for e in events:
+            if e.new_token_ids:
+                first.setdefault(e.request_id, now)
+            if e.output is not None:
+                outputs.append(e.output)
+                nxt = _next_turn(items[e.request_id], list(e.output.token_ids))
+                if nxt is not None:
+                    pending.append(nxt)
+    end = _clocks()
+    tokens = sum(len(o.token_ids) for o in outputs)
+    i = 0 if clock == "wall" else 1
+    ttft = [first[o.request_id][i] - arrived[o.request_id][i] for o in outputs]
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    return {
+        "output_tokens_per_s": tokens / (end[i] - t0[i]),
+        "ttft_p50_s": float(np.percentile(ttft, 50)),
+        "ttft_p95_s": float(np.percentile(ttft, 95)),
+        "token_hit_rate": sum(o.hit_tokens for o in outputs) / prompt,
+        "makespan_s": end[i] - t0[i],
+        "other_clock_output_tokens_per_s": tokens / (end[1 - i] - t0[1 - i]),
+        "cpu_over_wall": (end[1] - t0[1]) / (end[0] - t0[0]),
+        "requests": len(outputs),
+    }
+
+
+def simulate(
+    config: Any, w: Workload, cost: CostModel, concurrency: int, seed: int
+) -> dict[str, Any]:
+    """The simulator on the engine's own config (its acceptance rate set by the caller)."""
+    from hycache.sim.simulator import Simulator
+
+    sim = Simulator(config, cost=cost, seed=seed, vocab_size=VOCAB)
+    res = sim.run(w.requests, sessions=w.sessions, concurrency=concurrency)
+    s = res.summary
+    keys = ("output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "token_hit_rate", "makespan_s")
+    return {k: s[k] for k in keys} | {"requests": s["requests"]}
+
+
+def profile_acceptance(gpu: GpuSpec, k: int) -> float:
+    """The per-draft acceptance the profile measured for `k` drafts (0 when it has none)."""
+    cal = gpu.calibration or {}
+    rates = cal.get("calibration", {}).get("extra", {}).get("acceptance_rate", {})
+    value = rates.get(str(k))
+    return float(value) if value is not None else 0.0
+
+
+def profile_clock(gpu: GpuSpec) -> str:
+    cal = gpu.calibration or {}
+    return str(cal.get("calibration", {}).get("extra", {}).get("clock", "wall"))
+
+
+def _engine(o: ValidateOptions, arm: str, max_len: int, num_blocks: int | None = None) -> Any:
+    """The engine for one arm: a policy, or one with `-split` (no internal checkpoints)."""
+    from hycache.engine.engine import LLM
+    from hycache.sim.compare import ARMS
+
+    a = ARMS[arm]
+    return LLM(
+        o.model,
+        block_size=o.block_size if not o.quick else 64,
+        prefix_match_unit=o.prefix_match_unit,
+        max_model_len=max_len,
+        policy=a.policy.value,
+        internal_checkpoints=a.internal is not False,
+        num_speculative_tokens=o.num_speculative_tokens,
+        max_num_batched_tokens=o.max_num_batched_tokens,
+        max_num_seqs=o.concurrency,
+        seed=o.seed,
+        num_blocks=num_blocks,
+    )
+
+
+def validate(o: ValidateOptions, progress: Progress) -> dict[str, Any]:
+    """Every workload x policy on the engine (`o.repeats` times, the policy order alternating;
+    medians) and in the simulator; the comparison document (`comparison` per workload)."""
+    import torch
+
+    gpu = load_gpu(o.profile)
+    clock = o.clock or profile_clock(gpu)
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be wall or cpu, got {clock!r}")
+    k = o.num_speculative_tokens
+    accept = o.acceptance_rate if o.acceptance_rate is not None else profile_acceptance(gpu, k)
+    block = o.block_size if not o.quick else 64
+    cost = CostModel(
+        load_model_spec(gpu.fitted_on or o.model),
+        gpu,
+        speculative=k > 0,
+        num_speculative_tokens=k,
+        block_size=block,
+        pool_layout="separate",
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(o.threads)
+    doc: dict[str, Any] = {"workloads": {}}
+    t_start = time.perf_counter()
+    try:
+        for name in o.workloads:
+            w = build_workload(name, o.seed, o.quick)
+            max_len = w.max_tokens_per_request() + 2 * k + 16
+            runs: dict[str, list[dict[str, Any]]] = {p: [] for p in o.policies}
+            configs: dict[str, Any] = {}
+            for rep in range(o.repeats):
+                order = list(o.policies) if rep % 2 == 0 else list(reversed(o.policies))
+                for p in order:
+                    progress(f"{name} · engine · {p} · repeat {rep + 1}/{o.repeats}")
+                    llm = _engine(o, p, max_len)
+                    configs[p] = llm.config
+                    runs[p].append(run_engine(llm, w, o.concurrency, clock))
+                    del llm
+            part: dict[str, Any] = {"measured": {}, "predicted": {}}
+            for p in o.policies:
+                part["measured"][p] = _median(runs[p])
+                progress(f"{name} · simulator · {p}")
+                cfg = configs[p]
+                cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
+                part["predicted"][p] = simulate(cfg, w, cost, o.concurrency, o.seed)
+            part["comparison"] = compare(part["measured"], part["predicted"], o.policies)
+            part["size"] = w.size
+            doc["workloads"][name] = part
+    finally:
+        torch.set_num_threads(threads)
+    doc["inputs"] = {
+        "profile": o.profile,
+        "model": gpu.fitted_on or o.model,
+        "clock": clock,
+        "acceptance_rate": accept,
+        "threads": o.threads,
+        "repeats": o.repeats,
+        "block_size": block,
+        "prefix_match_unit": o.prefix_match_unit,
+        "num_speculative_tokens": k,
+        "concurrency": o.concurrency,
+        "seed": o.seed,
+    }
+    doc["wall_s"] = time.perf_counter() - t_start
+    return doc
+
+
+def _median(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def compare(
+    measured: dict[str, dict[str, Any]],
+    predicted: dict[str, dict[str, Any]],
+    policies: Sequence[str] = POLICIES,
+) -> dict[str, Any]:
+    """Per policy and metric: measured, predicted, relative error (predicted / measured - 1);
+    and the `limit / lookahead` output tok/s ratio both ways with its error in percentage
+    points."""
+    out: dict[str, Any] = {}
+    for p in policies:
+        out[p] = {}
+        for _, key in METRICS:
+            m, s = measured[p][key], predicted[p][key]
+            out[p][key] = {"measured": m, "predicted": s, "error": s / m - 1.0 if m else None}
+    if "limit" in policies and "lookahead" in policies:
+        key = "output_tokens_per_s"
+        rm = measured["limit"][key] / measured["lookahead"][key]
+        rp = predicted["limit"][key] / predicted["lookahead"][key]
+        out["ratio"] = {"measured": rm, "predicted": rp, "error_pp": 100.0 * (rp - rm)}
+    return out
+
+
+def misses(doc: dict[str, Any], rel: float = 0.10, pp: float = 3.0) -> list[str]:
+    """The figures outside the acceptance targets (tok/s and TTFT p50 within `rel`, the
+    ratio within `pp` percentage points)."""
+    out = []
+    for name, part in doc["workloads"].items():
+        c = part["comparison"]
+        for p in (x for x in c if x != "ratio"):
+            for key in ("output_tokens_per_s", "ttft_p50_s"):
+                err = c[p][key]["error"]
+                if err is None or abs(err) > rel + 1e-9:
+                    out.append(f"{name} {p} {key}: {err:+.1%}" if err is not None else name)
+        if "ratio" in c and abs(c["ratio"]["error_pp"]) > pp + 1e-9:
+            out.append(f"{name} limit/lookahead: {c['ratio']['error_pp']:+.1f} pp")
+    return out
+
+
+def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
+    """What the simulator with `profile` predicts for `hycache bench`'s CPU engine arm
+    (`hycache.bench.EngineBench`, the same prompts), per policy; the acceptance rate is the
+    profile's measurement."""
+    from hycache.bench import ENGINE_ARMS
+
+    requests = [
+        RequestSpec(i, np.array(p), bench.output_tokens, None)
+        for i, p in enumerate(bench.prompts())
+    ]
+    w = Workload(f"engine-{bench.shape}", requests)
+    o = ValidateOptions(
+        profile=profile,
+        block_size=bench.block_size,
+        prefix_match_unit=bench.prefix_match_unit,
+        num_speculative_tokens=bench.num_speculative_tokens,
+        concurrency=bench.concurrency,
+        max_num_batched_tokens=bench.max_num_batched_tokens,
+        seed=bench.seed,
+    )
+    gpu = load_gpu(profile)
+    k = o.num_speculative_tokens
+    cost = CostModel(
+        load_model_spec(gpu.fitted_on or o.model), gpu, speculative=k > 0,
+        num_speculative_tokens=k, block_size=o.block_size, pool_layout="separate",
+    )  # fmt: skip
+    accept = profile_acceptance(gpu, k)
+    max_len = bench.shared_prefix_tokens + bench.suffix_tokens + bench.output_tokens + 16
+    out = {}
+    for p in ENGINE_ARMS:
+        cfg = _engine(o, p, max_len, bench.num_blocks).config
+        cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
+        out[p] = simulate(cfg, w, cost, o.concurrency, o.seed)
+    return out

@@ -1,0 +1,244 @@
+"""`hycache calibrate`'s fit, profile and validation arithmetic (hycache.sim.fit,
+hycache.calibrate, hycache.validate); timings themselves are never asserted here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hycache.sim.costmodel import CostModel, SeqWork, StepWork
+from hycache.sim.fit import Conditions, Fit, Sample, fit, profile_dict, residuals
+from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
+from hycache.validate import compare, misses
+
+MODEL = load_model_spec("tiny")
+CPU = GpuSpec(name="cpu-test", peak_flops=1e11, hbm_bandwidth=1.5e10, memory_bytes=1 << 34)
+B = 552
+
+
+def _shapes() -> list[tuple[str, StepWork, int]]:
+    """A grid like the real one: prefill chunks, decode batches with k drafts, mixed."""
+    out: list[tuple[str, StepWork, int]] = []
+    for n, c in ((552, 0), (1104, 0), (1104, 4416), (2208, 2208), (4416, 0)):
+        out.append((f"prefill {n} {c}", StepWork((SeqWork(n, c, 0, True),)), 2))
+    for k in (0, 1, 2, 3):
+        for b, c in ((1, 512), (4, 2048), (8, 8000)):
+            seq = SeqWork(1 + k, c, k, False)
+            out.append((f"decode {b} {c} k={k}", StepWork((seq,) * b), k))
+    mixed = (SeqWork(3, 4000, 2, False),) * 4 + (SeqWork(1104, 0, 0, True),)
+    out.append(("mixed", StepWork(mixed), 2))
+    return out
+
+
+def _synthetic(truth: Fit) -> list[Sample]:
+    return [
+        Sample(label, work, k, truth.cost_model(MODEL, CPU, k, block_size=B).step_time(work))
+        for label, work, k in _shapes()
+    ]
+
+
+def test_fit_recovers_known_parameters_compute_plus_memory() -> None:
+    truth = Fit(0.45, 0.6, 2.5e-3, 1.2e-3, 4e-4, kv_bytes_factor=5.0, phase_overlap=False)
+    got = fit(_synthetic(truth), MODEL, CPU, block_size=B)
+    assert got.phase_overlap is False
+    for name in (
+        "compute_efficiency",
+        "bandwidth_efficiency",
+        "step_overhead_s",
+        "draft_pass_overhead_s",
+        "seq_overhead_s",
+        "kv_bytes_factor",
+    ):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+
+
+def test_fit_recovers_known_parameters_roofline() -> None:
+    truth = Fit(0.3, 0.5, 3e-3, 5e-4)
+    samples = _synthetic(truth)
+    got = fit(samples, MODEL, CPU, block_size=B, overlap=True, seq_overhead=False, kv_factor=False)
+    assert got.phase_overlap is True
+    for r in residuals(samples, got, MODEL, CPU, B):
+        assert abs(r["error"]) < 0.01, r
+    assert got.compute_efficiency == pytest.approx(0.3, rel=0.03)
+    assert got.step_overhead_s == pytest.approx(3e-3, rel=0.05)
+
+
+def test_fit_ignores_copy_samples_and_needs_steps() -> None:
+    copies = Sample("copies", StepWork((), num_block_copies=4), 2, 1.0, kind="copies")
+    with pytest.raises(ValueError, match="no whole-step samples"):
+        fit([copies], MODEL, CPU, block_size=B)
+    truth = Fit(0.45, 0.6, 2.5e-3, 1.2e-3, 4e-4, kv_bytes_factor=5.0, phase_overlap=False)
+    a = fit(_synthetic(truth), MODEL, CPU, block_size=B)
+    b = fit([*_synthetic(truth), copies], MODEL, CPU, block_size=B)
+    assert a == b
+
+
+def test_sample_clock() -> None:
+    s = Sample("x", StepWork((SeqWork(1, 0, 0, False),)), 0, 2.0, cpu_s=1.5)
+    assert s.measured("wall") == 2.0 and s.measured("cpu") == 1.5
+    with pytest.raises(ValueError):
+        s.measured("gpu")
+    with pytest.raises(ValueError):
+        Sample("x", StepWork(()), 0, 0.0)
+
+
+def test_defaults_keep_todays_step_times() -> None:
+    gpu = load_gpu("h200")
+    model = load_model_spec("bamba-9b")
+    work = StepWork((SeqWork(3, 60_000, 2, False),) * 8 + (SeqWork(4096, 0, 0, True),), 2)
+    a = CostModel(model, gpu, speculative=True, num_speculative_tokens=3, block_size=4416)
+    b = CostModel(
+        model, gpu, speculative=True, num_speculative_tokens=3, block_size=4416,
+        seq_overhead_s=0.0, kv_bytes_factor=1.0, phase_overlap=True, draft_pass_overhead_s=2e-4,
+    )  # fmt: skip
+    assert a.step_time(work) == b.step_time(work)
+    assert a.seq_overhead_s == 0.0 and a.kv_bytes_factor == 1.0 and a.phase_overlap
+
+
+def _profile(tmp_path: Path) -> Path:
+    truth = Fit(0.45, 0.6, 2.5e-3, 1.2e-3, 4e-4, kv_bytes_factor=5.0, phase_overlap=False)
+    samples = _synthetic(truth)
+    got = fit(samples, MODEL, CPU, block_size=B)
+    rows = residuals(samples, got, MODEL, CPU, B)
+    cond = Conditions("cpu", 1, "float32", "x", 0.1, 0.2, 0.99, 60.0, {"clock": "wall"})
+    doc = profile_dict(
+        CPU, got, model="tiny", fitted=rows, held_out=rows[:2], conditions=cond, command="t"
+    )
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_profile_round_trips_and_drives_the_cost_model(tmp_path: Path) -> None:
+    path = _profile(tmp_path)
+    gpu = load_gpu(path)
+    assert gpu.fitted_on == "tiny" and gpu.phase_overlap is False
+    assert gpu.calibration is not None and len(gpu.calibration["residuals"]) == len(_shapes())
+    cost = CostModel(MODEL, gpu, speculative=True, num_speculative_tokens=2, block_size=B,
+                     pool_layout="separate")  # fmt: skip
+    doc = json.loads(path.read_text())
+    assert cost.seq_overhead_s == doc["seq_overhead_s"]
+    assert cost.kv_bytes_factor == doc["kv_bytes_factor"]
+    for r in doc["residuals"]:
+        assert abs(r["error"]) < 1e-3
+
+
+def test_profile_bad_calibration_fields_are_refused(tmp_path: Path) -> None:
+    doc = json.loads(_profile(tmp_path).read_text())
+    doc["residuals"] = "no"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="residuals"):
+        load_gpu(bad)
+
+
+def test_simulate_accepts_the_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hycache.cli import main
+
+    path = _profile(tmp_path)
+    rc = main(
+        ["simulate", "--gpu-config", str(path), "--model-config", "tiny", "--num-requests", "3",
+         "--shared-prefix-tokens", "200", "--suffix-tokens", "40", "--output-tokens", "4",
+         "--block-size", "64", "--prefix-match-unit", "8", "--num-speculative-tokens", "2",
+         "--compare", "lookahead,limit", "--json", str(tmp_path / "s.json")]
+    )  # fmt: skip
+    assert rc == 0
+    out = json.loads((tmp_path / "s.json").read_text())
+    assert out["policies"]["limit"]["output_tokens_per_s"] > 0
+
+
+def test_compare_errors_and_ratio() -> None:
+    measured = {
+        "lookahead": {"output_tokens_per_s": 20.0, "ttft_p50_s": 2.0, "ttft_p95_s": 4.0,
+                      "token_hit_rate": 0.5},
+        "limit": {"output_tokens_per_s": 25.0, "ttft_p50_s": 1.0, "ttft_p95_s": 3.0,
+                  "token_hit_rate": 0.6},
+    }  # fmt: skip
+    predicted = {
+        "lookahead": {"output_tokens_per_s": 22.0, "ttft_p50_s": 1.8, "ttft_p95_s": 4.0,
+                      "token_hit_rate": 0.5},
+        "limit": {"output_tokens_per_s": 26.0, "ttft_p50_s": 1.5, "ttft_p95_s": 3.0,
+                  "token_hit_rate": 0.6},
+    }  # fmt: skip
+    c = compare(measured, predicted)
+    assert c["lookahead"]["output_tokens_per_s"]["error"] == pytest.approx(0.10)
+    assert c["lookahead"]["ttft_p50_s"]["error"] == pytest.approx(-0.10)
+    assert c["limit"]["ttft_p50_s"]["error"] == pytest.approx(0.5)
+    assert c["ratio"]["measured"] == pytest.approx(1.25)
+    assert c["ratio"]["predicted"] == pytest.approx(26 / 22)
+    assert c["ratio"]["error_pp"] == pytest.approx(100 * (26 / 22 - 1.25))
+    miss = misses({"workloads": {"w": {"comparison": c}}})
+    assert any("limit ttft_p50_s" in m for m in miss)
+    assert any("limit/lookahead" in m for m in miss)  # -6.8 pp
+    assert not any("lookahead output" in m for m in miss)  # exactly 10%: inside
+
+
+def test_acceptance_rate_inverts_tokens_per_step() -> None:
+    from hycache.calibrate import acceptance_rate
+
+    assert acceptance_rate(2, 1.0) == 0.0
+    assert acceptance_rate(2, 3.0) == 1.0
+    p = acceptance_rate(3, 1 + 0.5 + 0.25 + 0.125)
+    assert p == pytest.approx(0.5, abs=1e-9)
+
+
+def test_a_tiny_calibrate_run_produces_residuals() -> None:
+    """The engine side on the smallest grid (one thread, one repeat: a few seconds)."""
+    from hycache.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe, calibrate
+
+    grid = Grid(
+        prefill=(PrefillProbe(64, (0, 64)),),
+        decode=(DecodeProbe(64, 2, (1, 2), mixed=((1, 64),)),),
+        copies=(2,),
+        state_writes=(2,),
+    )
+    held = Grid(prefill=(PrefillProbe(128, (0,)),), decode=(), copies=(), state_writes=())
+    opts = CalibrateOptions(
+        repeats=1, block_size=64, grid=grid, held_out=held, cache_memory_gb=0.05, clock="cpu"
+    )
+    doc = calibrate(opts, lambda _msg: None, command="test")
+    shapes = {r["shape"] for r in doc["residuals"]}
+    assert {"prefill n=64 c=0 k=2", "prefill n=64 c=64 k=2", "decode b=1 c=64 k=2"} <= shapes
+    assert any(s.startswith("mixed b=1") for s in shapes)
+    assert {r["kind"] for r in doc["residuals"]} == {"step", "copies", "state_writes"}
+    assert [r["shape"] for r in doc["held_out"]] == ["prefill n=128 c=0 k=2"]
+    for r in doc["residuals"] + doc["held_out"]:
+        assert r["measured_s"] > 0 and r["predicted_s"] > 0
+    assert doc["model"] == "tiny" and doc["calibration"]["extra"]["clock"] == "cpu"
+    assert doc["calibration"]["extra"]["acceptance_rate"]["2"] >= 0.0
+    from hycache.sim.presets import gpu_from_dict
+
+    assert gpu_from_dict(doc).fitted_on == "tiny"
+
+
+def test_gpu_script_smoke(tmp_path: Path) -> None:
+    """benchmarks/gpu_calibrate.py --smoke: the GPU script's code path on the CPU."""
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_calibrate.py"
+    spec = importlib.util.spec_from_file_location("gpu_calibrate", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "smoke.json"
+    assert mod.main(["--smoke", "--repeats", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = doc["calibration"]["preset_beside_measured"]
+    assert rows and all(r["preset_s"] > 0 and r["refit_s"] > 0 for r in rows)
+    assert load_gpu(out).phase_overlap is True
+
+
+def test_padded_decode_attention_reads_the_longest_context() -> None:
+    gpu = load_gpu("h200")
+    mixed = StepWork((SeqWork(3, 100, 2, False), SeqWork(3, 1000, 2, False),
+                      SeqWork(64, 5000, 0, True)))  # fmt: skip
+    even = StepWork((SeqWork(3, 1000, 2, False), SeqWork(3, 1000, 2, False),
+                     SeqWork(64, 5000, 0, True)))  # fmt: skip
+    kw = {"speculative": True, "num_speculative_tokens": 2, "block_size": 64}
+    padded = CostModel(MODEL, gpu, padded_decode_attention=True, **kw)
+    plain = CostModel(MODEL, gpu, **kw)
+    assert padded.breakdown(mixed)["bytes"] == plain.breakdown(even)["bytes"]
+    assert padded.breakdown(mixed)["flops"] == plain.breakdown(even)["flops"]
+    assert plain.breakdown(mixed)["bytes"] < plain.breakdown(even)["bytes"]

@@ -69,18 +69,10 @@ def fit_table(doc: dict[str, Any]) -> Table:
     t = Table(title=f"fitted on {doc['model']} ({cal['extra']['clock']} clock)")
     t.add_column("parameter")
     t.add_column("value", justify="right")
-    for key in (
-        "peak_flops",
-        "hbm_bandwidth",
-        "compute_efficiency",
-        "bandwidth_efficiency",
-        "step_overhead_s",
-        "draft_pass_overhead_s",
-        "seq_overhead_s",
-        "kv_bytes_factor",
-        "phase_overlap",
-        "padded_decode_attention",
-    ):
+    from hycache.sim.fit import PRESET_FIELDS
+
+    skip = {"name", "description", "source", "memory_bytes"}
+    for key in (k for k in PRESET_FIELDS if k not in skip):
         t.add_row(key, f"{doc[key]:.4g}" if not isinstance(doc[key], bool) else str(doc[key]))
     t.add_row("rms error, fitted / held out", f"{cal['rms_error_fitted']:.1%} / "
               f"{cal['rms_error_held_out']:.1%}")  # fmt: skip

@@ -40,6 +40,17 @@ class ExplainInputs:
     prefix_hints: tuple[int, ...] = ()
     internal_checkpoints: bool = True  # SSM checkpoints written inside the forward
 
+    def summary(self) -> dict[str, Any]:
+        """The `inputs` part of an explain result (this one and `--backend vllm`'s)."""
+        return {
+            "block_size": self.block_size,
+            "prefix_match_unit": self.prefix_match_unit or self.block_size,
+            "eagle": self.eagle,
+            "prompt_tokens": self.prompt_tokens,
+            "shared_prefix": self.shared_prefix,
+            "prefix_hints": list(self.prefix_hints),
+        }
+
     def validate(self) -> None:
         if self.prompt_tokens < 2:
             raise ValueError(f"prompt_tokens: need at least 2 tokens, got {self.prompt_tokens}")
@@ -129,13 +140,6 @@ def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
 def explain(inputs: ExplainInputs, policies: tuple[str, ...] = POLICY_NAMES) -> dict[str, Any]:
     inputs.validate()
     return {
-        "inputs": {
-            "block_size": inputs.block_size,
-            "prefix_match_unit": inputs.prefix_match_unit or inputs.block_size,
-            "eagle": inputs.eagle,
-            "prompt_tokens": inputs.prompt_tokens,
-            "shared_prefix": inputs.shared_prefix,
-            "prefix_hints": list(inputs.prefix_hints),
-        },
+        "inputs": inputs.summary(),
         "policies": {name: explain_policy(inputs, name) for name in policies},
     }

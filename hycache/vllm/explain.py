@@ -82,13 +82,6 @@ def explain_vllm(inputs: ExplainInputs) -> dict[str, Any]:
     """`hycache.explain.explain`'s result, one column per vLLM scheduler class."""
     inputs.validate()
     return {
-        "inputs": {
-            "block_size": inputs.block_size,
-            "prefix_match_unit": inputs.prefix_match_unit or inputs.block_size,
-            "eagle": inputs.eagle,
-            "prompt_tokens": inputs.prompt_tokens,
-            "shared_prefix": inputs.shared_prefix,
-            "prefix_hints": list(inputs.prefix_hints),
-        },
+        "inputs": inputs.summary(),
         "policies": {name: explain_backend(inputs, cls) for name, cls in BACKENDS.items()},
     }

@@ -89,6 +89,7 @@ class EngineBench:
     kv_store_gb: float = 4.0
     eviction: str = "lru"
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
+    internal_checkpoints: bool = True  # for every arm but the `-split` ones
     # "system": every request is the shared prefix + its own suffix; "family": `families`
     # prefixes of random lengths in [block_size, shared_prefix_tokens], requests interleaved
     shape: str = "system"
@@ -147,7 +148,7 @@ def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
         prefix_match_unit=b.prefix_match_unit,
         max_model_len=b.shared_prefix_tokens + b.suffix_tokens + b.output_tokens + 16,
         policy=arm.policy.value,
-        internal_checkpoints=True if arm.internal is None else arm.internal,
+        internal_checkpoints=b.internal_checkpoints if arm.internal is None else arm.internal,
         num_speculative_tokens=b.num_speculative_tokens,
         max_num_batched_tokens=b.max_num_batched_tokens,
         max_num_seqs=b.concurrency,
@@ -295,6 +296,7 @@ class SimBench:
     seed: int = 0
     eviction: str = "lru"
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
+    internal_checkpoints: bool = True  # for every arm but the `-split` ones
 
 
 def sim_cost(s: SimBench, pool_layout: PoolLayout = "shared") -> CostModel:
@@ -320,6 +322,7 @@ def sim_config(s: SimBench, w: Workload, cost: CostModel) -> HycacheConfig:
             groups=(GroupKind.ATTENTION, GroupKind.SSM),
             eviction=s.eviction,
             eviction_alpha=s.eviction_alpha,
+            internal_checkpoints=s.internal_checkpoints,
         ),
         SpeculativeConfig(
             num_speculative_tokens=s.num_speculative_tokens, acceptance_rate=s.acceptance_rate

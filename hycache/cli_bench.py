@@ -21,7 +21,7 @@ from hycache.cli_common import (
     positive_int,
 )
 from hycache.config import DEFAULT_EVICTION_ALPHA, ENGINE_SHAPES
-from hycache.engine.args import add_eviction_flags, positive_float
+from hycache.engine.args import add_checkpoint_flags, add_eviction_flags, positive_float
 from hycache.report import (
     check_writable,
     console,
@@ -120,7 +120,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_store_args(args)
     if args.kv_store is not None and args.skip_engine:
         raise UserError("--kv-store: a second tier is for the engine part; drop --skip-engine")
-    ev = {"eviction": args.eviction, "eviction_alpha": args.eviction_alpha}
+    ev = {
+        "eviction": args.eviction,
+        "eviction_alpha": args.eviction_alpha,
+        "internal_checkpoints": args.internal_checkpoints,
+    }
     engine = None if args.skip_engine else EngineBench(**ev)
     sim = None if args.skip_simulated else SimBench(**ev)
     if args.quick:
@@ -208,6 +212,7 @@ BENCH_ONLY_DEFAULTS: dict[str, Any] = {
     "kv_store_gb": DEFAULT_KV_STORE_GB,
     "eviction": "lru",
     "eviction_alpha": DEFAULT_EVICTION_ALPHA,
+    "internal_checkpoints": True,
     "eviction_curves": False,
     "validate": None,
     "engine_profile": None,
@@ -459,6 +464,7 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_store_args(p)  # the engine part's arms: each its own store of this kind
     g = p.add_argument_group("eviction")
     add_eviction_flags(g)  # every arm of the tables, engine and simulated
+    add_checkpoint_flags(g)  # every arm but the `-split` ones, which turn them off
     g.add_argument(
         "--eviction-curves",
         action="store_true",

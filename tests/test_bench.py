@@ -167,3 +167,21 @@ def test_bench_command_writes_json_and_png(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert {"engine", "simulated", "curves", "wall_s"} <= set(doc)
     assert png.stat().st_size > 10_000
+
+
+def test_no_internal_checkpoints_reaches_every_arm_but_the_split_ones() -> None:
+    """`hycache bench --no-internal-checkpoints`: the simulated arms' config turns them off;
+    the engine's prompts do not depend on it; `-split` arms are off either way."""
+    from dataclasses import replace
+
+    from hycache.bench import build_workload, sim_config, sim_cost
+    from hycache.cli import make_parser
+
+    args = make_parser().parse_args(["bench", "--no-internal-checkpoints"])
+    assert args.internal_checkpoints is False
+    engine, sim = toy()
+    off = replace(sim, internal_checkpoints=False)
+    w = build_workload(off, "system-prompt")
+    assert not sim_config(off, w, sim_cost(off)).cache.internal_checkpoints
+    assert sim_config(sim, w, sim_cost(sim)).cache.internal_checkpoints
+    assert replace(engine, internal_checkpoints=False).prompts() == engine.prompts()

@@ -23,6 +23,7 @@ from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
 from hycache.vllm.scenario import RequestTrace, Turn, run_hycache
 from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
 from tests.helpers import tokens
+from tests.test_cli import WORKED
 from tests.vllm.shapes import GEOMETRIES, budget, hycache_config, scenario
 
 settings.load_profile("vllm-reference")
@@ -297,17 +298,7 @@ def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
 
 # -- hycache explain --backend vllm ---------------------------------------------------------------
 
-SEED_SHAPE = [
-    "--block-size",
-    "4416",
-    "--prefix-match-unit",
-    "64",
-    "--eagle",
-    "--prompt-tokens",
-    "64016",
-    "--shared-prefix",
-    "57600",
-]
+SEED_SHAPE = WORKED  # the README's worked example, as `hycache explain` flags
 
 
 def test_explain_backend_vllm_on_the_seed_shape(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,10 +19,11 @@ from hycache.cache.block_pool import BlockEvent, BlockPool
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.eviction import FlopValue
-from hycache.cache.mirror import StoreMirror
+from hycache.cache.mirror import BlockIO, StoreMirror
 from hycache.cache.ssm import SSMManager, StateIO
 from hycache.config import CacheConfig, Eviction, GroupKind, RecomputeCost, SpeculativeConfig
 from hycache.request import Request
+from hycache.store.base import KVStore
 
 # `flop-aware` snapshot admission (`CacheManager.admit_snapshot`)
 SNAPSHOT_ADMIT_REUSE = 0.25
@@ -85,7 +86,7 @@ class CacheManager:
         self._snapshot_explore = 0
         self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
-        self.mirror: StoreMirror | None = None
+        self._mirror: StoreMirror | None = None
 
     # -- pools ---------------------------------------------------------------------------------
 
@@ -121,23 +122,42 @@ class CacheManager:
             return no_hit(len(self.attention), len(self.ssm))
         return find_joint_hit(self.attention, self.ssm, req.hashes, req.num_tokens, self.bounds)
 
+    # -- the second tier ----------------------------------------------------------------------
+
+    @property
+    def mirror(self) -> StoreMirror | None:
+        """The store mirror (`attach_store`), or None: no second tier."""
+        return self._mirror
+
+    def attach_store(self, store: KVStore, fingerprint: str, io: BlockIO) -> StoreMirror:
+        """Mirror this cache into `store`: from now on what `commit` keys is put there
+        (`flush_store`) and `fetch` loads deeper hits from it, through `io` (the bytes of
+        one block). Once per cache."""
+        if self._mirror is not None:
+            raise ValueError("this cache already has a store attached")
+        groups = self.config.groups
+        self._mirror = StoreMirror(
+            store, fingerprint, self.pools, self.pool_for, groups, self.bounds, io
+        )
+        return self._mirror
+
     def fetch(self, req: Request, hit: CacheHit) -> CacheHit:
         """After `lookup`: a deeper hit from the second tier, loaded into fresh blocks that stay
         staged until `unstage`; `hit` itself when there is no store or nothing deeper."""
-        if self.mirror is None or not self.config.enable_prefix_caching:
+        if self._mirror is None or not self.config.enable_prefix_caching:
             return hit
-        return self.mirror.extend(req, hit, self.attention, self.ssm)
+        return self._mirror.extend(req, hit, self.attention, self.ssm)
 
     def unstage(self) -> None:
         """End of an admission round: blocks loaded from the store are now held by the
         requests that adopted them (or stay cached for the next lookup)."""
-        if self.mirror is not None:
-            self.mirror.unstage()
+        if self._mirror is not None:
+            self._mirror.unstage()
 
     def flush_store(self) -> None:
         """End of a step's update: write what it committed to the second tier."""
-        if self.mirror is not None:
-            self.mirror.flush()
+        if self._mirror is not None:
+            self._mirror.flush()
 
     def will_checkpoint(self, req: Request, end: int) -> bool:
         return (

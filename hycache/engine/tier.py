@@ -82,8 +82,4 @@ def attach_store(
     mirror `cache` into it through the runner's tensors."""
     kv_store = open_store(store, gb) if isinstance(store, str) else store
     io = RunnerBlockIO(cache.config.groups, runner.kv, runner.draft_kv, runner.states)
-    mirror = StoreMirror(
-        kv_store, fingerprint_, cache.pools, cache.pool_for, cache.config.groups, cache.bounds, io
-    )
-    cache.mirror = mirror
-    return mirror
+    return cache.attach_store(kv_store, fingerprint_, io)

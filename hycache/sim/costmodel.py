@@ -139,6 +139,11 @@ class CostModel:
     ``padded_decode_attention`` attends every decoding request of a step over the longest
     decoding context among them (the CPU engine pads decode and verify attention into one
     batched layout; a paged kernel reads each request's own context).
+    ``copy_efficiency`` and ``state_copy_efficiency`` price block copies and SSM state traffic
+    (a request's state read and written each step, internal checkpoints, intermediate verify
+    states) at a bandwidth of their own: each is one tensor copy, near copy bandwidth, where
+    ``bandwidth_efficiency`` is what a whole forward pass achieves. Unset (every GPU preset),
+    they are ``bandwidth_efficiency``.
 
     ``block_size`` (optional) lets block copies cost a whole page (:meth:`block_bytes`); without
     it a copy costs one SSM state. ``pool_layout`` is the cache layout the copies run in: with
@@ -167,6 +172,8 @@ class CostModel:
         kv_bytes_factor: float | None = None,
         phase_overlap: bool | None = None,
         padded_decode_attention: bool | None = None,
+        copy_efficiency: float | None = None,
+        state_copy_efficiency: float | None = None,
     ) -> None:
         self.model = model
         self.gpu = gpu
@@ -177,6 +184,12 @@ class CostModel:
             bandwidth_efficiency, gpu.bandwidth_efficiency, DEFAULT_BANDWIDTH_EFFICIENCY
         )
         self.step_overhead_s = _pick(step_overhead_s, gpu.step_overhead_s, DEFAULT_STEP_OVERHEAD_S)
+        self.copy_efficiency = _pick(
+            copy_efficiency, gpu.copy_efficiency, self.bandwidth_efficiency
+        )
+        self.state_copy_efficiency = _pick(
+            state_copy_efficiency, gpu.state_copy_efficiency, self.bandwidth_efficiency
+        )
         draft_pass_overhead_s = _pick(
             draft_pass_overhead_s, gpu.draft_pass_overhead_s, DEFAULT_DRAFT_PASS_OVERHEAD_S
         )
@@ -195,6 +208,8 @@ class CostModel:
         for label, eff in (
             ("compute_efficiency", self.compute_efficiency),
             ("bandwidth_efficiency", self.bandwidth_efficiency),
+            ("copy_efficiency", self.copy_efficiency),
+            ("state_copy_efficiency", self.state_copy_efficiency),
         ):
             if not 0.0 < eff <= 1.0:
                 raise ValueError(f"{label} must be in (0, 1], got {eff}")
@@ -216,6 +231,8 @@ class CostModel:
 
         self._flops_rate = gpu.peak_flops * self.compute_efficiency
         self._bytes_rate = gpu.hbm_bandwidth * self.bandwidth_efficiency
+        self._copy_rate = gpu.hbm_bandwidth * self.copy_efficiency
+        self._state_rate = gpu.hbm_bandwidth * self.state_copy_efficiency
 
     def without_drafter(self) -> CostModel:
         """The same model, GPU and constants with speculative decoding off: no drafter passes,
@@ -236,6 +253,8 @@ class CostModel:
             kv_bytes_factor=self.kv_bytes_factor,
             phase_overlap=self.phase_overlap,
             padded_decode_attention=self.padded_decode_attention,
+            copy_efficiency=self.copy_efficiency,
+            state_copy_efficiency=self.state_copy_efficiency,
         )
 
     # --- memory sizing ------------------------------------------------------------------------
@@ -334,13 +353,26 @@ class CostModel:
 
     # --- step time ------------------------------------------------------------------------
 
-    def _phase(self, name: str, flops: float, nbytes: float, overhead_s: float) -> PhaseCost:
+    def _phase(
+        self,
+        name: str,
+        flops: float,
+        nbytes: float,
+        overhead_s: float,
+        *,
+        copy_bytes: float = 0.0,
+        state_bytes: float = 0.0,
+    ) -> PhaseCost:
+        """A phase moving `nbytes` at the forward's bandwidth, plus `copy_bytes` of block
+        copies and `state_bytes` of SSM state copies at their own."""
+        memory_s = nbytes / self._bytes_rate
+        memory_s += copy_bytes / self._copy_rate + state_bytes / self._state_rate
         return PhaseCost(
             name=name,
             flops=flops,
-            bytes=nbytes,
+            bytes=nbytes + copy_bytes + state_bytes,
             compute_s=flops / self._flops_rate,
-            memory_s=nbytes / self._bytes_rate,
+            memory_s=memory_s,
             overhead_s=overhead_s,
             overlap=self.phase_overlap,
         )
@@ -390,7 +422,8 @@ class CostModel:
 
         if work.num_block_copies:
             page = self.copy_bytes()
-            out.append(self._phase("block_copies", 0.0, 2.0 * work.num_block_copies * page, 0.0))
+            nbytes = 2.0 * work.num_block_copies * page
+            out.append(self._phase("block_copies", 0.0, 0.0, 0.0, copy_bytes=nbytes))
 
         if work.seqs:
             out.append(self._target_phase(work))
@@ -414,6 +447,7 @@ class CostModel:
         flops = 2.0 * m.body_active_params * tokens + 2.0 * m.hidden_size * m.vocab_size * logits
         dense_body = m.body_total_params - m.moe_expert_params
         nbytes = float(dense_body * dt) + self._moe_weight_bytes(tokens) + m.lm_head_params * dt
+        state_bytes = 0.0
 
         for s, attended in zip(work.seqs, self._attended(work), strict=True):
             n, c = s.num_new_tokens, s.context_len
@@ -425,8 +459,8 @@ class CostModel:
                 writes = 1 + s.num_state_writes
                 if self.intermediate_state_writes and s.num_draft_tokens:
                     writes += s.num_draft_tokens
-                nbytes += (reads + writes) * m.ssm_state_bytes
-        return self._phase("target", flops, nbytes, 0.0)
+                state_bytes += (reads + writes) * m.ssm_state_bytes
+        return self._phase("target", flops, nbytes, 0.0, state_bytes=state_bytes)
 
     def _attended(self, work: StepWork) -> list[int]:
         """The context each request's attention reads: its own, or with

@@ -21,6 +21,13 @@ Free parameters (each one a `CostModel` argument):
     draft_pass_overhead_s   once per drafter pass
     seq_overhead_s          once per request scheduled in the step (added for the CPU
                             engine: its runner and sampler loop over requests in Python)
+    copy_efficiency         achieved / peak bandwidth of a block copy, and
+    state_copy_efficiency   of an SSM state copy: fitted first, each on its own probes (block
+                            copies, state writes timed alone), then held fixed in the step fit.
+                            Added because one tensor copy runs near copy bandwidth while a whole
+                            forward achieves far less (0.11 of peak on one CPU thread): priced
+                            at `bandwidth_efficiency`, the states `limit` checkpoints were
+                            charged 8x what they cost.
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ PRESET_FIELDS = (
     "kv_bytes_factor",
     "phase_overlap",
     "padded_decode_attention",
+    "copy_efficiency",
+    "state_copy_efficiency",
 )
 SAMPLE_KINDS = ("step", "copies", "state_writes")
 FREE_PARAMETERS = (
@@ -70,6 +79,8 @@ FREE_PARAMETERS = (
     "draft_pass_overhead_s",
     "seq_overhead_s",
     "kv_bytes_factor",
+    "copy_efficiency",
+    "state_copy_efficiency",
 )
 
 
@@ -78,16 +89,15 @@ class Sample:
     """One measured step shape: the work (as the simulator describes it), the drafter
     setting it ran with, and the median of its repeats.
 
-    Only ``"step"`` samples are fitted; the others are reported beside the fit (timed alone,
-    a few small strided copies are dominated by per-call costs the step model does not
-    carry, and inside a step they are well under 1% of its time).
+    ``"step"`` samples fit the step model; ``"copies"`` and ``"state_writes"`` samples fit
+    the copy and state-copy efficiencies (`fit_copies`), which the step fit then holds fixed.
 
     ``kind`` is ``"step"`` for a whole engine step (every phase and overhead of
     `CostModel.step_time`), ``"copies"`` for ``work.num_block_copies`` block copies timed
     alone (the `block_copies` phase: no step or request overhead) or ``"state_writes"`` for
     as many SSM state copies timed alone (each reads and writes one state,
-    `ModelSpec.ssm_state_bytes`, at the fitted bandwidth; inside a step the cost model
-    charges state traffic in the target phase's bytes).
+    `ModelSpec.ssm_state_bytes`; inside a step the cost model prices the target phase's
+    state traffic at the same efficiency).
     """
 
     label: str
@@ -132,6 +142,8 @@ class Fit:
     kv_bytes_factor: float = 1.0
     phase_overlap: bool = True
     padded_decode_attention: bool = False  # the engine's attention layout (not fitted)
+    copy_efficiency: float | None = None  # None: bandwidth_efficiency
+    state_copy_efficiency: float | None = None
 
     def cost_model(
         self, model: ModelSpec, gpu: GpuSpec, k: int, *, block_size: int | None = None
@@ -148,6 +160,8 @@ class Fit:
             kv_bytes_factor=self.kv_bytes_factor,
             phase_overlap=self.phase_overlap,
             padded_decode_attention=self.padded_decode_attention,
+            copy_efficiency=self.copy_efficiency,
+            state_copy_efficiency=self.state_copy_efficiency,
             speculative=k > 0,
             num_speculative_tokens=k,
             block_size=block_size,
@@ -158,12 +172,23 @@ class Fit:
 @dataclass(frozen=True)
 class _Features:
     """A sample's terms at peak rates (efficiencies 1), per phase: compute, memory other
-    than attention K/V, and attention K/V; and its overhead counts."""
+    than attention K/V, and attention K/V; its overhead counts; and the time of its copies
+    at the copy efficiencies already fitted (`fixed_s`: not a free term of the step fit)."""
 
     compute_s: tuple[float, ...]
     memory_s: tuple[float, ...]
     kv_s: tuple[float, ...]
     counts: tuple[float, float, float]  # steps, drafter passes, requests
+    fixed_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class CopyFit:
+    """The copy efficiencies `fit_copies` found (None: no probes of that kind; the cost
+    model then prices those bytes at `bandwidth_efficiency`)."""
+
+    copy_efficiency: float | None = None
+    state_copy_efficiency: float | None = None
 
 
 def _phase_terms(s: Sample, cost: CostModel) -> list[tuple[float, float]]:
@@ -173,30 +198,79 @@ def _phase_terms(s: Sample, cost: CostModel) -> list[tuple[float, float]]:
     return [(p.compute_s, p.memory_s) for p in phases]
 
 
+def _state_write_s(s: Sample, model: ModelSpec, gpu: GpuSpec) -> float:
+    """A ``state_writes`` sample's bytes (each copy reads and writes one state) at peak."""
+    return 2.0 * s.work.num_block_copies * model.ssm_state_bytes / gpu.hbm_bandwidth
+
+
 def _features(
-    s: Sample, model: ModelSpec, gpu: GpuSpec, block_size: int | None, padded: bool = False
+    s: Sample,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    block_size: int | None,
+    padded: bool = False,
+    copies: CopyFit = CopyFit(),
 ) -> _Features:
-    if s.kind == "state_writes":
-        nbytes = 2.0 * s.work.num_block_copies * model.ssm_state_bytes
-        return _Features((0.0,), (nbytes / gpu.hbm_bandwidth,), (0.0,), (0.0, 0.0, 0.0))
     k = s.num_speculative_tokens
     unit = Fit(1.0, 1.0, padded_decode_attention=padded)
+
+    def memory(**change: float) -> list[float]:
+        cost = replace(unit, **change).cost_model(model, gpu, k, block_size=block_size)
+        return [m for _, m in _phase_terms(s, cost)]
+
     one = _phase_terms(s, unit.cost_model(model, gpu, k, block_size=block_size))
-    two = _phase_terms(
-        s, replace(unit, kv_bytes_factor=2.0).cost_model(model, gpu, k, block_size=block_size)
-    )
-    kv = tuple(m2 - m1 for (_, m1), (_, m2) in zip(one, two, strict=True))
+    base = [m for _, m in one]
+    # each term's share of the memory time at peak: what doubling its price adds
+    kv, copy, state = (
+        [m2 - m1 for m1, m2 in zip(base, memory(**{name: v}), strict=True)]
+        for name, v in (("kv_bytes_factor", 2.0), ("copy_efficiency", 0.5),
+                        ("state_copy_efficiency", 0.5))
+    )  # fmt: skip
+    other = [m - a - b - c for m, a, b, c in zip(base, kv, copy, state, strict=True)]
+    fixed = [0.0] * len(one)
+    for term, eff in ((copy, copies.copy_efficiency), (state, copies.state_copy_efficiency)):
+        for i, t in enumerate(term):
+            if eff is None:  # priced at the fitted bandwidth_efficiency
+                other[i] += t
+            else:
+                fixed[i] += t / eff
     if s.kind == "copies":
         counts = (0.0, 0.0, 0.0)
     else:
         drafts = sum(1 for p in Fit(1.0, 1.0).cost_model(model, gpu, k).phases(s.work)
                      if p.name.startswith("draft_"))  # fmt: skip
         counts = (1.0, float(drafts), float(len(s.work.seqs)))
-    return _Features(
-        tuple(c for c, _ in one),
-        tuple(m - d for (_, m), d in zip(one, kv, strict=True)),
-        kv,
-        counts,
+    return _Features(tuple(c for c, _ in one), tuple(other), tuple(kv), counts, tuple(fixed))
+
+
+def fit_copies(
+    samples: Sequence[Sample],
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    block_size: int | None = None,
+    clock: str = "wall",
+) -> CopyFit:
+    """Each copy efficiency from its own probes: the ``copies`` samples' block copies and
+    the ``state_writes`` samples' state copies, timed alone (bytes at peak / seconds,
+    least squares on the relative error; at most 1)."""
+
+    def one(kind: str, seconds_at_peak: Any) -> float | None:
+        rows = [(seconds_at_peak(s), s.measured(clock)) for s in samples if s.kind == kind]
+        rows = [(a, y) for a, y in rows if a > 0]
+        if not rows:
+            return None
+        r = np.array([a / y for a, y in rows])  # time = a / eff: relative error 1 - r / eff
+        inv = float(np.sum(r) / np.sum(r * r))
+        return min(1.0, 1.0 / inv)
+
+    def block_copies_s(s: Sample) -> float:
+        cost = Fit(1.0, 1.0).cost_model(model, gpu, s.num_speculative_tokens, block_size=block_size)
+        return sum(p.memory_s for p in cost.phases(s.work) if p.name == "block_copies")
+
+    return CopyFit(
+        copy_efficiency=one("copies", block_copies_s),
+        state_copy_efficiency=one("state_writes", lambda s: _state_write_s(s, model, gpu)),
     )
 
 
@@ -229,8 +303,9 @@ def _linear_fit(
     mem = np.array([sum(f.memory_s) for f in feats])
     kv = np.array([sum(f.kv_s) for f in feats])
     counts = np.array([f.counts for f in feats])
-    # time = comp*(1 + a) + mem*(1 + b) + kv*(1 + b + c) + counts @ theta
-    base = comp + mem + kv
+    fixed = np.array([sum(f.fixed_s) for f in feats])
+    # time = comp*(1 + a) + mem*(1 + b) + kv*(1 + b + c) + counts @ theta + fixed
+    base = comp + mem + kv + fixed
     cols = [comp, mem + kv, kv, counts[:, 0], counts[:, 1], counts[:, 2]]
     use = [True, True, free[3], True, free[1], free[2]]
     a = np.stack([c if u else np.zeros_like(c) for c, u in zip(cols, use, strict=True)], 1)
@@ -251,8 +326,8 @@ def _linear_fit(
 
 def _roofline(f: _Features, ce: float, be: float, kvf: float) -> float:
     return sum(
-        max(c / ce, (m + kvf * kv) / be)
-        for c, m, kv in zip(f.compute_s, f.memory_s, f.kv_s, strict=True)
+        max(c / ce, (m + kvf * kv) / be + fx)
+        for c, m, kv, fx in zip(f.compute_s, f.memory_s, f.kv_s, f.fixed_s, strict=True)
     )
 
 
@@ -309,6 +384,7 @@ def fit(
     kv_factor: bool = True,
     clock: str = "wall",
     padded: bool = False,
+    copies: bool = True,
 ) -> Fit:
     """The free parameters that minimise the squared relative error over `samples`.
 
@@ -316,9 +392,11 @@ def fit(
     compute + memory. `seq_overhead=False` pins `seq_overhead_s` at 0 and `kv_factor=False`
     the K/V factor at 1 (a GPU's paged kernels read each cached byte once). `padded`: the
     engine pads decode attention to the step's longest context (`CostModel`'s
-    `padded_decode_attention`; a fact about the engine, not a fitted number)."""
-    values = _fit(samples, model, gpu, block_size, overlap, seq_overhead, kv_factor, clock, padded)
-    return values[0]
+    `padded_decode_attention`; a fact about the engine, not a fitted number).
+    `copies=False` prices copies and state traffic at `bandwidth_efficiency` (no copy
+    efficiencies fitted)."""
+    opts = (overlap, seq_overhead, kv_factor, clock, padded, copies)
+    return _fit(samples, model, gpu, block_size, *opts)[0]
 
 
 def _fit(
@@ -331,16 +409,24 @@ def _fit(
     kv_factor: bool,
     clock: str = "wall",
     padded: bool = False,
+    copies: bool = True,
 ) -> tuple[Fit, float]:
+    cf = fit_copies(samples, model, gpu, block_size=block_size, clock=clock) if copies else None
     samples = [s for s in samples if s.kind == "step"]
     if not samples:
         raise ValueError("fit: no whole-step samples")
-    feats = [_features(s, model, gpu, block_size, padded) for s in samples]
+    feats = [_features(s, model, gpu, block_size, padded, cf or CopyFit()) for s in samples]
     y = np.array([s.measured(clock) for s in samples])
     drafter = any(s.num_speculative_tokens for s in samples)
     free = [True, drafter, seq_overhead, kv_factor]
     values, err = (_roofline_fit if overlap else _linear_fit)(feats, y, free)
     values = replace(values, padded_decode_attention=padded)
+    if cf is not None:
+        values = replace(
+            values,
+            copy_efficiency=cf.copy_efficiency,
+            state_copy_efficiency=cf.state_copy_efficiency,
+        )
     return values, math.sqrt(err / len(samples))
 
 
@@ -350,6 +436,7 @@ ABLATIONS: dict[str, dict[str, bool]] = {
     "without kv_bytes_factor": {"kv_factor": False},
     "roofline (max), all terms": {"overlap": True},
     "roofline (max), GPU terms only": {"overlap": True, "seq_overhead": False, "kv_factor": False},
+    "without copy efficiencies": {"copies": False},
 }
 
 
@@ -365,7 +452,7 @@ def ablation(
     """The fit's relative rms error with each added term taken away (why each is there)."""
     base = {
         "overlap": False, "seq_overhead": True, "kv_factor": True, "clock": clock,
-        "padded": padded,
+        "padded": padded, "copies": True,
     }  # fmt: skip
     out = {}
     for name, change in ABLATIONS.items():
@@ -378,10 +465,10 @@ def predict(
     s: Sample, values: Fit, model: ModelSpec, gpu: GpuSpec, block_size: int | None = None
 ) -> float:
     """The step time `values` predict for `s`: `CostModel.step_time`, or for a ``copies``
-    sample its `block_copies` phase alone."""
+    sample its `block_copies` phase alone, or for ``state_writes`` its state copies."""
     if s.kind == "state_writes":
-        nbytes = 2.0 * s.work.num_block_copies * model.ssm_state_bytes
-        return nbytes / (gpu.hbm_bandwidth * values.bandwidth_efficiency)
+        eff = values.state_copy_efficiency or values.bandwidth_efficiency
+        return _state_write_s(s, model, gpu) / eff
     cost = values.cost_model(model, gpu, s.num_speculative_tokens, block_size=block_size)
     if s.kind == "copies":
         return sum(p.time_s for p in cost.phases(s.work) if p.name == "block_copies")
@@ -471,6 +558,8 @@ def profile_dict(
         kv_bytes_factor=values.kv_bytes_factor,
         phase_overlap=values.phase_overlap,
         padded_decode_attention=values.padded_decode_attention,
+        copy_efficiency=values.copy_efficiency,
+        state_copy_efficiency=values.state_copy_efficiency,
     )
     doc = {k: getattr(spec, k) for k in PRESET_FIELDS if getattr(spec, k) not in (None, "")}
     doc["model"] = model

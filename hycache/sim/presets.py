@@ -70,6 +70,10 @@ class GpuSpec:
     kv_bytes_factor: float | None = None
     phase_overlap: bool | None = None
     padded_decode_attention: bool | None = None
+    # achieved / peak bandwidth of a block copy and of an SSM state copy (read, write, or a
+    # checkpoint): one tensor copy each, near copy bandwidth; unset, `bandwidth_efficiency`
+    copy_efficiency: float | None = None
+    state_copy_efficiency: float | None = None
     fitted_on: str = ""
     calibration: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -449,6 +453,8 @@ def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
         kv_bytes_factor=r.get_float("kv_bytes_factor", required=False),
         phase_overlap=_optional_bool(r, "phase_overlap"),
         padded_decode_attention=_optional_bool(r, "padded_decode_attention"),
+        copy_efficiency=_optional_fraction(r, "copy_efficiency"),
+        state_copy_efficiency=_optional_fraction(r, "state_copy_efficiency"),
         fitted_on=r.get_str("model", required=False),
         calibration=_calibration(r),
     )

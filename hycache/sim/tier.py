@@ -28,7 +28,6 @@ import struct
 from dataclasses import dataclass
 
 from hycache.cache.manager import CacheManager
-from hycache.cache.mirror import StoreMirror
 from hycache.config import GroupKind, HycacheConfig
 from hycache.sim.costmodel import CostModel
 from hycache.store import GB, check_store_gb
@@ -181,6 +180,5 @@ def attach_sim_store(
     page = cost.model.ssm_state_bytes if cost is not None else 0
     io = SimBlockIO(cache.config.groups, row, page)
     fp = sim_fingerprint(config, cost)
-    groups, bounds = cache.config.groups, cache.bounds
-    cache.mirror = StoreMirror(store, fp, cache.pools, cache.pool_for, groups, bounds, io)
+    cache.attach_store(store, fp, io)
     return io

@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
-from hycache.sim.fit import Conditions, Fit, Sample, fit, profile_dict, residuals
+from hycache.sim.fit import (
+    Conditions,
+    CopyFit,
+    Fit,
+    Sample,
+    fit,
+    fit_copies,
+    predict,
+    profile_dict,
+    residuals,
+)
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
 from hycache.validate import compare, misses
 
@@ -65,14 +75,57 @@ def test_fit_recovers_known_parameters_roofline() -> None:
     assert got.step_overhead_s == pytest.approx(3e-3, rel=0.05)
 
 
-def test_fit_ignores_copy_samples_and_needs_steps() -> None:
+def test_copy_samples_alone_are_not_a_fit() -> None:
     copies = Sample("copies", StepWork((), num_block_copies=4), 2, 1.0, kind="copies")
     with pytest.raises(ValueError, match="no whole-step samples"):
         fit([copies], MODEL, CPU, block_size=B)
     truth = Fit(0.45, 0.6, 2.5e-3, 1.2e-3, 4e-4, kv_bytes_factor=5.0, phase_overlap=False)
     a = fit(_synthetic(truth), MODEL, CPU, block_size=B)
-    b = fit([*_synthetic(truth), copies], MODEL, CPU, block_size=B)
-    assert a == b
+    assert a.copy_efficiency is None and a.state_copy_efficiency is None
+
+
+def _copy_probes(truth: Fit) -> list[Sample]:
+    """Block copies and state writes timed alone, as `hycache calibrate` times them."""
+    out = []
+    for kind in ("copies", "state_writes"):
+        for n in (4, 32):
+            s = Sample(f"{kind} {n}", StepWork((), num_block_copies=n), 2, 1.0, kind=kind)
+            t = predict(s, truth, MODEL, CPU, B)
+            out.append(Sample(s.label, s.work, 2, t, kind=kind))
+    return out
+
+
+def test_fit_recovers_copy_efficiencies_and_holds_them_in_the_step_fit() -> None:
+    # state copies far faster than the forward's bandwidth: the CPU engine's case
+    truth = Fit(0.45, 0.1, 2.5e-3, 1.2e-3, 4e-4, kv_bytes_factor=2.0, phase_overlap=False,
+                copy_efficiency=0.3, state_copy_efficiency=0.9)  # fmt: skip
+    samples = [*_synthetic(truth), *_copy_probes(truth)]
+    got = fit(samples, MODEL, CPU, block_size=B)
+    # with the state traffic priced apart, the weight bytes a step reads are the same every
+    # step, like its overhead: only their sum is identified, so the predictions are compared
+    for name in ("compute_efficiency", "copy_efficiency", "state_copy_efficiency"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+    for r in residuals(samples, got, MODEL, CPU, B):
+        assert abs(r["error"]) < 1e-3, r
+    assert fit_copies(_synthetic(truth), MODEL, CPU, block_size=B) == CopyFit()
+
+
+def test_state_traffic_and_copies_cost_at_their_own_efficiency() -> None:
+    work = StepWork((SeqWork(552, 552, 0, True, num_state_writes=3),), num_block_copies=2)
+    base = CostModel(MODEL, CPU, bandwidth_efficiency=0.2, speculative=False,
+                     num_speculative_tokens=0, block_size=B, phase_overlap=False)  # fmt: skip
+    assert base.copy_efficiency == base.state_copy_efficiency == 0.2
+    fast = CostModel(MODEL, CPU, bandwidth_efficiency=0.2, speculative=False,
+                     num_speculative_tokens=0, block_size=B, phase_overlap=False,
+                     copy_efficiency=0.4, state_copy_efficiency=0.8)  # fmt: skip
+    state = (1 + 1 + 3) * MODEL.ssm_state_bytes  # read, final write, 3 checkpoints
+    copies = 2.0 * 2 * base.copy_bytes()
+    saved = state / CPU.hbm_bandwidth * (1 / 0.2 - 1 / 0.8)
+    saved += copies / CPU.hbm_bandwidth * (1 / 0.2 - 1 / 0.4)
+    assert base.step_time(work) - fast.step_time(work) == pytest.approx(saved, rel=1e-9)
+    with pytest.raises(ValueError, match="state_copy_efficiency"):
+        CostModel(MODEL, CPU, speculative=False, num_speculative_tokens=0,
+                  state_copy_efficiency=1.5)  # fmt: skip
 
 
 def test_sample_clock() -> None:
@@ -95,6 +148,7 @@ def test_defaults_keep_todays_step_times() -> None:
     )  # fmt: skip
     assert a.step_time(work) == b.step_time(work)
     assert a.seq_overhead_s == 0.0 and a.kv_bytes_factor == 1.0 and a.phase_overlap
+    assert a.copy_efficiency == a.state_copy_efficiency == a.bandwidth_efficiency
 
 
 def _profile(tmp_path: Path) -> Path:

@@ -146,7 +146,11 @@ class CacheManager:
         staged until `unstage`; `hit` itself when there is no store or nothing deeper."""
         if self._mirror is None or not self.config.enable_prefix_caching:
             return hit
-        return self._mirror.extend(req, hit, self.attention, self.ssm)
+        found = self._mirror.lookup(req, hit, self.attention, self.ssm)
+        if not found.loads:
+            return found.hit
+        self._mirror.load(found)
+        return self._mirror.settle(found, self.lookup(req))
 
     def unstage(self) -> None:
         """End of an admission round: blocks loaded from the store are now held by the

@@ -15,13 +15,15 @@ by its first unit's key. A reader that diverges inside a block finds the exact j
 (to the unit, as the device cache would) and checkpoints at the limit, though no data was
 stored at those units. Device eviction leaves the store untouched.
 
-Lookup (`extend`), after the device lookup:
+Lookup, after the device lookup (`CacheManager.fetch` drives it):
 
-    device hit n0 ──▶ one batched `exists` for the keys above n0 the pool lacks
+    device hit n0 ──▶ `lookup`: one batched `exists` for the keys above n0 the pool lacks
                   ──▶ the coordinator's `find_joint_hit` over device-or-store (the EAGLE rule
                       applied once, as for any hit)
                   ──▶ one batched `get` of the store objects on that path, each checked
-                  ──▶ fresh blocks, loaded and keyed; the device lookup now finds the deeper hit
+                  ──▶ a `StoreHit` (what to load; no pool changed yet)
+                  ──▶ `load`: fresh blocks, written and keyed
+                  ──▶ the device lookup now finds the deeper hit; `settle` counts it
 
 Loaded (and path) blocks keep a staging reference until the admission adopts them (`unstage`).
 A device hit's own keys are queued for the next flush too, so the store heals: what it lost (or
@@ -76,6 +78,57 @@ class MirrorStats:
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
+
+
+class _StoreView:
+    """The device pools with what one `exists` round trip found laid over them, as the
+    joint-hit search reads them. The search deals in block ids, so a stored object stands in
+    as a negative id (``-(i + 1)``, `stored[i]`) and a key known only from a unit index (no
+    data: it can reveal a junction, never be loaded) as an id at or below ``MARKER``; device
+    blocks keep their own ids (>= 0)."""
+
+    def __init__(self, device: Callable[[CacheKey], int | None], stored: list[CacheKey]) -> None:
+        self.device = device
+        self.stored = stored
+        self._ids = {k: -(i + 1) for i, k in enumerate(stored)}
+        self.markers: dict[CacheKey, int] = {}
+
+    def data(self, key: CacheKey) -> int | None:
+        """Where `key`'s data is: a device block, or a stored object's stand-in id."""
+        found = self.device(key)
+        return found if found is not None else self._ids.get(key)
+
+    def seen(self, key: CacheKey) -> int | None:
+        """`data`, or a unit-index marker: what a junction search may read."""
+        found = self.data(key)
+        return found if found is not None else self.markers.get(key)
+
+    def stored_key(self, block_id: int) -> CacheKey | None:
+        """The stored object a stand-in id names; None for a device block."""
+        return self.stored[-block_id - 1] if MARKER < block_id < 0 else None
+
+
+@dataclass(frozen=True)
+class StoreLoad:
+    """One checked store object a deeper hit needs on the device, and the pool it goes to."""
+
+    pool: BlockPool
+    key: CacheKey
+    position: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class StoreHit:
+    """`StoreMirror.lookup`'s answer: the device hit with the junction the store revealed
+    (`hit`), and, for a deeper hit, the objects to load and the path's device blocks to hold
+    while they are (`loads`, `held`; empty: nothing to load). `seen` is the junction search's
+    hit, which `settle` applies again after the loads."""
+
+    hit: CacheHit
+    loads: tuple[StoreLoad, ...] = ()
+    held: tuple[tuple[BlockPool, int], ...] = ()
+    seen: CacheHit | None = None
 
 
 class StoreMirror:
@@ -226,50 +279,41 @@ class StoreMirror:
                 want(g, pos)
         return out
 
-    def extend(
+    def lookup(
         self,
         req: Request,
         hit: CacheHit,
         attention: list[AttentionManager],
         ssm: list[SSMManager],
-    ) -> CacheHit:
-        """A deeper hit from the store, loaded into device blocks; `hit` when there is none."""
+    ) -> StoreHit:
+        """What the store adds to the device hit `hit`: the junction it reveals, and the
+        checked objects of a deeper hit, when there is one and the pools have room for it.
+        Reads the store (one batched `exists`, one batched `get`); changes no pool."""
         if self.io is None:
-            return hit
+            return StoreHit(hit)
         self._recheck(hit, attention, ssm)
         bounds = self.bounds
         limit = bounds.lookup_limit(req.num_tokens)
         if floor_to(limit, bounds.unit) <= hit.resume_point:
-            return hit
+            return StoreHit(hit)
         cands = self._candidates(req, hit.resume_point, limit)
         indexes = self._index_candidates(req, hit.resume_point, limit)
         if not cands and not indexes:
-            return hit
+            return StoreHit(hit)
         self.stats.lookups += 1
         keys = list(cands)
-        names = [self.name(k, cands[k]) for k in keys] + list(indexes)
-        present = self.store.exists(names)
-        virtual = {k: -(i + 1) for i, k in enumerate(keys) if present[i]}
+        present = self.store.exists([self.name(k, cands[k]) for k in keys] + list(indexes))
         found_indexes = {n for n, ok in zip(indexes, present[len(keys) :], strict=True) if ok}
-
-        def lookup(key: CacheKey) -> int | None:
-            found = self._lookup(key)
-            return found if found is not None else virtual.get(key)
-
-        markers = self._markers(req, limit, lookup, indexes, found_indexes)
-
-        def lookup_seen(key: CacheKey) -> int | None:
-            found = lookup(key)
-            return found if found is not None else markers.get(key)
-
+        view = _StoreView(self._lookup, [k for k, ok in zip(keys, present, strict=False) if ok])
+        view.markers = self._markers(req, limit, view.data, indexes, found_indexes)
         # how far this prefix is shared with anything stored: the junction, to the unit
-        seen = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds, lookup_seen)
+        seen = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds, view.seen)
         hit = self._observe(hit, seen)
-        if not virtual:
-            return hit
-        deep = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds, lookup)
+        if not view.stored:
+            return StoreHit(hit, seen=seen)
+        deep = find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds, view.data)
         if deep.resume_point <= hit.resume_point:
-            return hit
+            return StoreHit(hit, seen=seen)
         # the path's blocks, each with its pool (attention blocks, then SSM pages)
         path = [
             (g.pool, x)
@@ -277,31 +321,44 @@ class StoreMirror:
             for x in blocks
         ]
         path += [(g.pool, x) for g, x in zip(ssm, deep.ssm_blocks, strict=True) if x is not None]
-        loads = [(pool, keys[-x - 1]) for pool, x in path if x < 0]
-        held = sorted({(pool, x) for pool, x in path if x > 0}, key=lambda px: px[1])
+        loads = [(pool, key) for pool, x in path if (key := view.stored_key(x)) is not None]
+        held = sorted({(pool, x) for pool, x in path if x >= 0}, key=lambda px: px[1])
         if not self._room(loads, held):
             self.stats.no_room += 1
-            return hit
+            return StoreHit(hit, seen=seen)
         payloads = self._fetch([k for _, k in loads], cands)
         if payloads is None:
-            return hit
-        for pool, x in held:  # the path's device blocks must survive the loads' allocation
+            return StoreHit(hit, seen=seen)
+        objects = tuple(
+            StoreLoad(pool, key, cands[key], payload)
+            for (pool, key), payload in zip(loads, payloads, strict=True)
+        )
+        return StoreHit(hit, objects, tuple(held), seen)
+
+    def load(self, found: StoreHit) -> None:
+        """Bring `found`'s objects onto the device: each into a fresh block, written and
+        keyed (the device lookup then finds the deeper hit). The path's device blocks and
+        the loaded ones keep a staging reference until `unstage`."""
+        assert self.io is not None
+        for pool, x in found.held:  # the path's device blocks must survive the allocation
             pool.touch([x])
-        self._staged += held
-        self._loading = True
+        self._staged += found.held
+        self._loading = True  # what is loaded is in the store already: no put
         try:
-            for (pool, key), payload in zip(loads, payloads, strict=True):
-                (block,) = pool.allocate(1)
-                self._staged.append((pool, block))
-                self.io.write(key.group, block, payload)
-                pool.add_key(block, key, cands[key])
+            for obj in found.loads:
+                (block,) = obj.pool.allocate(1)
+                self._staged.append((obj.pool, block))
+                self.io.write(obj.key.group, block, obj.payload)
+                obj.pool.add_key(block, obj.key, obj.position)
         finally:
             self._loading = False
-        new = self._observe(
-            find_joint_hit(attention, ssm, req.hashes, req.num_tokens, bounds), seen
-        )
-        gained = new.resume_point - hit.resume_point
-        self.stats.loaded_blocks += len(loads)
+        self.stats.loaded_blocks += len(found.loads)
+
+    def settle(self, found: StoreHit, device: CacheHit) -> CacheHit:
+        """The hit after `load`: the device lookup's `device`, with the store's junction and
+        the tokens the store supplied."""
+        new = self._observe(device, found.seen) if found.seen is not None else device
+        gained = new.resume_point - found.hit.resume_point
         if gained > 0:
             self.stats.hits += 1
             self.stats.hit_tokens += gained

@@ -1,4 +1,4 @@
-"""Every boundary formula of hycache, in one place (DESIGN §3.5–3.6, §5).
+"""Every boundary formula of hycache, in one place (docs/architecture.md §4.5–4.6).
 
 The managers, the scheduler's chunk split, the runner's decode snapshots and the store mirror
 all ask this module where a request's checkpoints, keys and prefill stops lie; none of them
@@ -56,7 +56,7 @@ class Boundaries:
     `drafter`: a speculative drafter (EAGLE/MTP) whose rows a hit must keep valid. `policy` is
     the configured policy; `effective_policy` is what actually applies: `junction` degrades to
     `replay` without a sub-block unit or an EAGLE drop, `limit` to `lookahead` when the unit is
-    the block (DESIGN §3.9).
+    the block (architecture §4.9).
     """
 
     block_size: int
@@ -181,7 +181,7 @@ class Boundaries:
     def limit(self, shared_prefix: int) -> int:
         """The best resume point any engine can reach for a sibling sharing `shared_prefix`
         tokens: with a drafter, its rows are valid only below P - 1, `floor((P-1)/u)*u`
-        (DESIGN §5); without one, `floor(P/u)*u`."""
+        (architecture §4.5, the limit); without one, `floor(P/u)*u`."""
         if self.drafter:
             return floor_to(max(shared_prefix - 1, 0), self.unit)
         return floor_to(shared_prefix, self.unit)

@@ -1,10 +1,10 @@
-"""Chained, seeded prefix hashes in match units (DESIGN §3.1).
+"""Chained, seeded prefix hashes in match units (architecture §4.1).
 
 Unit k's hash covers (hash of unit k-1, its u tokens, the request's extra keys), so it
 fingerprints the whole prefix [0, k*u). xxh3-128 with a configurable seed: two processes (or an
 engine and an external store) with the same seed agree on every key.
 
-Lookahead keys (DESIGN §5, `lookahead`/`limit` policies) also cover the token after the unit:
+Lookahead keys (§4.5: the `lookahead`/`limit` policies) also cover the token after the unit:
 key(n) = H(hash of [0, n), token n), so it exists only once token n is known.
 """
 

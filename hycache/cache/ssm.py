@@ -11,7 +11,7 @@ and writes its final state to `dst`:
 So a checkpoint is frozen the moment it is written: the next forward writes elsewhere, and the
 running block is never keyed. States that are not checkpoints live only in R and are gone at
 once (retention). Keys are published in `commit`, after the forward that wrote them, so a
-request scheduled in the same step cannot hit them (DESIGN §3.7).
+request scheduled in the same step cannot hit them (architecture §4.7).
 
 Decode snapshots (`limit`): a decoding request holds one more block S. Whenever a sampling step
 verifies a unit boundary, the runner copies the exact state at that position into S (from the

@@ -1,4 +1,4 @@
-"""The SSM-aligned chunk split (DESIGN §3.6): where a prefill chunk may end.
+"""The SSM-aligned chunk split (architecture §4.6): where a prefill chunk may end.
 
 An SSM state exists only at the end of a forward step, so a chunk never runs past a position
 where a checkpoint may be kept: it ends on the block grid, at a mandatory stop from the

@@ -1,6 +1,6 @@
 """Prefixes in flight: keys that running requests are about to publish.
 
-DESIGN §3.7: a key created in the current step is not hit in that step; the hitting request
+architecture §4.7: a key created in the current step is not hit in that step; the hitting request
 waits one step instead of recomputing what a running request is writing. Two cases make a
 waiting request wait (both only while caching is on):
 

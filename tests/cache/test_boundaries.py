@@ -1,4 +1,4 @@
-"""DESIGN §4's worked numbers, pinned through the boundaries module."""
+"""The worked numbers of docs/architecture.md §4, pinned through the boundaries module."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from tests.helpers import make_config, new_request, run_sequential, tokens
 
 
 def test_identical_resend_resumes_at_the_replay_boundary_with_whole_blocks() -> None:
-    # DESIGN §3.4: B = u = 32, EAGLE: 128 tokens match 4 blocks, drop one, resume at 96.
+    # architecture §4.4: B = u = 32, EAGLE: 128 tokens match 4 blocks, drop one, resume at 96.
     cfg = make_config(block_size=32, unit=None, policy="replay")
     p = tokens(random.Random(0), 128)
     _, (_, resend) = run_sequential(cfg, [p, p])

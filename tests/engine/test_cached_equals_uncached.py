@@ -1,8 +1,8 @@
 """Cached = uncached on the real model: same greedy tokens, logits within 1e-9 (float64).
 
-Workloads mix the sharing shapes of DESIGN (system prompt + suffix, identical resend, longer
-sibling, multi-turn continuation), run several requests at once in a pool small enough to
-preempt, and abort one request mid-flight.
+Workloads mix the sharing shapes of docs/architecture.md (system prompt + suffix, identical
+resend, longer sibling, multi-turn continuation), run several requests at once in a pool
+small enough to preempt, and abort one request mid-flight.
 """
 
 from __future__ import annotations

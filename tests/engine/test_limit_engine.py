@@ -57,8 +57,8 @@ def one_torch_thread() -> Iterator[None]:
 
 
 def limit(p: int, k: int) -> int:
-    """Where a sibling sharing p tokens can resume at best (DESIGN §5), written out here
-    rather than taken from the code under test."""
+    """Where a sibling sharing p tokens can resume at best (the limit, architecture §4.5),
+    written out here rather than taken from the code under test."""
     return (p - 1) // U * U if k else p // U * U
 
 
@@ -437,7 +437,7 @@ def test_hinted_family_arriving_together_resumes_at_the_limit() -> None:
     """A hinted family submitted at once (P = 45, no drafter, limit 44). Step 2: the producer
     computes [32, 44), promising the hint checkpoint at 44; the siblings see attention 32 and
     no junction. They used to be admitted at 32 and recompute [32, 44); a waiting request now
-    also waits for the checkpoints its own hints name (DESIGN §3.7), and resumes at 44."""
+    also waits for the checkpoints its own hints name (architecture §4.7), and resumes at 44."""
     rng = random.Random(6)
     shared = 45
     system = [rng.randrange(VOCAB) for _ in range(shared)]

@@ -113,9 +113,9 @@ def test_all_arms_run_side_by_side_in_order() -> None:
     res = compare_policies(siblings(), CFG, DEFAULT_ARMS, cost=None)
     assert list(res) == list(DEFAULT_ARMS)
     hits = {n: [r.hit_tokens for r in res[n].records] for n in res}
-    # DESIGN §4 at small scale: the first sibling observes the junction; from the second on,
-    # replay resumes at 0, junction at 12, lookahead at the block (16), limit at the limit
-    # floor((24-1)/4)*4 = 20; without a drafter, at the block (16)
+    # architecture §4's worked numbers at small scale: the first sibling observes the
+    # junction; from the second on, replay resumes at 0, junction at 12, lookahead at the
+    # block (16), limit at the limit floor((24-1)/4)*4 = 20; without a drafter, at the block (16)
     assert hits["replay"][2:] == [0, 0]
     assert hits["junction"][2:] == [12, 12]
     assert hits["lookahead"][2:] == [16, 16]

@@ -248,7 +248,7 @@ def test_multi_turn_sessions_share_exactly_the_system_prompt() -> None:
 
 def test_shape_defaults_are_valid_workloads() -> None:
     sp, fam, chat = SystemPromptShape(), FamilyShape(), ChatShape()
-    assert (sp.shared_prefix_tokens, sp.suffix_tokens) == (57_600, 6_416)  # DESIGN §4
+    assert (sp.shared_prefix_tokens, sp.suffix_tokens) == (57_600, 6_416)  # architecture §4
     assert family_workload(2, fam.requests_per_family, 100, 5, fam.output_tokens, seed=0)
     s = multi_turn_workload(2, chat.turns, chat.user_tokens, chat.output_tokens, seed=0)
     assert all(2 <= x.num_turns <= 10 for x in s)

@@ -17,17 +17,14 @@ from fastapi.responses import Response
 
 from hycache.request import TokenLogprob
 from hycache.server.protocol import CHAT_UNSUPPORTED_FIELDS, ChatBody, error_response
-from hycache.server.serving import OpenAIServing, Prepared, Reply
+from hycache.server.serving import OpenAIServing, Prepared, Reply, Route
 
+CHUNK = "chat.completion.chunk"
 router = APIRouter()
 
 
 class ChatServing(OpenAIServing[ChatBody]):
-    body_model = ChatBody
-    unsupported = CHAT_UNSUPPORTED_FIELDS
-    id_prefix = "chatcmpl"
-    whole_object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
+    route = Route(ChatBody, CHAT_UNSUPPORTED_FIELDS, "chatcmpl", "chat.completion", CHUNK)
 
     def unavailable(self) -> Response | None:
         llm = self.ctx.llm

@@ -14,18 +14,14 @@ from fastapi.responses import Response
 
 from hycache.request import TokenLogprob
 from hycache.server.protocol import UNSUPPORTED_FIELDS, CompletionBody
-from hycache.server.serving import OpenAIServing, Prepared, Reply
+from hycache.server.serving import OpenAIServing, Prepared, Reply, Route
 
+OBJECT = "text_completion"  # of a whole response and of a chunk
 router = APIRouter()
 
 
 class CompletionServing(OpenAIServing[CompletionBody]):
-    body_model = CompletionBody
-    unsupported = UNSUPPORTED_FIELDS
-    id_prefix = "cmpl"
-    whole_object = "text_completion"
-    chunk_object = "text_completion"
-    choice_usage = True
+    route = Route(CompletionBody, UNSUPPORTED_FIELDS, "cmpl", OBJECT, OBJECT, choice_usage=True)
 
     async def prepare(self, body: CompletionBody) -> Prepared:
         params = body.sampling_params()

@@ -293,19 +293,28 @@ class Prepared:
     params: SamplingParams
 
 
+@dataclass(frozen=True)
+class Route:
+    """What names one generation route: its body, the OpenAI fields it refuses, its ids'
+    prefix, the `object` of a whole response and of a streamed chunk, and whether each
+    choice's last chunk carries that choice's usage."""
+
+    body: type[GenerationBody]
+    unsupported: dict[str, Any]
+    id_prefix: str
+    whole_object: str
+    chunk_object: str
+    choice_usage: bool = False
+
+
 B = TypeVar("B", bound=GenerationBody)
 
 
 class OpenAIServing(ABC, Generic[B]):
     """One generation route: `handle` parses the body, fans its choices out to the engine and
-    answers whole or streamed; subclasses fill in the hooks."""
+    answers whole or streamed; subclasses name their `route` and fill in the hooks."""
 
-    body_model: ClassVar[type[GenerationBody]]
-    unsupported: ClassVar[dict[str, Any]]
-    id_prefix: ClassVar[str]
-    whole_object: ClassVar[str]  # the `object` of a whole response
-    chunk_object: ClassVar[str]  # the `object` of a streamed chunk
-    choice_usage: ClassVar[bool] = False  # each choice's last chunk carries its usage
+    route: ClassVar[Route]
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
@@ -336,7 +345,8 @@ class OpenAIServing(ABC, Generic[B]):
 
     async def handle(self, request: Request) -> Response:
         arrival = time.monotonic()
-        body: Any = await parse_body(request, self.unsupported, self.body_model)
+        route = self.route
+        body: Any = await parse_body(request, route.unsupported, route.body)
         if isinstance(body, Response):
             return body
         refused = self.unavailable()
@@ -347,7 +357,7 @@ class OpenAIServing(ABC, Generic[B]):
         except ValueError as e:  # ChatTemplateError included
             return error_response(400, str(e))
         ctx = self.ctx
-        request_id = f"{self.id_prefix}-{uuid.uuid4().hex[:16]}-{next(ctx.counter)}"
+        request_id = f"{route.id_prefix}-{uuid.uuid4().hex[:16]}-{next(ctx.counter)}"
         requests = fan_out(request_id, prepared.params, body.n)
         ids = [rid for rid, _ in requests]
         stop = body.stop_strings
@@ -390,12 +400,12 @@ class Reply:
         self.offsets = [0] * n
 
     def envelope(self, choices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        s = self.serving
+        route = self.serving.route
         return {
             "id": self.request_id,
-            "object": s.chunk_object if self.streamed else s.whole_object,
+            "object": route.chunk_object if self.streamed else route.whole_object,
             "created": self.created,
-            "model": s.ctx.model_name,
+            "model": self.serving.ctx.model_name,
             "choices": choices or [],
         }
 
@@ -425,7 +435,7 @@ class Reply:
         chunk = self.envelope(
             [self.choice(i, text, event.new_token_ids, event.new_logprobs, reason)]
         )
-        if out is not None and self.serving.choice_usage:
+        if out is not None and self.serving.route.choice_usage:
             chunk["usage"] = usage([out], self.serving.ctx.tiered)
         return [chunk]
 

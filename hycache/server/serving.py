@@ -9,9 +9,10 @@ requests -> a streamed or a whole response.
   (a hang-up while waiting, a closed stream, a cancelled handler), the unfinished engine
   requests are aborted so that no work is done for nobody.
 - `OpenAIServing`: the template method both generation routes run (in the manner of SGLang's
-  `serving_base` and vLLM's `OpenAIServing`). A subclass says only how a body becomes engine
-  requests (`prepare`) and how a choice is shaped (`content`, `format_logprobs`, `head`);
-  ids, envelopes, fan-out, streaming, usage and errors are shared.
+  `serving_base` and vLLM's `OpenAIServing`). A subclass names its `Route` (body, refused
+  fields, id prefix, object names) and says only how a body becomes engine requests
+  (`prepare`) and how a choice is shaped (`content`, `format_logprobs`, `head`); ids,
+  envelopes (`Reply`), fan-out, streaming, usage and errors are shared.
 """
 
 from __future__ import annotations
@@ -358,6 +359,7 @@ class OpenAIServing(ABC, Generic[B]):
             return error_response(400, str(e))
         ctx = self.ctx
         request_id = f"{route.id_prefix}-{uuid.uuid4().hex[:16]}-{next(ctx.counter)}"
+        created = int(time.time())
         requests = fan_out(request_id, prepared.params, body.n)
         ids = [rid for rid, _ in requests]
         stop = body.stop_strings
@@ -368,7 +370,7 @@ class OpenAIServing(ABC, Generic[B]):
         if isinstance(items, Response):
             return items
         timer = ctx.metrics.timer(arrival)
-        reply = Reply(self, request_id, int(time.time()), LogprobFormatter(ctx.decode))
+        reply = Reply(self, request_id, created, LogprobFormatter(ctx.decode))
         if body.stream:
             reply.start_stream(len(ids), stop)
             tail = reply.usage_tail if body.include_usage else None

@@ -30,7 +30,7 @@ from hycache.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from hycache.engine.outputs import EngineStats, RequestOutput, StreamEvent
+from hycache.engine.outputs import EngineSnapshot, EngineStats, RequestOutput, StreamEvent
 from hycache.engine.runner import ModelRunner
 from hycache.engine.tier import attach_store, engine_fingerprint
 from hycache.model.config import HybridConfig
@@ -393,6 +393,10 @@ class LLM:
                 if e.request_id == req.request_id:
                     e.output = output
         return events
+
+    def snapshot(self) -> EngineSnapshot:
+        """The scheduler, cache, store and engine counters now (`/v1/stats`, `/metrics`)."""
+        return EngineSnapshot.of(self.scheduler, self.stats, self.store)
 
     def request_output(self, req: Request, num_output_tokens: int | None = None) -> RequestOutput:
         """What `req` has produced so far (its first `num_output_tokens`, default all), as a

@@ -2,21 +2,20 @@
 `EngineStats`, and `EngineSnapshot`, the one reading of the engine's counters behind both
 `/v1/stats` (`EngineSnapshot.as_stats`) and `/metrics` (`hycache.server.metrics`).
 
-A snapshot is taken on the thread that owns the engine (the server's worker) and copies what
-it reads, so it can be rendered anywhere afterwards.
+A snapshot (`LLM.snapshot`) is taken on the thread that owns the engine (the server's worker)
+and copies what it reads, so it can be rendered anywhere afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hycache.cache.manager import CacheStats
 from hycache.request import TokenLogprob
-
-if TYPE_CHECKING:
-    from hycache.engine.engine import LLM
+from hycache.sched.scheduler import Scheduler
+from hycache.store import KVStore
 
 
 @dataclass
@@ -102,21 +101,21 @@ class EngineSnapshot:
     store: StoreSnapshot | None
 
     @classmethod
-    def of(cls, llm: LLM) -> EngineSnapshot:
-        """Read `llm` (on the thread that owns it)."""
-        sched = llm.scheduler
+    def of(cls, sched: Scheduler, stats: EngineStats, kv_store: KVStore | None) -> EngineSnapshot:
+        """Read an engine's scheduler, stats and second tier (`LLM.snapshot`, on the thread
+        that owns the engine)."""
         cache = sched.cache
         ssm_groups = {m.group for m in cache.ssm}
         keys = cache.state_pool.keys
         ssm_pages = sum(1 for k in keys if any(key.group in ssm_groups for key, _ in k))
         store = None
-        if llm.store is not None:
+        if kv_store is not None:
             mirror = cache.mirror  # (a mirror with nothing staged has len 0: test for None)
             store = StoreSnapshot(
-                llm.store.name,
-                llm.store.capacity_bytes,
-                llm.store.used_bytes,
-                llm.store.stats.as_dict(),
+                kv_store.name,
+                kv_store.capacity_bytes,
+                kv_store.used_bytes,
+                kv_store.stats.as_dict(),
                 mirror.stats.as_dict() if mirror is not None else None,
             )
         return cls(
@@ -124,7 +123,7 @@ class EngineSnapshot:
             len(sched.waiting),
             dataclasses.replace(cache.stats()),
             ssm_pages,
-            dataclasses.replace(llm.stats),
+            dataclasses.replace(stats),
             store,
         )
 

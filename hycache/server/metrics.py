@@ -24,7 +24,7 @@ exposed with `_total`, present only when the server has a store.
 
 No `_created` series are exported (vLLM disables them too).
 
-Engine values are read on the engine's worker thread (`EngineSnapshot.of`, through
+Engine values are read on the engine's worker thread (`LLM.snapshot`, through
 `EngineWorker.call`: the same reading `/v1/stats` shows) and handed to the collector just
 before the registry is rendered.
 """

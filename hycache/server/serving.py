@@ -91,7 +91,7 @@ def context(request: Request) -> ServerContext:
 async def snapshot(ctx: ServerContext) -> EngineSnapshot | JSONResponse:
     """The engine's counters, read on the worker thread (503 once it has stopped)."""
     try:
-        taken: EngineSnapshot = await asyncio.wrap_future(ctx.worker.call(EngineSnapshot.of))
+        taken: EngineSnapshot = await asyncio.wrap_future(ctx.worker.call(LLM.snapshot))
     except ServerClosed as e:
         return error_response(503, str(e))
     return taken

@@ -1,7 +1,7 @@
 """The engine side of `hycache serve`: the one thread that owns the `LLM`, and stop strings.
 
 Routes never touch the engine: they submit through `EngineWorker` (see `hycache.server.serving`)
-and read its counters with `worker.call(EngineSnapshot.of)` (`hycache.engine.outputs`).
+and read its counters with `worker.call(LLM.snapshot)` (`hycache.engine.outputs`).
 
 - `EngineWorker`: the only thread that touches the `LLM`. Handlers never call the engine; they
   put commands on a thread-safe inbox and get results back on per-request asyncio queues

@@ -35,6 +35,19 @@ def make_llm() -> LLM:
     return LLM("tiny", **LLM_KW)
 
 
+def limit_llm(num_blocks: int) -> LLM:
+    """A small-block `limit` engine with two drafts, for resume-point checks."""
+    return LLM(
+        "tiny",
+        policy="limit",
+        num_speculative_tokens=2,
+        block_size=16,
+        prefix_match_unit=4,
+        num_blocks=num_blocks,
+        max_model_len=256,
+    )
+
+
 def prompt(seed: int, n: int) -> list[int]:
     """A deterministic prompt of n in-vocabulary ids, distinct per seed."""
     return [(seed * 7919 + i * 31 + 1) % VOCAB for i in range(n)]

@@ -28,6 +28,7 @@ from tests.server.conftest import (
     VOCAB,
     chat_tokenizer,
     first_line,
+    limit_llm,
     make_llm,
     prompt,
     scrape,
@@ -145,15 +146,7 @@ def test_prefix_hint_lets_the_first_sibling_resume_at_the_limit() -> None:
     floor((P-1)/u)*u = 44 on its first pass, so the *first* sibling's response already reports
     44 cached tokens; without hints, a first sibling of the same shape does not get there."""
     shared, limit = 45, 44
-    llm = LLM(
-        "tiny",
-        policy="limit",
-        num_speculative_tokens=2,
-        block_size=16,
-        prefix_match_unit=4,
-        num_blocks=200,
-        max_model_len=256,
-    )
+    llm = limit_llm(200)
     app = create_app(llm)
 
     def family(seed: int) -> list[list[int]]:
@@ -466,15 +459,7 @@ def chat_server() -> Iterator[str]:
     an API key: the `/v1` base URL."""
     from hycache.server.chat_template import ChatTemplate
 
-    llm = LLM(
-        "tiny",
-        policy="limit",
-        num_speculative_tokens=2,
-        block_size=16,
-        prefix_match_unit=4,
-        num_blocks=300,
-        max_model_len=256,
-    )
+    llm = limit_llm(300)
     llm.tokenizer = chat_tokenizer()
     template = ChatTemplate(CHAT_TEMPLATE, bos_token="<s>", eos_token="<|end|>")
     app = create_app(llm, model_name="tiny-chat", chat_template=template, api_key=API_KEY)

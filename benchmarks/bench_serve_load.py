@@ -52,10 +52,15 @@ def run_server(argv: list[str]) -> int:
     """The child process: `hycache serve` with the bench's engine route added."""
     import uvicorn
 
-    from hycache.serve import HycacheServer, add_serve_args, build_llm, create_app
+    from hycache.cli_common import add_store_args
+    from hycache.engine.args import add_serve_args
+    from hycache.engine.build import build_llm
+    from hycache.server.app import create_app
+    from hycache.server.run import HycacheServer
 
     parser = argparse.ArgumentParser(prog="bench_serve_load.py _server")
     add_serve_args(parser)
+    add_store_args(parser)
     args = parser.parse_args(argv)
     llm = build_llm(args)
     app = create_app(llm, model_name="tiny")

@@ -2,8 +2,8 @@
 generate | serve.
 
 This file parses arguments and prints; the work lives in the modules it calls. It holds
-`explain`, `generate`, `serve`, the engine's second-tier glue (`build_llm`), the parser and
-`main`; the rest of the command line lives in:
+`explain`, `generate`, `serve`, the parser and `main` (the engine of `generate` and `serve`
+comes from `hycache.engine.build`); the rest of the command line lives in:
 
 - hycache.cli_common: what several commands share (`UserError`, argparse types, the cache
   flags and config, the second-tier flags `add_store_args` / `check_store_args`);
@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from rich.text import Text
 
@@ -38,7 +37,6 @@ from hycache.report import console, err_console
 __all__ = [
     "UserError",
     "add_store_args",
-    "build_llm",
     "check_store_args",
     "main",
     "make_parser",
@@ -89,17 +87,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the engine and its second tier (generate, serve) ----------------------------------------------
-
-
-def build_llm(args: argparse.Namespace) -> Any:
-    """The engine the flags describe (`hycache.engine.args.llm_from_args`, which attaches the
-    second tier of `--kv-store` / `--kv-store-gb` when the namespace has them)."""
-    from hycache.engine import args as engine_args
-
-    return engine_args.llm_from_args(args)
-
-
 # -- generate --------------------------------------------------------------------------------------
 
 
@@ -113,6 +100,7 @@ def parse_token_ids(text: str) -> list[int]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from hycache.engine import build
     from hycache.request import SamplingParams
 
     if (args.prompt is None) == (args.prompt_token_ids is None):
@@ -129,7 +117,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if any(h < 0 for h in hints):
         raise UserError(f"--prefix-hint: token counts must be >= 0, got {hints}")
     check_store_args(args)
-    llm = build_llm(args)
+    llm = build.build_llm(args)
     try:
         (out,) = llm.generate([prompt], params, prefix_hints=hints or None)
     finally:
@@ -159,10 +147,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from hycache.serve import run_serve
+    """Build the engine and serve it until interrupted; 2 if the engine cannot be built."""
+    from hycache.engine import build
+    from hycache.server.run import serve
+    from hycache.server.settings import ServerSettings
 
     check_store_args(args)
-    return run_serve(args)
+    settings = ServerSettings.from_cli_args(args)
+    try:
+        llm = build.build_llm(args)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"hycache serve: {e}", file=sys.stderr)
+        return 2
+    return serve(llm, settings)
 
 
 # -- parser ----------------------------------------------------------------------------------------

@@ -127,10 +127,8 @@ class Request:
     num_preemptions: int = 0
     prefill_tokens_computed: int = 0
     first_outcome: CacheOutcome | None = None  # the lookup at first admission
-    # with `sampling.logprobs`: one entry per output token, and the runner's entries for the
-    # tokens of the current step (accepted drafts then the new token), consumed by append_output
+    # with `sampling.logprobs`: one entry per output token
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
-    step_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def first_hit_tokens(self) -> int | None:
@@ -201,11 +199,12 @@ class Request:
             return new, RequestStatus.FINISHED_LENGTH
         return new, None
 
-    def append_output(self, token_ids: Sequence[int]) -> None:
-        """Append tokens `accept_tokens` kept (with their logprobs when the request wants them:
-        the step's first `len(token_ids)`, so a truncation cuts both alike)."""
-        if self.sampling.logprobs is not None:
-            self.output_logprobs.extend(self.step_logprobs[: len(token_ids)])
-            self.step_logprobs = []
+    def append_output(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None
+    ) -> None:
+        """Append tokens `accept_tokens` kept, with the step's logprobs when the request wants
+        them (the first `len(token_ids)` of them, so a truncation cuts both alike)."""
+        if logprobs is not None:
+            self.output_logprobs.extend(logprobs[: len(token_ids)])
         self.output_token_ids.extend(token_ids)
         self.hashes.extend(token_ids)

@@ -454,12 +454,12 @@ def test_generate_takes_prefix_hints_and_checks_sampling_before_loading(
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 3
     assert main([*base, "--prefix-hint", "-1"]) == 2
     assert "--prefix-hint" in capsys.readouterr().err
-    import hycache.engine.args as engine_args
+    import hycache.engine.build as build
 
     def no_model(*_: object, **__: object) -> None:
         raise AssertionError("the model was loaded before the sampling flags were checked")
 
-    monkeypatch.setattr(engine_args, "llm_from_args", no_model)
+    monkeypatch.setattr(build, "build_llm", no_model)
     assert main([*base, "--temperature", "nan"]) == 2
     assert "temperature" in capsys.readouterr().err
 
@@ -584,8 +584,9 @@ def test_the_store_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> No
     import argparse
 
     import hycache.engine.engine
-    from hycache.cli import add_store_args, build_llm
+    from hycache.cli_common import add_store_args
     from hycache.engine.args import add_serve_args
+    from hycache.engine.build import build_llm
 
     calls: list[dict[str, object]] = []
 

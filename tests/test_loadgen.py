@@ -1,6 +1,6 @@
 """`hycache bench serve` (hycache.loadgen) against a real server on 127.0.0.1.
 
-The server is `tests.test_serve`'s: the tiny model under uvicorn in a thread, stopped by the
+The server is `tests.server.conftest`'s: the tiny model under uvicorn in a thread, stopped by the
 fixture. Runs are a few requests of a few tokens each.
 """
 
@@ -20,8 +20,8 @@ import pytest
 
 from hycache.cli import main
 from hycache.loadgen import RunOptions, build_plan, completions_url, run_bench
-from hycache.serve import create_app
-from tests.test_serve import make_llm, serving
+from hycache.server.app import create_app
+from tests.server.conftest import make_llm, serving
 
 SMALL = ["--shared-prefix-tokens", "128", "--suffix-tokens", "16", "--output-tokens", "4"]
 

@@ -1,4 +1,5 @@
-"""The engine's command-line flags and the `LLM` they build (shared by `generate` and `serve`).
+"""The engine's command-line flags (shared by `generate` and `serve`; `hycache.engine.build`
+turns them into an `LLM`).
 
 Importing this module is cheap (no torch): the command line builds its parser from it.
 """
@@ -6,13 +7,9 @@ Importing this module is cheap (no torch): the command line builds its parser fr
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from hycache.config import DEFAULT_EVICTION_ALPHA, EVICTION_NAMES, POLICY_NAMES
-from hycache.server_http import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS
-
-if TYPE_CHECKING:
-    from hycache.engine.engine import LLM
+from hycache.server.settings import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
 
@@ -130,7 +127,7 @@ def connection_count(text: str) -> int:
 
 
 def add_limit_args(p: argparse.ArgumentParser) -> None:
-    """Slow-client limits (`hycache.server_http`)."""
+    """Slow-client limits (`hycache.server.http`)."""
     g = p.add_argument_group("connection limits")
     g.add_argument(
         "--header-timeout",
@@ -153,32 +150,4 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
         default=MAX_CONNECTIONS,
         metavar="N",
         help="close connections beyond N open at once, unanswered",
-    )
-
-
-def llm_from_args(args: argparse.Namespace) -> LLM:
-    """The engine the flags describe, with the second tier of `--kv-store` / `--kv-store-gb`
-    when the namespace has them."""
-    from hycache.engine.engine import LLM
-
-    store = getattr(args, "kv_store", None)
-    tier = {"kv_store": store, "kv_store_gb": args.kv_store_gb} if store is not None else {}
-    return LLM(
-        args.model,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        prefix_match_unit=args.prefix_match_unit,
-        num_blocks=args.num_blocks,
-        max_model_len=args.max_model_len,
-        policy=args.policy,
-        enable_prefix_caching=not args.no_prefix_caching,
-        num_speculative_tokens=args.num_speculative_tokens,
-        draft_model=args.draft_model,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        seed=args.seed,
-        eviction=args.eviction,
-        eviction_alpha=args.eviction_alpha,
-        internal_checkpoints=args.internal_checkpoints,
-        **tier,
     )

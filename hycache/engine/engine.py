@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,13 @@ from hycache.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from hycache.engine.outputs import EngineSnapshot, EngineStats, RequestOutput, StreamEvent
 from hycache.engine.runner import ModelRunner
 from hycache.engine.tier import attach_store, engine_fingerprint
 from hycache.model.config import HybridConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
-from hycache.request import Request, RequestStatus, SamplingParams, TokenLogprob
+from hycache.request import Request, RequestStatus, SamplingParams
 from hycache.sched.scheduler import Scheduler, SchedulerOutput
 from hycache.store import KVStore
 
@@ -130,52 +130,6 @@ def _hints_list(hints: PrefixHints, n: int) -> list[tuple[int, ...]]:
             f"prefix_hints: give one list of token counts, or one list per prompt ({n})"
         )
     return [tuple(int(x) for x in h) for h in hints]  # type: ignore[union-attr]
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str | None
-    hit_tokens: int
-    finish_reason: str | None
-    num_preemptions: int = 0
-    prefill_tokens: int = 0  # prompt (and replayed) tokens this request computed
-    junction: int = 0  # the junction its first lookup observed (0: none)
-    prefill_steps: int = 0
-    lost_reuse: int = 0  # tokens attention matched that the joint hit did not reach
-    # one per output token when the request asked for `SamplingParams.logprobs`
-    logprobs: list[TokenLogprob] | None = None
-    store_hit_tokens: int = 0  # of hit_tokens, loaded from the second tier (`kv_store`)
-    checkpoint_splits: int = 0  # of prefill_steps, those a checkpoint stop ended early
-
-
-@dataclass
-class StreamEvent:
-    request_id: str
-    new_token_ids: list[int]
-    finished: bool
-    output: RequestOutput | None = None  # set when finished
-    new_logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when asked for
-
-
-@dataclass
-class EngineStats:
-    """`requests`, `prompt_tokens`, `hit_tokens`, `store_hit_tokens`, `output_tokens`: sums
-    over finished requests of what each reported (its `RequestOutput`: the hits are its first
-    admission's). `prefilled_prompt_tokens` / `generated_tokens`: what the engine computed, also
-    for requests aborted later: a request's prompt once it produced its first token, every
-    output token once (vLLM's `prompt_tokens` / `generation_tokens`)."""
-
-    steps: int = 0
-    requests: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    store_hit_tokens: int = 0
-    output_tokens: int = 0
-    prefilled_prompt_tokens: int = 0
-    generated_tokens: int = 0
 
 
 class LLM:
@@ -290,7 +244,7 @@ class LLM:
             SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
             SchedulerConfig(max_num_batched_tokens, max_num_seqs),
         )
-        self.scheduler = Scheduler(self.config)
+        self.scheduler = Scheduler(self.config, keep_finished=0)  # `step` reports each finish
         self.runner = ModelRunner(self.model, self.config, drafter=drafter, seed=seed)
         self.store: KVStore | None = None
         if kv_store is not None:
@@ -383,9 +337,28 @@ class LLM:
         ]
 
     def abort(self, request_id: str) -> bool:
+        self._forget(request_id)
+        return self.scheduler.abort(request_id)
+
+    def finish(
+        self,
+        request_id: str,
+        status: RequestStatus = RequestStatus.FINISHED_STOPPED,
+        num_output_tokens: int | None = None,
+    ) -> RequestOutput:
+        """End an unfinished request here (a stop string the caller found in its text):
+        everything it holds is freed, and its output (the first `num_output_tokens` tokens,
+        default all) is counted in `stats` like any finished request's and returned. KeyError
+        if no unfinished request has this id."""
+        req = self.scheduler.finish(request_id, status)
+        self._forget(request_id)
+        output = self.request_output(req, num_output_tokens)
+        self.stats.count(output)
+        return output
+
+    def _forget(self, request_id: str) -> None:
         self.runner.release(request_id)
         self._streamed.pop(request_id, None)
-        return self.scheduler.abort(request_id)
 
     # -- stepping --------------------------------------------------------------------------------
 
@@ -415,23 +388,20 @@ class LLM:
         for req in finished:
             self.runner.release(req.request_id)
             output = self.request_output(req)
-            self.count_finished(output)
+            self.stats.count(output)
             for e in events:
                 if e.request_id == req.request_id:
                     e.output = output
         return events
 
-    def count_finished(self, output: RequestOutput) -> None:
-        """Add a finished request to `stats` (the server calls it for a request it ends at a
-        stop string, which the engine sees only as an abort)."""
-        self.stats.requests += 1
-        self.stats.prompt_tokens += len(output.prompt_token_ids)
-        self.stats.hit_tokens += output.hit_tokens
-        self.stats.store_hit_tokens += output.store_hit_tokens
-        self.stats.output_tokens += len(output.token_ids)
+    def snapshot(self) -> EngineSnapshot:
+        """The scheduler, cache, store and engine counters now (`/v1/stats`, `/metrics`)."""
+        return EngineSnapshot.of(self.scheduler, self.stats, self.store)
 
-    def request_output(self, req: Request) -> RequestOutput:
-        """What `req` has produced so far, as a `RequestOutput` (its text decoded)."""
+    def request_output(self, req: Request, num_output_tokens: int | None = None) -> RequestOutput:
+        """What `req` has produced so far (its first `num_output_tokens`, default all), as a
+        `RequestOutput` (its text decoded)."""
+        ids = req.output_token_ids[:num_output_tokens]
         reason = {
             RequestStatus.FINISHED_STOPPED: "stop",
             RequestStatus.FINISHED_LENGTH: "length",
@@ -440,8 +410,8 @@ class LLM:
         return RequestOutput(
             req.request_id,
             list(req.prompt_token_ids),
-            list(req.output_token_ids),
-            self.decode(req.output_token_ids),
+            ids,
+            self.decode(ids),
             req.first_hit_tokens or 0,
             reason,
             req.num_preemptions,
@@ -449,7 +419,7 @@ class LLM:
             req.first_outcome.junction if req.first_outcome else 0,
             req.num_prefill_steps,
             req.first_outcome.lost_reuse if req.first_outcome else 0,
-            list(req.output_logprobs) if req.sampling.logprobs is not None else None,
+            req.output_logprobs[:num_output_tokens] if req.sampling.logprobs is not None else None,
             store_hit_tokens=req.first_outcome.store_hit_tokens if req.first_outcome else 0,
             checkpoint_splits=req.num_checkpoint_splits,
         )

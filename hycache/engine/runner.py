@@ -8,13 +8,16 @@ Per step:
      the state after every verified position into scratch slots, and the accepted one is copied
      to `dst` afterwards);
   3. sampling / verification on the rows that predict new tokens (and, when the request asks,
-     their logprobs: left on the request for `Request.append_output`); a decode step that
-     reaches a unit boundary copies the exact state there into its snapshot block (`limit`);
+     their logprobs), and which of them the request keeps (`Request.accept_tokens`: a stop
+     token or max_tokens may cut drafts), all in its `StepResult`; a decode step that reaches
+     a unit boundary copies the exact state there into its snapshot block (`limit`);
   4. with a drafter: one drafter pass over every newly verified position (row p pairs the
      target's hidden state at p with token p + 1), then k - 1 chained single-token passes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import xxhash
@@ -116,15 +119,16 @@ class ModelRunner:
                 s.draft_token_ids,
             )  # fmt: skip
             toks = verify(rows, s.draft_token_ids, probs, params, gen)
-            if params.logprobs is not None:  # row i predicted toks[i]; append_output keeps them
-                s.request.step_logprobs = token_logprobs(logits[at : at + n], toks, params.logprobs)
+            lps = None
+            if params.logprobs is not None:  # row i predicted toks[i]
+                lps = token_logprobs(logits[at : at + n], toks, params.logprobs)
             at += n
             accepted = len(toks) - 1
+            verdict = req.accept_tokens(toks)
             if self.states is not None:
-                kept, _ = s.request.accept_tokens(toks)  # a stop or max_tokens may cut drafts
-                self._keep_states(r, s, accepted, s.end + len(kept) - 1)
+                self._keep_states(r, s, accepted, s.end + len(verdict[0]) - 1)
             new_tokens.append(toks)
-            results[rid] = StepResult(toks, accepted)
+            results[rid] = StepResult(toks, accepted, logprobs=lps, verdict=verdict)
         if self.drafter is not None:
             self._draft(sched, hidden, starts, new_tokens, results)
         return results
@@ -242,8 +246,7 @@ class ModelRunner:
             )
         for n, i in enumerate(live):
             rid = sched[i].request.request_id
-            old = results[rid]
-            results[rid] = StepResult(old.sampled_token_ids, old.num_accepted_drafts, drafts[n])
+            results[rid] = dataclasses.replace(results[rid], next_draft_token_ids=drafts[n])
             self._draft_probs[rid] = torch.stack(probs[n]) if probs[n] else None
 
 

@@ -7,6 +7,7 @@ recompute: it returns to the front of the queue and later replays its outputs as
 
     schedule() -> SchedulerOutput   what to run: tokens, block tables, state slots, copies
     update(out, results)            sampled tokens and accepted drafts; publishes cache keys
+    finish(request_id, status)      end a request the caller decided is done (a stop string)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from hycache.cache.manager import CacheManager, StepAllocation
 from hycache.config import HycacheConfig
-from hycache.request import CacheOutcome, Request, RequestStatus, SamplingParams
+from hycache.request import CacheOutcome, Request, RequestStatus, SamplingParams, TokenLogprob
 from hycache.sched.chunking import chunk_end
 from hycache.sched.inflight import chunk_keys, promised_checkpoints, should_wait
 
@@ -67,16 +68,24 @@ class StepResult:
     sampled_token_ids: list[int]  # accepted drafts then one new token; empty mid-prefill
     num_accepted_drafts: int = 0
     next_draft_token_ids: list[int] = field(default_factory=list)
+    # one per sampled token when the request asks for `SamplingParams.logprobs`
+    logprobs: list[TokenLogprob] | None = None
+    # `Request.accept_tokens` of the sampled tokens, when the executor needed it already (the
+    # model runner does: an SSM snapshot must lie among the kept positions); else the
+    # scheduler asks it
+    verdict: tuple[list[int], RequestStatus | None] | None = None
 
 
 class Scheduler:
-    def __init__(self, config: HycacheConfig) -> None:
+    def __init__(self, config: HycacheConfig, *, keep_finished: int = 1024) -> None:
+        """`keep_finished`: how many of the most recent finished requests `finished` keeps, for
+        inspection (the engine keeps none: its steps report every finish)."""
         self.config = config
         self.cache = CacheManager(config.cache, config.speculative)
         self.bounds = self.cache.bounds
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.finished: deque[Request] = deque(maxlen=1024)  # the most recent, for inspection
+        self.finished: deque[Request] = deque(maxlen=keep_finished)
         self.num_preemptions = 0
         self.step_count = 0
         self._arrivals = 0
@@ -114,14 +123,33 @@ class Scheduler:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request at any point; everything it holds is freed. False if unknown."""
-        for req in [*self.running, *self.waiting]:
-            if req.request_id == request_id:
-                self._finish(req, RequestStatus.FINISHED_ABORTED)
-                return True
-        return False
+        req = self._find(request_id)
+        if req is not None:
+            self._finish(req, RequestStatus.FINISHED_ABORTED)
+        return req is not None
+
+    def finish(self, request_id: str, status: RequestStatus) -> Request:
+        """End a running or waiting request with a finished `status` (vLLM's `finish_requests`:
+        e.g. a stop string its caller found in the text), freeing everything it holds as a
+        finish inside `update` does; the request is returned. KeyError if no unfinished
+        request has this id."""
+        if not status.finished:
+            raise ValueError(f"finish: {status} is not a finished status")
+        req = self._find(request_id)
+        if req is None:
+            raise KeyError(f"finish: no unfinished request {request_id!r}")
+        self._finish(req, status)
+        return req
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def unfinished_ids(self) -> list[str]:
+        """The ids of every running, then every waiting, request."""
+        return [r.request_id for r in [*self.running, *self.waiting]]
+
+    def _find(self, request_id: str) -> Request | None:
+        return next((r for r in [*self.running, *self.waiting] if r.request_id == request_id), None)
 
     # -- schedule ------------------------------------------------------------------------------
 
@@ -283,8 +311,9 @@ class Scheduler:
             req.num_computed_tokens = s.end + accepted
             status = None
             if s.samples:
-                new, status = req.accept_tokens(res.sampled_token_ids[: accepted + 1])
-                req.append_output(new)
+                sampled = res.sampled_token_ids[: accepted + 1]
+                new, status = res.verdict or req.accept_tokens(sampled)
+                req.append_output(new, res.logprobs)
                 req.spec_token_ids = list(res.next_draft_token_ids)
             self.cache.commit(req)
             if status is not None:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from hycache.engine.engine import LLM, RequestOutput
+from hycache.engine.engine import LLM
+from hycache.engine.outputs import RequestOutput
 from hycache.model.paged import StepBatch
 from hycache.request import SamplingParams
 from hycache.sched.scheduler import ScheduledRequest, SchedulerOutput, StepResult

@@ -84,9 +84,9 @@ def test_speculative_equals_plain_with_penalties_and_bias(k: int) -> None:
 
 
 def test_the_server_takes_vllms_penalty_fields() -> None:
-    from hycache.serve import create_app
-    from tests.test_serve import make_llm as serve_llm
-    from tests.test_serve import serving
+    from hycache.server.app import create_app
+    from tests.server.conftest import make_llm as serve_llm
+    from tests.server.conftest import serving
 
     app = create_app(serve_llm(), model_name="tiny")
     ids = [21, 22, 23, 24] * 3

@@ -30,7 +30,8 @@ import pytest
 import torch
 
 from hycache.config import POLICY_NAMES
-from hycache.engine.engine import LLM, RequestOutput
+from hycache.engine.engine import LLM
+from hycache.engine.outputs import RequestOutput
 from hycache.request import SamplingParams
 from hycache.sched.scheduler import ScheduledRequest
 from tests.engine.test_cached_equals_uncached import U, make_llm

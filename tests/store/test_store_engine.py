@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from hycache.engine.engine import LLM, RequestOutput
+from hycache.engine.engine import LLM
+from hycache.engine.outputs import RequestOutput
 from hycache.request import SamplingParams
 
 SP = SamplingParams(max_tokens=5)

@@ -24,8 +24,9 @@ exposed with `_total`, present only when the server has a store.
 
 No `_created` series are exported (vLLM disables them too).
 
-Engine values are read on the engine's worker thread (`engine_snapshot`, through
-`EngineWorker.call`) and handed to the collector just before the registry is rendered.
+Engine values are read on the engine's worker thread (`LLM.snapshot`, through
+`EngineWorker.call`: the same reading `/v1/stats` shows) and handed to the collector just
+before the registry is rendered.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hycache.engine.outputs import EngineSnapshot
+
 if TYPE_CHECKING:
-    from hycache.engine.engine import LLM, RequestOutput
+    from hycache.engine.outputs import RequestOutput
 
 disable_created_metrics()  # process-wide, as vLLM does: no `*_created` series
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -59,34 +62,27 @@ ITL_BUCKETS = (
 )  # fmt: skip
 
 
-def engine_snapshot(llm: LLM) -> dict[str, float]:
-    """The engine-side values (run on the worker thread)."""
-    sched = llm.scheduler
-    cache = sched.cache
-    cs = cache.stats()
-    ssm_groups = {m.group for m in cache.ssm}
-    ssm_pages = sum(
-        1 for keys in cache.state_pool.keys if any(key.group in ssm_groups for key, _ in keys)
-    )
-    usable = max(cs.num_blocks - 1, 1)  # block 0 is the null block
-    snapshot: dict[str, float] = {
-        "running": len(sched.running),
-        "waiting": len(sched.waiting),
+def metric_values(snap: EngineSnapshot) -> dict[str, float]:
+    """The collector's values of an engine snapshot (the `store_*` keys only with a second
+    tier)."""
+    cs = snap.cache
+    values: dict[str, float] = {
+        "running": snap.running,
+        "waiting": snap.waiting,
         "query_tokens": cs.query_tokens,
         "hit_tokens": cs.hit_tokens,
         "lost_reuse_tokens": cs.lost_reuse_tokens,
-        "kv_usage": cs.used_blocks / usable,
-        "ssm_pages": ssm_pages,
-        "prompt_tokens": llm.stats.prefilled_prompt_tokens,
-        "output_tokens": llm.stats.generated_tokens,
+        "kv_usage": snap.kv_usage,
+        "ssm_pages": snap.ssm_pages,
+        "prompt_tokens": snap.engine.prefilled_prompt_tokens,
+        "output_tokens": snap.engine.generated_tokens,
     }
-    if llm.store is not None:  # the store_* keys exist only with a second tier
-        snapshot["store_hit_tokens"] = cs.store_hit_tokens
-        mirror = cache.mirror  # (a mirror with nothing staged has len 0: test for None)
-        snapshot["store_put_objects"] = mirror.stats.put_objects if mirror is not None else 0
-        snapshot["store_errors"] = llm.store.stats.errors
-        snapshot["store_corrupt"] = llm.store.stats.corrupt
-    return snapshot
+    if snap.store is not None:
+        values["store_hit_tokens"] = cs.store_hit_tokens
+        values["store_put_objects"] = snap.store.put_objects
+        values["store_errors"] = snap.store.stats["errors"]
+        values["store_corrupt"] = snap.store.stats["corrupt"]
+    return values
 
 
 class _EngineCollector(Collector):
@@ -180,9 +176,9 @@ class ServerMetrics:
             registry=self.registry,
         ).labels(model_name)
 
-    def render(self, snapshot: dict[str, float]) -> bytes:
-        """The exposition text, with `snapshot` (from `engine_snapshot`) as engine values."""
-        self.engine.snapshot = snapshot
+    def render(self, snapshot: EngineSnapshot) -> bytes:
+        """The exposition text, with `snapshot`'s engine values."""
+        self.engine.snapshot = metric_values(snapshot)
         return generate_latest(self.registry)
 
     def finished(self, out: RequestOutput) -> None:
@@ -211,6 +207,3 @@ class RequestTimer:
         else:
             self.metrics.itl.observe(now - self.last)
         self.last = now
-
-
-__all__ = ["CONTENT_TYPE", "RequestTimer", "ServerMetrics", "engine_snapshot"]

@@ -1,5 +1,5 @@
 """The OpenAI-compatible request side of `hycache serve`: request bodies, the fields hycache
-refuses, the error shape and API-key auth.
+refuses and the error shape.
 
 - `CompletionBody` / `ChatBody`: pydantic bodies of `POST /v1/completions` and
   `POST /v1/chat/completions` (strict types; unknown fields such as `model` are ignored),
@@ -9,18 +9,12 @@ refuses, the error shape and API-key auth.
   hycache does not implement are refused (400) unless null, empty or at their unused value,
   never answered with other semantics.
 - `error_response`: OpenAI's `{"error": {"message", "type", "param", "code"}}`.
-- `ApiKeyMiddleware`: Bearer auth on `/v1/*`, the tokenizer routes and the API docs;
-  `LoopbackGuardMiddleware`: a loopback server refuses foreign `Host`s and `Origin`s (`null`
-  too); `JsonBodyMiddleware`: every POST must be `application/json` (no simple cross-site
-  request can send that).
+- `TokenizeBody` / `TokenizeChatBody` / `DetokenizeBody`: vLLM's tokenizer routes.
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import json
-import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -32,7 +26,6 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hycache.request import MAX_LOGPROBS, SamplingParams
 
@@ -67,7 +60,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _GenerationBody(BaseModel):
+class GenerationBody(BaseModel):
     """The fields both generation routes share: sampling, choices, stop strings, streaming and
     the cache salt."""
 
@@ -142,7 +135,7 @@ class _GenerationBody(BaseModel):
         return tuple(out)
 
 
-class CompletionBody(_GenerationBody):
+class CompletionBody(GenerationBody):
     """The body of `POST /v1/completions`; unknown fields (`model`, ...) are ignored."""
 
     prompt: str | list[int]
@@ -183,7 +176,7 @@ class ChatMessage(BaseModel):
         return doc
 
 
-class ChatBody(_GenerationBody):
+class ChatBody(GenerationBody):
     """The body of `POST /v1/chat/completions`; unknown fields (`model`, `user`, ...) are
     ignored, OpenAI fields hycache does not implement are refused before this is parsed."""
 
@@ -283,163 +276,3 @@ def refuse_unsupported(raw: bytes, fields: dict[str, Any] = UNSUPPORTED_FIELDS) 
         value = doc.get(key, unused)
         if value is not None and value != unused and value not in ([], {}, ""):
             raise ValueError(f"{key}: not supported by hycache (got {value!r}); leave it out")
-
-
-# what the API key guards: the OpenAI routes, vLLM's tokenizer routes and the API's own docs
-GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/docs", "/redoc", "/openapi.json")
-
-
-class ApiKeyMiddleware:
-    """Bearer-token auth on every `/v1/*` route, `/tokenize`, `/detokenize` and the API docs
-    (`/docs`, `/redoc`, `/openapi.json`) (ASGI, so request bodies and disconnects pass through
-    untouched); `/health` and `/metrics` stay open."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and str(scope.get("path", "")).startswith(GUARDED_PREFIXES):
-            given = b""
-            for name, value in scope.get("headers", []):
-                if name == b"authorization":
-                    given = value
-                    break
-            if not hmac.compare_digest(given, self.expected):
-                response = error_response(
-                    401, "invalid or missing API key (Authorization: Bearer KEY)", "invalid_api_key"
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-_PORT = re.compile(r"[0-9]{1,5}")
-_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
-_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")  # a DNS name or a dotted IPv4 address
-
-
-def host_of(value: str) -> str | None:
-    """The host of a Host header or an Origin's authority (`name`, `name:port`, `[v6]`,
-    `[v6]:port`), or None when `value` is anything else (userinfo such as `1@evil.com`, a
-    path, spaces, an empty or non-numeric port)."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        close = value.find("]")
-        host, rest = value[1:close], value[close + 1 :]
-        if close < 0 or (rest and not (rest[0] == ":" and _PORT.fullmatch(rest[1:]))):
-            return None
-        try:
-            return host if ipaddress.ip_address(host).version == 6 else None
-        except ValueError:
-            return None
-    host, colon, port = value.partition(":")
-    if colon and not _PORT.fullmatch(port):
-        return None
-    return host if _NAME.fullmatch(host) else None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a host (with or without a port) names this machine: localhost or a loopback IP."""
-    name = host_of(host)
-    if name is None:
-        return False
-    if name in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _origin_is_loopback(origin: str) -> bool:
-    """An Origin header (`scheme://authority`, nothing after it) naming this machine. The
-    opaque origin `null` (sandboxed iframes, `file:` pages, redirects) is never loopback."""
-    scheme, sep, authority = origin.strip().partition("://")
-    if not sep or scheme.lower() not in ("http", "https"):
-        return False
-    return is_loopback(authority)
-
-
-class LoopbackGuardMiddleware:
-    """For a server listening on loopback only: refuse (403) a request whose `Host` is not a
-    loopback name (DNS rebinding: a web page's own domain resolving to 127.0.0.1) or that
-    carries any `Origin` but a loopback one, `null` included (a cross-site post from a browser,
-    even from a sandboxed frame). Clients on this machine, which send `Host: 127.0.0.1:PORT`
-    or `localhost:PORT` and no foreign Origin, pass."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            headers = {k: v.decode("latin-1") for k, v in scope.get("headers", [])}
-            host = headers.get(b"host", "")
-            origin = headers.get(b"origin")
-            bad = None
-            if not is_loopback(host):
-                bad = f"Host {host!r} is not a loopback name; this server serves this machine only"
-            elif origin is not None and not _origin_is_loopback(origin):
-                bad = f"Origin {origin!r} is not allowed (cross-site request)"
-            if bad is not None:
-                await error_response(403, bad, "forbidden_host")(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def is_json_media_type(content_type: str | None) -> bool:
-    """Whether a Content-Type header says `application/json` (parameters such as a charset
-    allowed)."""
-    if content_type is None:
-        return False
-    return content_type.split(";", 1)[0].strip().lower() == "application/json"
-
-
-class JsonBodyMiddleware:
-    """Every POST must say `Content-Type: application/json` (415 otherwise). A browser can send
-    `text/plain`, form-encoded or multipart bodies cross-site without a CORS preflight; a JSON
-    body it cannot, so a page elsewhere never drives this server with a simple request."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") == "POST":
-            given = next((v for k, v in scope.get("headers", []) if k == b"content-type"), None)
-            if not is_json_media_type(given.decode("latin-1") if given is not None else None):
-                response = error_response(
-                    415, "Content-Type must be application/json", "unsupported_media_type"
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-__all__ = [
-    "CHAT_UNSUPPORTED_FIELDS",
-    "GUARDED_PREFIXES",
-    "MAX_N",
-    "MAX_PREFIX_HINTS",
-    "MAX_SEED",
-    "MAX_STOP",
-    "MIN_TEMPERATURE",
-    "TOKENIZE_CHAT_UNSUPPORTED_FIELDS",
-    "UNSUPPORTED_FIELDS",
-    "ApiKeyMiddleware",
-    "ChatBody",
-    "ChatMessage",
-    "CompletionBody",
-    "DetokenizeBody",
-    "JsonBodyMiddleware",
-    "LoopbackGuardMiddleware",
-    "StreamOptions",
-    "TokenizeBody",
-    "TokenizeChatBody",
-    "error_response",
-    "has_field",
-    "host_of",
-    "is_json_media_type",
-    "is_loopback",
-    "refuse_unsupported",
-    "validation_message",
-]

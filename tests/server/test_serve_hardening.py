@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from hycache.chat import ChatEncoder, ChatTemplate
 from hycache.engine.engine import LLM
-from hycache.serve import create_app
-from tests.test_serve import API_KEY, CHAT_TEMPLATE, SPECIAL, chat_tokenizer, make_llm, serving
+from hycache.server.app import create_app
+from hycache.server.chat_template import ChatEncoder, ChatTemplate
+from tests.server.conftest import API_KEY, CHAT_TEMPLATE, SPECIAL, chat_tokenizer, make_llm, serving
 
 BODY = {"prompt": [1, 2, 3], "max_tokens": 2}
 
@@ -50,7 +50,7 @@ def auth(**extra: str) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------ security
 def test_host_parsing_is_strict() -> None:
-    from hycache.protocol import host_of, is_loopback
+    from hycache.server.security import host_of, is_loopback
 
     assert host_of("127.0.0.1:8000") == "127.0.0.1" and host_of("[::1]:80") == "::1"
     assert host_of("LocalHost") == "localhost"
@@ -248,7 +248,7 @@ def test_slow_clients_are_timed_out_and_connections_capped() -> None:
     """Half-sent headers are closed at the header timeout, a body sent a byte at a time at the
     body timeout; connections over the cap are closed at once; a normal request still works
     and a stream outlives both timeouts."""
-    from hycache.server_http import limited_protocol
+    from hycache.server.http import limited_protocol
 
     app = create_app(make_llm(), model_name="tiny")
     with serving(app, http=limited_protocol(1.0, 1.5, 64)) as (url, _, _):
@@ -283,7 +283,7 @@ def test_slow_clients_are_timed_out_and_connections_capped() -> None:
 
 
 def test_connections_over_the_cap_are_closed_at_once() -> None:
-    from hycache.server_http import limited_protocol
+    from hycache.server.http import limited_protocol
 
     app = create_app(make_llm(), model_name="tiny")
     with serving(app, http=limited_protocol(30.0, 30.0, 64)) as (url, _, _):
@@ -305,7 +305,7 @@ def test_token_counters_count_aborted_requests_and_no_created_series() -> None:
     """A stream dropped after a few chunks still counts its prompt and every token computed
     in `vllm:prompt_tokens` / `vllm:generation_tokens` (so they agree with
     `vllm:prefix_cache_queries`); no `_created` series is exported."""
-    from tests.test_serve import first_line, prompt, scrape, wait_idle
+    from tests.server.conftest import first_line, prompt, scrape, wait_idle
 
     app = create_app(make_llm(), model_name="tiny")
     with serving(app) as (url, _, _), httpx.Client(base_url=url, timeout=30) as c:
@@ -333,8 +333,8 @@ def test_usage_and_stats_agree_on_store_hits() -> None:
     `store_cached_tokens` sum to `/v1/stats` `engine.store_hit_tokens` (and `cached_tokens` to
     `engine.hit_tokens`); `cache.store_hit_tokens` also counts re-admissions, so it is never
     below; a re-admitted request reports its first admission."""
+    from tests.server.conftest import wait_idle
     from tests.store.test_store_engine import family, noise
-    from tests.test_serve import wait_idle
 
     llm = LLM(
         "tiny", block_size=16, prefix_match_unit=4, max_model_len=256, num_blocks=40,
@@ -373,7 +373,7 @@ def test_legacy_top_logprobs_keep_every_alternative() -> None:
     alternative is kept (a repeated text is keyed `token_id:N`) and the chosen token keeps its
     own value under its own text."""
     from hycache.request import TokenLogprob
-    from hycache.responses import LogprobFormatter
+    from hycache.server.responses import LogprobFormatter
 
     fmt = LogprobFormatter(lambda ids: "\ufffd" if ids[0] >= 10 else f"t{ids[0]}")
     top = ((11, -0.5), (12, -1.0), (13, -2.0), (3, -3.0), (14, -4.0))

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,57 +16,28 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
+from hycache.engine.args import add_serve_args
 from hycache.engine.engine import LLM
 from hycache.request import SamplingParams
-from hycache.serve import EngineWorker, HycacheServer, add_serve_args, create_app
-
-LLM_KW: dict[str, Any] = {
-    "block_size": 64,
-    "prefix_match_unit": 16,
-    "num_blocks": 400,
-    "max_model_len": 1024,
-}
-VOCAB = 512  # the tiny preset
-
-
-def make_llm() -> LLM:
-    return LLM("tiny", **LLM_KW)
-
-
-def prompt(seed: int, n: int) -> list[int]:
-    """A deterministic prompt of n in-vocabulary ids, distinct per seed."""
-    return [(seed * 7919 + i * 31 + 1) % VOCAB for i in range(n)]
-
-
-@contextlib.contextmanager
-def serving(app: Any, **config: Any) -> Iterator[tuple[str, uvicorn.Server, threading.Thread]]:
-    """Run `app` (from `create_app`) under uvicorn in a thread on a free 127.0.0.1 port;
-    always stop it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", **config)
-    server = HycacheServer(config, app.state.worker)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if server.started and httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            assert thread.is_alive(), "server thread died during startup"
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-        yield url, server, thread
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
-        assert not thread.is_alive(), "server thread did not stop"
+from hycache.server.app import create_app
+from hycache.server.worker import EngineWorker
+from tests.server.conftest import (
+    API_KEY,
+    CHAT_TEMPLATE,
+    VOCAB,
+    chat_tokenizer,
+    first_line,
+    limit_llm,
+    make_llm,
+    prompt,
+    scrape,
+    serving,
+    sse_events,
+    stats,
+    wait_idle,
+    words,
+)
 
 
 @pytest.fixture(scope="module")
@@ -83,57 +51,8 @@ def server() -> Iterator[tuple[str, LLM]]:
     assert not llm.scheduler.has_unfinished()
 
 
-@pytest.fixture(scope="module")
-def reference() -> LLM:
-    """A fresh LLM identical to the served one, for greedy reference outputs."""
-    return make_llm()
-
-
-@pytest.fixture
-def client(server: tuple[str, LLM]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server[0], timeout=30) as c:
-        yield c
-
-
 def expected(reference: LLM, ids: list[int], max_tokens: int) -> list[int]:
     return reference.generate([ids], SamplingParams(max_tokens=max_tokens))[0].token_ids
-
-
-def sse_events(lines: Iterator[str]) -> list[Any]:
-    """Parse `data: ...` lines; `[DONE]` comes back as the string itself."""
-    events: list[Any] = []
-    for line in lines:
-        if not line:
-            continue
-        assert line.startswith("data: "), line
-        data = line[len("data: ") :]
-        events.append(data if data == "[DONE]" else json.loads(data))
-    return events
-
-
-def first_line(lines: Iterator[str]) -> str:
-    """The first non-empty line, leaving `lines` open (a generator expression over it would
-    close the response, and so the connection, when it is dropped)."""
-    for line in lines:
-        if line:
-            return line
-    raise AssertionError("stream ended before its first event")
-
-
-def stats(client: httpx.Client) -> dict[str, Any]:
-    r = client.get("/v1/stats")
-    assert r.status_code == 200
-    return r.json()
-
-
-def wait_idle(client: httpx.Client, timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = stats(client)
-        if s["running"] == 0 and s["waiting"] == 0:
-            return s
-        assert time.monotonic() < deadline, f"engine still busy: {s}"
-        time.sleep(0.02)
 
 
 # ---------------------------------------------------------------------------------- tests
@@ -227,15 +146,7 @@ def test_prefix_hint_lets_the_first_sibling_resume_at_the_limit() -> None:
     floor((P-1)/u)*u = 44 on its first pass, so the *first* sibling's response already reports
     44 cached tokens; without hints, a first sibling of the same shape does not get there."""
     shared, limit = 45, 44
-    llm = LLM(
-        "tiny",
-        policy="limit",
-        num_speculative_tokens=2,
-        block_size=16,
-        prefix_match_unit=4,
-        num_blocks=200,
-        max_model_len=256,
-    )
+    llm = limit_llm(200)
     app = create_app(llm)
 
     def family(seed: int) -> list[list[int]]:
@@ -514,7 +425,7 @@ def test_openai_fields_at_their_unused_values_are_accepted(client: httpx.Client)
 
 
 def test_an_oversized_body_is_refused_without_stalling_others(client: httpx.Client) -> None:
-    from hycache.serve import MAX_BODY_BYTES
+    from hycache.server.serving import MAX_BODY_BYTES
 
     huge = b'{"prompt": [' + b"1," * (MAX_BODY_BYTES // 2) + b"1]}"
     r = client.post("/v1/completions", content=huge, headers={"content-type": "application/json"})
@@ -524,10 +435,14 @@ def test_an_oversized_body_is_refused_without_stalling_others(client: httpx.Clie
 
 
 def test_the_served_model_name_is_never_a_path() -> None:
-    from hycache.serve import served_model_name
+    from hycache.server.settings import ServerSettings
 
     p = argparse.ArgumentParser()
     add_serve_args(p)
+
+    def served_model_name(args: argparse.Namespace) -> str:
+        return ServerSettings.from_cli_args(args).model_name
+
     assert served_model_name(p.parse_args(["--model", "/data/ckpts/bamba-9b/"])) == "bamba-9b"
     assert served_model_name(p.parse_args([])) == "tiny"
     named = p.parse_args(["--model", "/x/y", "--served-model-name", "ibm/bamba"])
@@ -535,48 +450,16 @@ def test_the_served_model_name_is_never_a_path() -> None:
 
 
 # ------------------------------------------------------------ OpenAI drop-in: chat, models, auth
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> "
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-SPECIAL = ["<s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
-API_KEY = "sk-hycache-test"
 SYSTEM_WORDS = 45  # rendered: <s> <|system|> 45 words <|end|> = 48 tokens before the user turn
-
-
-def chat_tokenizer() -> Any:
-    """A word-level tokenizer over the tiny vocabulary: `w0`..`w499` and the template's
-    special tokens (ids 500-504)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {f"w{i}": i for i in range(VOCAB - 12)}
-    vocab.update({t: VOCAB - 12 + i for i, t in enumerate(SPECIAL)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece()
-    tok.add_special_tokens(SPECIAL)
-    return tok
-
-
-def words(seed: int, n: int) -> str:
-    return " ".join(f"w{i % (VOCAB - 12)}" for i in prompt(seed, n))
 
 
 @pytest.fixture(scope="module")
 def chat_server() -> Iterator[str]:
     """`limit` with an EAGLE drafter (k = 2, B = 16, u = 4), a tokenizer, a chat template and
     an API key: the `/v1` base URL."""
-    from hycache.chat import ChatTemplate
+    from hycache.server.chat_template import ChatTemplate
 
-    llm = LLM(
-        "tiny",
-        policy="limit",
-        num_speculative_tokens=2,
-        block_size=16,
-        prefix_match_unit=4,
-        num_blocks=300,
-        max_model_len=256,
-    )
+    llm = limit_llm(300)
     llm.tokenizer = chat_tokenizer()
     template = ChatTemplate(CHAT_TEMPLATE, bos_token="<s>", eos_token="<|end|>")
     app = create_app(llm, model_name="tiny-chat", chat_template=template, api_key=API_KEY)
@@ -731,23 +614,6 @@ def test_models_lists_the_served_name(oai: Any, client: httpx.Client) -> None:
     assert client.get("/v1/models/other").status_code == 404
 
 
-def scrape(client: httpx.Client) -> dict[str, float]:
-    """`/metrics` parsed by prometheus_client: sample name -> value (labels dropped)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    r = client.get("/metrics")
-    assert r.status_code == 200
-    assert r.headers["content-type"].startswith("text/plain")
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            if s.name.endswith("_bucket"):
-                continue
-            assert s.labels.get("model_name") == "tiny", s
-            samples[s.name] = s.value
-    return samples
-
-
 def test_metrics_parse_and_move(client: httpx.Client) -> None:
     wait_idle(client)
     before = scrape(client)
@@ -792,7 +658,7 @@ def test_metrics_parse_and_move(client: httpx.Client) -> None:
 
 
 def test_chat_template_from_checkpoint_config(tmp_path: Any) -> None:
-    from hycache.chat import ChatTemplateError, load_chat_template
+    from hycache.server.chat_template import ChatTemplateError, load_chat_template
 
     assert load_chat_template(tmp_path) is None  # no tokenizer_config.json
     config = {
@@ -824,7 +690,7 @@ def test_chat_template_from_checkpoint_config(tmp_path: Any) -> None:
 def test_a_loopback_server_refuses_foreign_hosts_and_origins() -> None:
     """DNS rebinding (a page's own domain resolving to 127.0.0.1) and cross-site posts: a
     server listening on loopback answers 403 to a foreign Host or Origin; local clients pass."""
-    from hycache.protocol import is_loopback
+    from hycache.server.security import is_loopback
 
     assert is_loopback("127.0.0.1:8000") and is_loopback("localhost") and is_loopback("[::1]:80")
     assert not is_loopback("127.0.0.1.evil.example") and not is_loopback("evil.example:8000")

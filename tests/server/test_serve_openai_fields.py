@@ -15,11 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
-from hycache.chat import ChatTemplate
-from hycache.engine.engine import LLM, RequestOutput
+from hycache.engine.engine import LLM
+from hycache.engine.outputs import RequestOutput
 from hycache.request import SamplingParams
-from hycache.serve import create_app
-from tests.test_serve import CHAT_TEMPLATE, chat_tokenizer, serving, sse_events, words
+from hycache.server.app import create_app
+from hycache.server.chat_template import ChatTemplate
+from tests.server.conftest import CHAT_TEMPLATE, chat_tokenizer, serving, sse_events, words
 
 LLM_KW: dict[str, Any] = {
     "block_size": 16,
@@ -49,12 +50,6 @@ def server() -> Iterator[tuple[str, LLM]]:
 @pytest.fixture(scope="module")
 def reference() -> LLM:
     return make_llm()
-
-
-@pytest.fixture
-def client(server: tuple[str, LLM]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server[0], timeout=60) as c:
-        yield c
 
 
 @pytest.fixture
@@ -316,7 +311,7 @@ def test_completion_stream_include_usage(client: httpx.Client) -> None:
 def test_stop_strings_find_the_token_that_completes_one() -> None:
     """Several tokens at once (an accepted draft run): the kept tokens end with the one that
     completes the earliest stop string, and the text stops before it."""
-    from hycache.server_engine import StopStrings
+    from hycache.server.worker import StopStrings
 
     def decode(ids: list[int]) -> str:
         return " ".join("abcdefg"[i] for i in ids)

@@ -1,5 +1,8 @@
 """The engine side of `hycache serve`: the one thread that owns the `LLM`, and stop strings.
 
+Routes never touch the engine: they submit through `EngineWorker` (see `hycache.server.serving`)
+and read its counters with `worker.call(LLM.snapshot)` (`hycache.engine.outputs`).
+
 - `EngineWorker`: the only thread that touches the `LLM`. Handlers never call the engine; they
   put commands on a thread-safe inbox and get results back on per-request asyncio queues
   (filled with `loop.call_soon_threadsafe`). The worker sleeps on the inbox while nothing is
@@ -7,11 +10,9 @@
   requests (the `n` choices of one HTTP request, see `fan_out`): they are queued all or none
   and report on one queue, each event naming its request.
 - `StopStrings`: a request's stop strings, checked on its decoded output by the worker right
-  after each step. On a match the request is aborted at once (nothing more is computed) and
-  its last event is cut to the token that completed the stop string, with the text cut before
-  the stop string and finish reason "stop".
-- `engine_stats`: the `/v1/stats` snapshot (run on the worker thread), with the second
-  tier's figures (`store_stats`) when the engine has one.
+  after each step. On a match the request is ended at once (`LLM.finish`: nothing more is
+  computed) and its last event is cut to the token that completed the stop string, with the
+  text cut before the stop string and finish reason "stop".
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from hycache.engine.engine import LLM, StreamEvent
-from hycache.protocol import MAX_SEED
-from hycache.request import SamplingParams
+from hycache.engine.engine import LLM
+from hycache.engine.outputs import StreamEvent
+from hycache.request import RequestStatus, SamplingParams
+from hycache.server.protocol import MAX_SEED
 
 log = logging.getLogger("hycache.serve")
 
@@ -327,7 +329,6 @@ class EngineWorker:
             self.llm.abort(request_id)
         except Exception:
             log.exception("abort(%s) failed", request_id)
-        self.llm.scheduler.finished.clear()  # see _step
 
     def _step(self) -> None:
         try:
@@ -339,9 +340,6 @@ class EngineWorker:
             if self.llm.scheduler.has_unfinished():  # could not even abort: stop stepping
                 self._broken = f"engine unusable after an error: {e}"
             return
-        finally:
-            # The scheduler keeps every finished request; a long-running server must not.
-            self.llm.scheduler.finished.clear()
         for event in events:
             rid = event.request_id
             channel = self._channels.get(rid)
@@ -356,19 +354,17 @@ class EngineWorker:
                 self._stops.pop(rid, None)
 
     def _check_stop(self, event: StreamEvent, stops: StopStrings) -> StreamEvent:
-        """`event`, or, when it completes a stop string, the request's last event (the request
-        is aborted first if the engine had not finished it)."""
+        """`event`, or, when it completes a stop string, the request's last event (the engine
+        ends the request here, through the token that completed it, if it had not finished)."""
         hit = stops.push(event.new_token_ids)
         if hit is None:
             return event
         keep, text = hit
         rid = event.request_id
+        n = len(stops.ids) - len(event.new_token_ids) + keep  # output tokens to keep
         out = event.output
         if out is None:
-            req = next(r for r in self.llm.scheduler.running if r.request_id == rid)
-            self._abort(rid)
-            out = self.llm.request_output(req)
-        n = len(out.token_ids) - len(event.new_token_ids) + keep
+            out = self.llm.finish(rid, RequestStatus.FINISHED_STOPPED, n)
         lps = event.new_logprobs
         output = dataclasses.replace(
             out,
@@ -377,15 +373,12 @@ class EngineWorker:
             finish_reason="stop",
             logprobs=out.logprobs[:n] if out.logprobs is not None else None,
         )
-        if event.output is None:  # ended here, not by the engine: count it as finished
-            self.llm.count_finished(output)
         return StreamEvent(
             rid, event.new_token_ids[:keep], True, output, lps[:keep] if lps is not None else None
         )
 
     def _fail_all(self, status: int, message: str) -> None:
-        sched = self.llm.scheduler
-        ids = [*self._channels, *(r.request_id for r in [*sched.running, *sched.waiting])]
+        ids = [*self._channels, *self.llm.scheduler.unfinished_ids()]
         for rid in dict.fromkeys(ids):
             self._abort(rid)
         for channel in {id(c): c for c in self._channels.values()}.values():
@@ -406,76 +399,3 @@ class EngineWorker:
                 cmd.channel.put(Failed(503, SHUTTING_DOWN))
             elif isinstance(cmd, _Call) and cmd.future.set_running_or_notify_cancel():
                 cmd.future.set_exception(ServerClosed(SHUTTING_DOWN))
-
-
-def store_stats(llm: LLM) -> dict[str, Any] | None:
-    """The second tier's side of `/v1/stats` (None without one): the backend, its capacity and
-    use, its own counters (`StoreStats`: calls, hits, refused puts, errors, corrupt objects) and
-    the mirror's (`MirrorStats`: lookups that asked it, hits, tokens gained, puts)."""
-    store = llm.store
-    if store is None:
-        return None
-    mirror = llm.scheduler.cache.mirror
-    return {
-        "backend": store.name,
-        "capacity_bytes": store.capacity_bytes,
-        "used_bytes": store.used_bytes,
-        "stats": store.stats.as_dict(),
-        "mirror": mirror.stats.as_dict() if mirror is not None else None,
-    }
-
-
-def engine_stats(llm: LLM) -> dict[str, Any]:
-    """A snapshot of the scheduler, cache and engine counters (run on the worker thread).
-    `cache.*` counts every cache lookup, a re-admission after a preemption included:
-    `cache.hit_tokens` = `device_hit_tokens` (found in the device pool) + `store_hit_tokens`
-    (loaded from the second tier); `lost_reuse_tokens` is what attention matched beyond the
-    joint hit. `engine.*` sums what finished requests reported in their usage (a re-admitted
-    request reports its first admission's hits, as vLLM's `cached_tokens` does), so
-    `engine.hit_tokens` and `engine.store_hit_tokens` are the sums of the responses'
-    `cached_tokens` and `store_cached_tokens`."""
-    sched = llm.scheduler
-    cs = sched.cache.stats()
-    es = llm.stats
-    return {
-        "running": len(sched.running),
-        "waiting": len(sched.waiting),
-        "cache": {
-            "num_blocks": cs.num_blocks,
-            "free_blocks": cs.free_blocks,
-            "used_blocks": cs.used_blocks,
-            "cached_blocks": cs.cached_blocks,
-            "admissions": cs.admissions,
-            "query_tokens": cs.query_tokens,
-            "hit_tokens": cs.hit_tokens,
-            "device_hit_tokens": cs.hit_tokens - cs.store_hit_tokens,
-            "store_hit_tokens": cs.store_hit_tokens,
-            "lost_reuse_tokens": cs.lost_reuse_tokens,
-            "token_hit_rate": cs.token_hit_rate,
-        },
-        "store": store_stats(llm),
-        "engine": {
-            "steps": es.steps,
-            "requests": es.requests,
-            "prompt_tokens": es.prompt_tokens,
-            "hit_tokens": es.hit_tokens,
-            "store_hit_tokens": es.store_hit_tokens,
-            "output_tokens": es.output_tokens,
-            "prefilled_prompt_tokens": es.prefilled_prompt_tokens,
-            "generated_tokens": es.generated_tokens,
-        },
-    }
-
-
-__all__ = [
-    "SHUTTING_DOWN",
-    "Accepted",
-    "EngineWorker",
-    "Failed",
-    "Item",
-    "ServerClosed",
-    "StopStrings",
-    "engine_stats",
-    "fan_out",
-    "store_stats",
-]

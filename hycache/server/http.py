@@ -22,9 +22,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-HEADER_TIMEOUT_S = 10.0
-BODY_TIMEOUT_S = 30.0
-MAX_CONNECTIONS = 1024
+from hycache.server.settings import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS
 
 
 class LimitedH11Protocol(H11Protocol):
@@ -106,12 +104,3 @@ def limited_protocol(
             "max_connections": max_connections,
         },
     )
-
-
-__all__ = [
-    "BODY_TIMEOUT_S",
-    "HEADER_TIMEOUT_S",
-    "MAX_CONNECTIONS",
-    "LimitedH11Protocol",
-    "limited_protocol",
-]

@@ -10,7 +10,7 @@
   `{tokens, token_logprobs, top_logprobs, text_offset}` or the chat shape
   `{content: [{token, logprob, bytes, top_logprobs}]}`. Values are the log_softmax of the raw
   logits (before temperature and top-p), as vLLM reports by default.
-- `usage_tail` / `sse`: the `stream_options.include_usage` chunk; one server-sent event.
+- `sse`: one server-sent event.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hycache.engine.engine import RequestOutput
+from hycache.engine.outputs import RequestOutput
 from hycache.request import TokenLogprob
 
 Decode = Callable[[list[int]], str | None]
@@ -49,16 +49,6 @@ def usage(outputs: Sequence[RequestOutput], store: bool = False) -> dict[str, An
         "prompt_tokens_details": details,
         "cached_tokens": cached,
     }
-
-
-def usage_tail(
-    include: bool, envelope: Callable[[], dict[str, Any]], store: bool = False
-) -> Tail | None:
-    """With `stream_options.include_usage`: a last chunk (`envelope()` with no choices) holding
-    the usage of every choice."""
-    if not include:
-        return None
-    return lambda outputs: [{**envelope(), "choices": [], "usage": usage(outputs, store)}]
 
 
 def _held_tail(text: str, stops: Sequence[str]) -> int:
@@ -170,6 +160,3 @@ class LogprobFormatter:
                 for lp in logprobs
             ]
         }
-
-
-__all__ = ["Decode", "LogprobFormatter", "Tail", "TextDelta", "sse", "usage", "usage_tail"]

@@ -194,7 +194,7 @@ def test_serve_host_store_resumes_an_evicted_prefix(tmp_path: Path, uncached: LL
 def test_without_a_store_nothing_store_shaped_appears(uncached: LLM) -> None:
     from fastapi.testclient import TestClient
 
-    from hycache.serve import create_app
+    from hycache.server.app import create_app
 
     with TestClient(create_app(uncached, model_name="tiny")) as client:
         r = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})

@@ -33,7 +33,7 @@ from hycache.config import (
 )
 from hycache.engine.runner import ModelRunner
 from hycache.engine.tier import attach_store, engine_fingerprint
-from hycache.model.config import HybridConfig
+from hycache.model.configs.base import HybridConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
 from hycache.request import Request, RequestStatus, SamplingParams, TokenLogprob

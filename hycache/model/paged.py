@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from hycache.model.config import HybridConfig
+    from hycache.model.configs.base import HybridConfig
 
 
 @dataclass

@@ -16,13 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hycache.model.config import (
-    BambaConfig,
-    GraniteHybridConfig,
-    HybridConfig,
-    NemotronHConfig,
-    config_from_hf_dict,
-)
+from hycache.model.configs import config_from_hf_dict
+from hycache.model.configs.bamba import BambaConfig
+from hycache.model.configs.base import HybridConfig
+from hycache.model.configs.granite_hybrid import GraniteHybridConfig
+from hycache.model.configs.nemotron_h import NemotronHConfig
 from hycache.sim.presets import (
     AttentionSpec,
     LayerCounts,

@@ -11,7 +11,7 @@ import torch
 
 from hycache.engine.engine import attention_block_bytes, state_bytes
 from hycache.model.configs import config_from_hf_dict
-from hycache.sim.hf_presets import model_spec_from_hf
+from hycache.sim.model_spec import model_spec_from_hf
 from hycache.sim.presets import load_model_spec
 from tests.cache.test_layout import BAMBA_9B
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from hycache.sim.costmodel import CostModel
-from hycache.sim.hf_presets import model_spec_from_hf
-from hycache.sim.presets import ModelSpec, list_presets, load_gpu, load_model_spec
+from hycache.sim.model_spec import ModelSpec, model_spec_from_hf
+from hycache.sim.presets import list_presets, load_gpu, load_model_spec
 from tests.cache.test_layout import BAMBA_9B
 
 NEMOTRON_MOE = {

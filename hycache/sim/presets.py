@@ -143,13 +143,7 @@ def _calibration(r: FieldReader) -> dict[str, Any] | None:
     return out or None
 
 
-def _model_from_dict(data: Any, where: str) -> ModelSpec:
-    r = FieldReader(data, where)
-    name = r.get_str("name")
-    hidden = r.get_int("hidden_size", minimum=1)
-    vocab = r.get_int("vocab_size", minimum=1)
-    num_layers = r.get_int("num_layers", minimum=1)
-
+def _layers(r: FieldReader, num_layers: int) -> LayerCounts:
     lr = r.sub("layers")
     assert lr is not None
     layers = LayerCounts(
@@ -164,7 +158,10 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
             "layers",
             f"counts sum to {layers.total} but num_layers is {num_layers}",
         )
+    return layers
 
+
+def _attention(r: FieldReader) -> AttentionSpec:
     ar = r.sub("attention")
     assert ar is not None
     attention = AttentionSpec(
@@ -175,7 +172,10 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
     if attention.num_heads % attention.num_kv_heads:
         raise ar.fail("num_kv_heads", "must divide attention.num_heads")
     ar.finish()
+    return attention
 
+
+def _mamba(r: FieldReader) -> MambaSpec:
     mr = r.sub("mamba")
     assert mr is not None
     mamba = MambaSpec(
@@ -190,7 +190,10 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
     if mamba.num_heads % mamba.n_groups:
         raise mr.fail("n_groups", "must divide mamba.num_heads")
     mr.finish()
+    return mamba
 
+
+def _mlp(r: FieldReader) -> MlpSpec:
     pr = r.sub("mlp")
     assert pr is not None
     mlp = MlpSpec(
@@ -199,54 +202,81 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
         num_blocks=pr.get_int("num_blocks"),
     )
     pr.finish()
+    return mlp
 
-    moe: MoeSpec | None = None
+
+def _moe(r: FieldReader) -> MoeSpec | None:
     er = r.sub("moe", required=False)
-    if er is not None:
-        moe = MoeSpec(
-            num_blocks=er.get_int("num_blocks"),
-            num_experts=er.get_int("num_experts", minimum=1),
-            experts_per_token=er.get_int("experts_per_token", minimum=1),
-            expert_intermediate_size=er.get_int("expert_intermediate_size", minimum=1),
-            shared_expert_intermediate_size=(
-                er.get_int("shared_expert_intermediate_size", required=False) or 0
-            ),
-            gated=er.get_bool("gated", required=False, default=True),
-        )
-        if moe.experts_per_token > moe.num_experts:
-            raise er.fail("experts_per_token", "must not exceed moe.num_experts")
-        er.finish()
+    if er is None:
+        return None
+    moe = MoeSpec(
+        num_blocks=er.get_int("num_blocks"),
+        num_experts=er.get_int("num_experts", minimum=1),
+        experts_per_token=er.get_int("experts_per_token", minimum=1),
+        expert_intermediate_size=er.get_int("expert_intermediate_size", minimum=1),
+        shared_expert_intermediate_size=(
+            er.get_int("shared_expert_intermediate_size", required=False) or 0
+        ),
+        gated=er.get_bool("gated", required=False, default=True),
+    )
+    if moe.experts_per_token > moe.num_experts:
+        raise er.fail("experts_per_token", "must not exceed moe.num_experts")
+    er.finish()
+    return moe
 
-    drafter = DrafterSpec()
+
+def _drafter(r: FieldReader) -> DrafterSpec:
     dr = r.sub("drafter", required=False)
-    if dr is not None:
-        drafter = DrafterSpec(
-            num_layers=dr.get_int("num_layers", required=False, minimum=1) or 1,
-            intermediate_size=dr.get_int("intermediate_size", required=False, minimum=1),
-            params=dr.get_int("params", required=False),
-        )
-        dr.finish()
+    if dr is None:
+        return DrafterSpec()
+    drafter = DrafterSpec(
+        num_layers=dr.get_int("num_layers", required=False, minimum=1) or 1,
+        intermediate_size=dr.get_int("intermediate_size", required=False, minimum=1),
+        params=dr.get_int("params", required=False),
+    )
+    dr.finish()
+    return drafter
 
-    params: ParamCounts | None = None
+
+def _params(r: FieldReader) -> ParamCounts | None:
     pc = r.sub("params", required=False)
-    if pc is not None:
-        params = ParamCounts(
-            total=pc.get_int("total", minimum=1), active=pc.get_int("active", minimum=1)
-        )
-        if params.active > params.total:
-            raise pc.fail("active", "must not exceed params.total")
-        pc.finish()
+    if pc is None:
+        return None
+    params = ParamCounts(
+        total=pc.get_int("total", minimum=1), active=pc.get_int("active", minimum=1)
+    )
+    if params.active > params.total:
+        raise pc.fail("active", "must not exceed params.total")
+    pc.finish()
+    return params
 
+
+def _attention_indices(r: FieldReader, layers: LayerCounts) -> tuple[int, ...] | None:
     indices = r.get_int_list("attention_layer_indices", required=False)
-    if indices is not None:
-        if len(indices) != layers.attention:
-            raise r.fail(
-                "attention_layer_indices",
-                f"lists {len(indices)} layers but layers.attention is {layers.attention}",
-            )
-        if any(i >= num_layers for i in indices):
-            raise r.fail("attention_layer_indices", f"has an index >= num_layers ({num_layers})")
+    if indices is None:
+        return None
+    if len(indices) != layers.attention:
+        raise r.fail(
+            "attention_layer_indices",
+            f"lists {len(indices)} layers but layers.attention is {layers.attention}",
+        )
+    num_layers = layers.total
+    if any(i >= num_layers for i in indices):
+        raise r.fail("attention_layer_indices", f"has an index >= num_layers ({num_layers})")
+    return indices
 
+
+def _model_from_dict(data: Any, where: str) -> ModelSpec:
+    """A model preset file (counts, not a layer layout), one section reader after another."""
+    r = FieldReader(data, where)
+    name = r.get_str("name")
+    hidden = r.get_int("hidden_size", minimum=1)
+    vocab = r.get_int("vocab_size", minimum=1)
+    num_layers = r.get_int("num_layers", minimum=1)
+    layers = _layers(r, num_layers)
+    attention, mamba, mlp, moe = _attention(r), _mamba(r), _mlp(r), _moe(r)
+    drafter, params = _drafter(r), _params(r)
+    indices = _attention_indices(r, layers)
     spec = ModelSpec(
         name=name,
         hidden_size=hidden,

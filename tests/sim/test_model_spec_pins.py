@@ -13,27 +13,8 @@ from hycache.sim.costmodel import CostModel
 from hycache.sim.model_spec import ModelSpec, model_spec_from_hf
 from hycache.sim.presets import list_presets, load_gpu, load_model_spec
 from tests.cache.test_layout import BAMBA_9B
+from tests.sim.test_hf_presets import NEMOTRON_MOE
 
-NEMOTRON_MOE = {
-    "model_type": "nemotron_h",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "layers_block_type": ["mamba", "moe", "attention", "mlp", "moe", "mamba", "moe"],
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "mamba_num_heads": 4,
-    "mamba_head_dim": 16,
-    "n_groups": 2,
-    "ssm_state_size": 8,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 24,
-    "moe_shared_expert_intermediate_size": 40,
-    "n_group": 2,
-    "topk_group": 1,
-}
 GRANITE_MOE = {
     "model_type": "granitemoehybrid",
     "vocab_size": 96,
@@ -165,25 +146,8 @@ PINNED: dict[str, tuple[int, ...]] = {
         16384,
         16384,
     ),
-    "hf:bamba-9b": (
-        9780235392,
-        9780235392,
-        9780235392,
-        9780235392,
-        8729562240,
-        8729562240,
-        0,
-        19560470784,
-        251670528,
-        503341056,
-        4096,
-        12288,
-        4244992,
-        123104768,
-        1048576,
-        123104768,
-    ),
 }
+PINNED["hf:bamba-9b"] = PINNED["preset:bamba-9b"]  # its config.json: the same numbers
 # sha256 of repr(spec): every field of the spec, names and descriptions included
 REPR_SHA256 = {
     "preset:bamba-9b": "e09675568cff0417",

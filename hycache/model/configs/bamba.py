@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hycache.model.configs.base import HybridConfig, attention_shape, parse_rope
+from hycache.model.configs.base import (
+    HybridConfig,
+    attention_shape,
+    mamba_head_dim,
+    parse_rope,
+)
 from hycache.model.configs.fields import parse_pair, required
 
 
@@ -32,9 +37,6 @@ class BambaConfig(HybridConfig):
         num_heads, kv_heads, head_dim = attention_shape(d, hidden_size)
         mamba_expand = int(d.get("mamba_expand", 2))
         mamba_n_heads = int(req("mamba_n_heads"))
-        mamba_d_head = d.get("mamba_d_head", "auto")
-        if mamba_d_head in (None, "auto"):
-            mamba_d_head = mamba_expand * hidden_size // mamba_n_heads
         rope_theta, partial = parse_rope(d, default_partial=0.5)
         return cls(
             vocab_size=int(req("vocab_size")),
@@ -46,7 +48,7 @@ class BambaConfig(HybridConfig):
             head_dim=head_dim,
             attn_layer_indices=tuple(int(i) for i in d.get("attn_layer_indices") or ()),
             mamba_n_heads=mamba_n_heads,
-            mamba_d_head=int(mamba_d_head),
+            mamba_d_head=mamba_head_dim(d, hidden_size, mamba_n_heads, mamba_expand),
             mamba_n_groups=int(d.get("mamba_n_groups", 1)),
             mamba_d_state=int(req("mamba_d_state")),
             mamba_d_conv=int(d.get("mamba_d_conv", 4)),

@@ -4,7 +4,8 @@ Owns `HybridConfig`, the frozen, validated description every hybrid (Mamba2 + at
 shares - layer placement, attention and Mamba2 geometry, norms, RoPE - which the model, the
 caches (`paged.py`), the engine's byte counts (`cache/layout.py`) and the simulator's
 `ModelSpec.from_config` read; its value checks (`validate`, one `_need` per rule); and the
-readers of the `config.json` fields the architectures share (`attention_shape`, `parse_rope`).
+readers of the `config.json` fields the architectures share (`attention_shape`,
+`mamba_head_dim`, `parse_rope`).
 Each architecture's own fields and HF mapping is a subclass in its own file of this package.
 """
 
@@ -261,6 +262,13 @@ def attention_shape(
     head_dim = first(d, head_dim_keys, None)
     head_dim = hidden_size // num_heads if head_dim is None else int(head_dim)
     return num_heads, kv_heads, head_dim
+
+
+def mamba_head_dim(d: Mapping[str, Any], hidden_size: int, n_heads: int, expand: int) -> int:
+    """`mamba_d_head`, or for "auto" (or absent) the Mamba width expand * hidden_size split
+    over the heads (Bamba's and Granite's layout)."""
+    value = d.get("mamba_d_head", "auto")
+    return expand * hidden_size // n_heads if value in (None, "auto") else int(value)
 
 
 def parse_rope(d: Mapping[str, Any], *, default_partial: float) -> tuple[float, float]:

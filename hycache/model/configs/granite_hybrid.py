@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hycache.model.configs.base import HybridConfig, attention_shape, parse_rope
+from hycache.model.configs.base import (
+    HybridConfig,
+    attention_shape,
+    mamba_head_dim,
+    parse_rope,
+)
 from hycache.model.configs.fields import parse_pair, required
 
 _GRANITE_LAYERS = {
@@ -82,9 +87,6 @@ class GraniteHybridConfig(HybridConfig):
         rope_theta, _ = parse_rope(d, default_partial=1.0)
         mamba_expand = int(d.get("mamba_expand", 2))
         mamba_n_heads = int(d.get("mamba_n_heads", 128))
-        mamba_d_head = d.get("mamba_d_head", "auto")
-        if mamba_d_head in (None, "auto"):
-            mamba_d_head = mamba_expand * hidden_size // mamba_n_heads
         experts = int(d.get("num_local_experts") or 0)
         return cls(
             vocab_size=int(req("vocab_size")),
@@ -98,7 +100,7 @@ class GraniteHybridConfig(HybridConfig):
                 i for i, t in enumerate(layer_types) if _GRANITE_LAYERS[t] == "attention"
             ),
             mamba_n_heads=mamba_n_heads,
-            mamba_d_head=int(mamba_d_head),
+            mamba_d_head=mamba_head_dim(d, hidden_size, mamba_n_heads, mamba_expand),
             mamba_n_groups=int(d.get("mamba_n_groups", 1)),
             mamba_d_state=int(d.get("mamba_d_state", 256)),
             mamba_d_conv=int(d.get("mamba_d_conv", 4)),

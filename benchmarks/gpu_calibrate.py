@@ -73,7 +73,7 @@ def bamba_9b_on_device(seed: int = 0) -> tuple[Any, Any]:
     import torch
 
     from hycache.model.bamba import BambaForCausalLM
-    from hycache.model.config import BambaConfig
+    from hycache.model.configs.bamba import BambaConfig
 
     cfg = BambaConfig(
         vocab_size=128256,

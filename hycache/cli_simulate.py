@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hycache.cache.layout import unsized_num_blocks
 from hycache.cli_common import (
     UserError,
     add_cache_flags,
@@ -179,8 +180,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         pools = cost.pool_sizes(args.block_size, max_len, layout=args.pool_layout)
         num_blocks, num_state_pages = pools.num_blocks, pools.num_state_pages
     else:
-        per_req = -(-max_len // args.block_size) + 4
-        num_blocks = max(args.max_num_seqs, 1) * per_req * 2 + 16
+        num_blocks = unsized_num_blocks(max_len, args.block_size, args.max_num_seqs)
     config = build_config(args, policy="replay", max_model_len=max_len, num_blocks=num_blocks)
     if num_state_pages is not None:
         config = replace(config, cache=replace(config.cache, num_state_pages=num_state_pages))

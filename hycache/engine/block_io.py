@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from hycache.cache.layout import attention_block_bytes, state_page_bytes
 from hycache.config import GroupKind
 from hycache.model.paged import PagedKVCache, StateCache
 
@@ -69,7 +70,7 @@ class RunnerBlockIO:
 
     def payload_bytes(self, group: int, rows: int) -> int:
         if group in self._kv:
-            t = self._kv[group].kv
-            return t.shape[0] * 2 * rows * t.shape[4] * t.shape[5] * t.element_size()
-        conv, ssm = self._state(0)
-        return conv.numel() * conv.element_size() + ssm.numel() * ssm.element_size()
+            t = self._kv[group].kv  # (layers, 2, blocks, block_size, kv_heads, head_dim)
+            return attention_block_bytes(t.shape[0], rows, t.shape[4], t.shape[5], t.element_size())
+        assert self._states is not None
+        return state_page_bytes(self._states.config, self._states.dtype.itemsize)

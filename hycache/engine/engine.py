@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from hycache.cache import layout
 from hycache.cache.hashing import extra_key_bytes
-from hycache.cache.layout import split_budget
 from hycache.config import (
     DEFAULT_EVICTION_ALPHA,
     CacheConfig,
@@ -33,7 +33,7 @@ from hycache.config import (
 from hycache.engine.outputs import EngineSnapshot, EngineStats, RequestOutput, StreamEvent
 from hycache.engine.runner import ModelRunner
 from hycache.engine.tier import attach_store, engine_fingerprint
-from hycache.model.config import HybridConfig
+from hycache.model.configs.base import HybridConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
 from hycache.request import Request, RequestStatus, SamplingParams
@@ -49,13 +49,8 @@ DTYPES = {
 
 
 def state_bytes(mc: HybridConfig, dtype: torch.dtype) -> int:
-    """Bytes of one conv + SSM state slot over every Mamba layer (SSM state in float32, or
-    float64 for a float64 model)."""
-    item = torch.empty((), dtype=dtype).element_size()
-    state_item = 8 if dtype == torch.float64 else 4
-    conv = mc.mamba_conv_dim * (mc.mamba_d_conv - 1) * item
-    ssm = mc.mamba_n_heads * mc.mamba_d_head * mc.mamba_d_state * state_item
-    return mc.num_mamba_layers * (conv + ssm)
+    """Bytes of one conv + SSM state slot over every Mamba layer (`layout.state_page_bytes`)."""
+    return layout.state_page_bytes(mc, dtype.itemsize)
 
 
 def attention_block_bytes(
@@ -63,9 +58,10 @@ def attention_block_bytes(
 ) -> int:
     """Bytes behind one attention block id: its K/V rows in every attention cache (the
     drafter's too). SSM states have a pool of their own (`state_bytes` a page)."""
-    item = torch.empty((), dtype=dtype).element_size()
-    kv_layers = mc.num_attention_layers + (1 if drafter else 0)
-    return kv_layers * 2 * block_size * mc.num_key_value_heads * mc.head_dim * item
+    layers = mc.num_attention_layers + (1 if drafter else 0)
+    return layout.attention_block_bytes(
+        layers, block_size, mc.num_key_value_heads, mc.head_dim, dtype.itemsize
+    )
 
 
 def recompute_cost(model: torch.nn.Module, mc: HybridConfig, drafter: bool) -> RecomputeCost:
@@ -211,7 +207,7 @@ class LLM:
                 "raise cache_memory_gb"
             )
         if num_blocks is None:  # two pools from what the scratch states leave of the budget
-            sizes = split_budget(
+            sizes = layout.split_budget(
                 budget - scratch,
                 attention_block_bytes=attention_block_bytes(
                     mc, block_size, torch_dtype, drafter is not None

@@ -1,8 +1,9 @@
 """Model layer of hycache: hybrid (Mamba2 + attention) models on a paged cache.
 
 Files:
-    config.py          HybridConfig and the per-architecture HF mappings (BambaConfig,
-                       NemotronHConfig, GraniteHybridConfig)
+    configs/           torch-free config parsing: HybridConfig, one file per architecture's HF
+                       mapping (bamba, nemotron_h, granite_hybrid), the one field validator,
+                       the built-in presets (`tiny`)
     paged.py           StepBatch, PagedKVCache, StateCache (the runner-facing cache interface)
     ssd.py             the Mamba2 SSD scan (chunked + recurrent)
     mamba2.py          Mamba2Mixer, its gated RMSNorm and MambaPlan (shared by every arch)
@@ -12,34 +13,44 @@ Files:
     nemotron_h.py      NemotronHForCausalLM
     granite_hybrid.py  GraniteHybridForCausalLM
     eagle.py           EagleHead, the one-layer EAGLE draft head
-    loader.py          load_model / save_model, the model_type registry, presets (`tiny`)
+    loader.py          load_model / save_model, the model_type registry, building presets
+
+The names below resolve on first use, so that reading a config (`hycache.model.configs`)
+does not import torch.
 """
 
-from hycache.model.bamba import BambaForCausalLM, BambaModel
-from hycache.model.config import BambaConfig, GraniteHybridConfig, HybridConfig, NemotronHConfig
-from hycache.model.eagle import EagleHead
-from hycache.model.granite_hybrid import GraniteHybridForCausalLM
-from hycache.model.hybrid import HybridForCausalLM
-from hycache.model.loader import MODEL_CLASSES, load_model, preset_config, save_model
-from hycache.model.nemotron_h import NemotronHForCausalLM
-from hycache.model.paged import PagedKVCache, StateCache, StepBatch
+from __future__ import annotations
 
-__all__ = [
-    "MODEL_CLASSES",
-    "BambaConfig",
-    "BambaForCausalLM",
-    "BambaModel",
-    "EagleHead",
-    "GraniteHybridConfig",
-    "GraniteHybridForCausalLM",
-    "HybridConfig",
-    "HybridForCausalLM",
-    "NemotronHConfig",
-    "NemotronHForCausalLM",
-    "PagedKVCache",
-    "StateCache",
-    "StepBatch",
-    "load_model",
-    "preset_config",
-    "save_model",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "MODEL_CLASSES": "loader",
+    "load_model": "loader",
+    "save_model": "loader",
+    "BambaForCausalLM": "bamba",
+    "BambaModel": "bamba",
+    "EagleHead": "eagle",
+    "GraniteHybridForCausalLM": "granite_hybrid",
+    "HybridForCausalLM": "hybrid",
+    "NemotronHForCausalLM": "nemotron_h",
+    "PagedKVCache": "paged",
+    "StateCache": "paged",
+    "StepBatch": "paged",
+    "BambaConfig": "configs.bamba",
+    "GraniteHybridConfig": "configs.granite_hybrid",
+    "HybridConfig": "configs.base",
+    "NemotronHConfig": "configs.nemotron_h",
+    "preset_config": "configs.presets",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hycache.model.config import BambaConfig
+from hycache.model.configs.bamba import BambaConfig
 from hycache.model.hybrid import HybridForCausalLM, HybridStep
 from hycache.model.layers import MLP, Attention, RMSNorm
 from hycache.model.mamba2 import GatedRMSNorm, Mamba2Mixer, MambaPlan

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from hycache.model.config import HybridConfig
+from hycache.model.configs.base import HybridConfig
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.layers import MLP, Attention, AttentionPlan, RMSNorm, rope_cos_sin
 from hycache.model.loader import check_state_dict, read_safetensors

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hycache.model.config import GraniteHybridConfig
+from hycache.model.configs.granite_hybrid import GraniteHybridConfig
 from hycache.model.hybrid import HybridForCausalLM, HybridStep
 from hycache.model.layers import Attention, RMSNorm, compute_dtype
 from hycache.model.mamba2 import Mamba2Mixer

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hycache.model.config import HybridConfig
+from hycache.model.configs.base import HybridConfig
 from hycache.model.layers import Attention, AttentionPlan, RMSNorm, compute_dtype, rope_cos_sin
 from hycache.model.mamba2 import Mamba2Mixer, MambaPlan
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch

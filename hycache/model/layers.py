@@ -21,7 +21,7 @@ from torch import nn
 from hycache.model.paged import PagedKVCache, StepBatch
 
 if TYPE_CHECKING:
-    from hycache.model.config import HybridConfig
+    from hycache.model.configs.base import HybridConfig
 
 # Requests whose query length is at most this go through one padded, batched attention call;
 # longer ones (prefill chunks) are handled one request at a time in query tiles.

@@ -3,15 +3,15 @@
 Owns `load_model` (directory with `config.json` + `*.safetensors`, single or sharded, with or
 without `model.safetensors.index.json`; optional `tokenizer.json`), the architecture registry
 (`MODEL_CLASSES`: `model_type` -> model class; anything else is refused naming the supported
-ones), `save_model` (the inverse, used by tests and tools), the preset registry (`PRESETS`,
-`preset_config`) and strict state-dict checking shared with the EAGLE head
-(`check_state_dict`).
+ones), `save_model` (the inverse, used by tests and tools), building the built-in presets
+(`configs/presets.py`) with their seeded random weights, and strict state-dict checking shared
+with the EAGLE head (`check_state_dict`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hycache.model.bamba import BambaForCausalLM
-from hycache.model.config import BambaConfig, HybridConfig, config_from_hf_dict
+from hycache.model.configs import config_from_hf_dict
+from hycache.model.configs.base import HybridConfig
+from hycache.model.configs.presets import PRESET_SEEDS, PRESETS, preset_config
 from hycache.model.granite_hybrid import GraniteHybridForCausalLM
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.nemotron_h import NemotronHForCausalLM
@@ -36,43 +38,6 @@ MODEL_CLASSES: dict[str, type[HybridForCausalLM]] = {
     cls.config_class.model_type: cls
     for cls in (BambaForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM)
 }
-
-
-# ---------------------------------------------------------------------------------- presets
-def _tiny_config() -> BambaConfig:
-    return BambaConfig(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        attn_layer_indices=(2, 5),
-        mamba_n_heads=8,
-        mamba_d_head=64,
-        mamba_n_groups=2,
-        mamba_d_state=64,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        mamba_chunk_size=128,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        partial_rotary_factor=0.5,
-        tie_word_embeddings=False,
-        max_position_embeddings=65536,
-    )
-
-
-PRESET_SEEDS: dict[str, int] = {"tiny": 1234}
-PRESETS: dict[str, Callable[[], BambaConfig]] = {"tiny": _tiny_config}
-
-
-def preset_config(name: str) -> BambaConfig:
-    """The config of a built-in preset (`tiny`)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
-    return PRESETS[name]()
 
 
 # ---------------------------------------------------------------------------------- checking

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hycache.model.config import HybridConfig
+from hycache.model.configs.base import HybridConfig
 from hycache.model.layers import compute_dtype
 from hycache.model.paged import StateCache, StepBatch
 from hycache.model.ssd import ssd_chunked, ssd_update_

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hycache.model.config import HybridConfig, NemotronHConfig
+from hycache.model.configs.base import HybridConfig
+from hycache.model.configs.nemotron_h import NemotronHConfig
 from hycache.model.granite_hybrid import dispatch_to_experts
 from hycache.model.hybrid import HybridForCausalLM, HybridStep
 from hycache.model.layers import Attention, RMSNorm, compute_dtype

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hycache.cache.layout import ssm_state_item_bytes
+
 if TYPE_CHECKING:
-    from hycache.model.config import HybridConfig
+    from hycache.model.configs.base import HybridConfig
 
 
 @dataclass
@@ -182,8 +184,9 @@ class PagedKVCache:
 
 
 def ssm_state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """SSM states are float32, except for float64 models (then float64)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    """SSM states are float32, except for float64 models (then float64): the dtype of
+    `layout.ssm_state_item_bytes`."""
+    return torch.float64 if ssm_state_item_bytes(dtype.itemsize) == 8 else torch.float32
 
 
 class StateCache:

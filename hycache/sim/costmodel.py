@@ -21,7 +21,8 @@ from typing import Literal, get_args
 
 from hycache.cache.layout import PoolSizes, shared_page_bytes, split_budget
 from hycache.config import RecomputeCost
-from hycache.sim.presets import GpuSpec, ModelSpec
+from hycache.sim.model_spec import ModelSpec
+from hycache.sim.presets import GpuSpec
 
 __all__ = [
     "DEFAULT_BANDWIDTH_EFFICIENCY",

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from hycache.sim.costmodel import CostModel, StepWork
-from hycache.sim.presets import GpuSpec, ModelSpec
+from hycache.sim.model_spec import ModelSpec
+from hycache.sim.presets import GpuSpec
 
 __all__ = [
     "FREE_PARAMETERS",

@@ -1,36 +1,43 @@
-"""Hardware and model descriptions for the simulator, and the loaders for their JSON files.
+"""Hardware and model presets for the simulator: :class:`GpuSpec` and the loaders of their files.
 
-This module owns :class:`GpuSpec` and :class:`ModelSpec` (frozen, validated), the derived
-quantities the cost model needs (parameter counts, KV bytes per token, SSM state bytes, the
-drafter's size), and the loaders :func:`load_gpu`, :func:`load_model_spec` and
-:func:`list_presets`. Packaged presets live in ``hycache/sim/presets/{gpus,models}/*.json``;
-a user may pass a path to their own file with the same fields instead of a preset name.
+This module owns :class:`GpuSpec` (frozen, validated), the readers of the GPU and model preset
+files, and the loaders :func:`load_gpu`, :func:`load_model_spec` and :func:`list_presets`.
+Packaged presets live in ``hycache/sim/presets/{gpus,models}/*.json``; a user may pass a path
+to their own file with the same fields instead of a preset name, or, for a model, a
+checkpoint's ``config.json`` (read by the engine's parser: ``model_spec.model_spec_from_hf``).
+:class:`~hycache.sim.model_spec.ModelSpec` itself is ``sim/model_spec.py``'s.
 
-Validation is strict: a missing required field, an unknown field, a wrong type or a negative
-value raises ``ValueError`` naming the field (dotted, e.g. ``attention.num_kv_heads``) and the
-file it came from.
+Validation is strict, by the one field validator (``hycache.model.configs.fields``): a
+missing required field, an unknown field, a wrong type or a negative value raises
+``ValueError`` naming the field (dotted, e.g. ``attention.num_kv_heads``) and the file it came
+from.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hycache.model.configs.fields import FieldReader
+from hycache.sim.model_spec import (
+    AttentionSpec,
+    DrafterSpec,
+    LayerCounts,
+    MambaSpec,
+    MlpSpec,
+    ModelSpec,
+    MoeSpec,
+    ParamCounts,
+    is_hf_config,
+    model_spec_from_hf,
+)
+
 __all__ = [
-    "AttentionSpec",
-    "DrafterSpec",
     "GpuSpec",
-    "LayerCounts",
-    "MambaSpec",
-    "MlpSpec",
-    "ModelSpec",
-    "MoeSpec",
-    "ParamCounts",
     "gpu_from_dict",
     "list_presets",
     "load_gpu",
@@ -42,7 +49,7 @@ _KINDS = ("gpus", "models")
 
 
 # ---------------------------------------------------------------------------------------------
-# Specs
+# GPUs
 # ---------------------------------------------------------------------------------------------
 
 
@@ -78,358 +85,19 @@ class GpuSpec:
     calibration: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass(frozen=True)
-class AttentionSpec:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class MambaSpec:
-    """A Mamba2 mixer: ``num_heads * head_dim`` is the inner width (d_inner)."""
-
-    num_heads: int
-    head_dim: int
-    d_state: int
-    n_groups: int
-    d_conv: int
-    expand: int
-    chunk_size: int = 256
-
-    @property
-    def d_inner(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the causal conv1d: x, B and C."""
-        return self.d_inner + 2 * self.n_groups * self.d_state
-
-
-@dataclass(frozen=True)
-class MlpSpec:
-    """Dense feed-forward blocks. ``num_blocks`` counts every dense MLP in the stack, wherever
-    it sits (Bamba: one per decoder layer; Nemotron-H: the MLP-only layers)."""
-
-    intermediate_size: int
-    gated: bool
-    num_blocks: int
-
-
-@dataclass(frozen=True)
-class MoeSpec:
-    """Mixture-of-experts blocks (optional)."""
-
-    num_blocks: int
-    num_experts: int
-    experts_per_token: int
-    expert_intermediate_size: int
-    shared_expert_intermediate_size: int = 0
-    gated: bool = True
-
-
-@dataclass(frozen=True)
-class LayerCounts:
-    """Layers by mixer kind. ``mlp_only`` and ``moe_only`` are layers without a mixer."""
-
-    attention: int
-    mamba: int
-    mlp_only: int = 0
-    moe_only: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.attention + self.mamba + self.mlp_only + self.moe_only
-
-
-@dataclass(frozen=True)
-class ParamCounts:
-    total: int
-    active: int
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    """EAGLE/MTP-style drafter: ``num_layers`` decoder layers (attention with the target's
-    geometry + a dense MLP) plus an ``fc`` that fuses the target hidden state with the token
-    embedding. It shares the target's embedding and LM head."""
-
-    num_layers: int = 1
-    intermediate_size: int | None = None  # None: the target's dense MLP width
-    params: int | None = None  # None: derived
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A hybrid attention + Mamba2 model, in the quantities the cost model needs."""
-
-    name: str
-    hidden_size: int
-    vocab_size: int
-    num_layers: int
-    layers: LayerCounts
-    attention: AttentionSpec
-    mamba: MambaSpec
-    mlp: MlpSpec
-    dtype_bytes: int = 2
-    state_dtype_bytes: int = 4
-    tie_word_embeddings: bool = False
-    moe: MoeSpec | None = None
-    drafter: DrafterSpec = DrafterSpec()
-    params: ParamCounts | None = None  # None: derived from the architecture
-    attention_layer_indices: tuple[int, ...] | None = None
-    description: str = ""
-    source: str = ""
-
-    # --- parameter counts (derived) ---------------------------------------------------------
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def lm_head_params(self) -> int:
-        """Parameters read to produce logits (the embedding itself when tied)."""
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def attention_layer_params(self) -> int:
-        a, h = self.attention, self.hidden_size
-        q = h * a.num_heads * a.head_dim
-        kv = 2 * h * a.num_kv_heads * a.head_dim
-        o = a.num_heads * a.head_dim * h
-        return q + kv + o + h  # + pre-norm
-
-    @property
-    def mamba_layer_params(self) -> int:
-        m, h = self.mamba, self.hidden_size
-        in_proj = h * (2 * m.d_inner + 2 * m.n_groups * m.d_state + m.num_heads)
-        conv = m.conv_dim * m.d_conv + m.conv_dim
-        per_head = 3 * m.num_heads  # dt_bias, A_log, D
-        gated_norm = m.d_inner
-        out_proj = m.d_inner * h
-        return in_proj + conv + per_head + gated_norm + out_proj + h  # + pre-norm
-
-    def _mlp_params(self, intermediate: int, gated: bool) -> int:
-        return (3 if gated else 2) * self.hidden_size * intermediate
-
-    @property
-    def mlp_block_params(self) -> int:
-        return self._mlp_params(self.mlp.intermediate_size, self.mlp.gated) + self.hidden_size
-
-    def _moe_block_params(self, active: bool) -> int:
-        moe = self.moe
-        if moe is None:
-            return 0
-        experts = moe.experts_per_token if active else moe.num_experts
-        routed = experts * self._mlp_params(moe.expert_intermediate_size, moe.gated)
-        shared = self._mlp_params(moe.shared_expert_intermediate_size, moe.gated)
-        router = self.hidden_size * moe.num_experts
-        return routed + shared + router + self.hidden_size
-
-    def _derived_params(self, active: bool) -> int:
-        body = (
-            self.layers.attention * self.attention_layer_params
-            + self.layers.mamba * self.mamba_layer_params
-            + self.mlp.num_blocks * self.mlp_block_params
-            + (self.moe.num_blocks * self._moe_block_params(active) if self.moe else 0)
-            + self.hidden_size  # final norm
-        )
-        head = 0 if self.tie_word_embeddings else self.lm_head_params
-        return body + self.embedding_params + head
-
-    @property
-    def derived_params(self) -> ParamCounts:
-        return ParamCounts(total=self._derived_params(False), active=self._derived_params(True))
-
-    @property
-    def total_params(self) -> int:
-        return self.params.total if self.params else self.derived_params.total
-
-    @property
-    def active_params(self) -> int:
-        return self.params.active if self.params else self.derived_params.active
-
-    @property
-    def _embedding_and_head(self) -> int:
-        return self.embedding_params + (0 if self.tie_word_embeddings else self.lm_head_params)
-
-    @property
-    def body_active_params(self) -> int:
-        """Active parameters each token multiplies through, excluding embedding and LM head."""
-        return max(self.active_params - self._embedding_and_head, 0)
-
-    @property
-    def body_total_params(self) -> int:
-        return max(self.total_params - self._embedding_and_head, 0)
-
-    @property
-    def moe_expert_params(self) -> int:
-        """Routed-expert parameters of the whole stack (0 for dense models)."""
-        moe = self.moe
-        if moe is None:
-            return 0
-        per = self._mlp_params(moe.expert_intermediate_size, moe.gated)
-        return moe.num_blocks * moe.num_experts * per
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of the target's weights resident on the GPU (embedding and head included)."""
-        return self.total_params * self.dtype_bytes
-
-    # --- drafter ----------------------------------------------------------------------------
-
-    @property
-    def drafter_layer_params(self) -> int:
-        """Parameters of the drafter's own layers (not the shared embedding / LM head)."""
-        if self.drafter.params is not None:
-            return self.drafter.params
-        inter = self.drafter.intermediate_size
-        if inter is None:
-            inter = self.mlp.intermediate_size
-        h = self.hidden_size
-        per_layer = self.attention_layer_params + self._mlp_params(inter, self.mlp.gated) + h
-        fc = 2 * h * h
-        return self.drafter.num_layers * per_layer + fc + h
-
-    @property
-    def drafter_weight_bytes(self) -> int:
-        return self.drafter_layer_params * self.dtype_bytes
-
-    # --- cache geometry ---------------------------------------------------------------------
-
-    @property
-    def kv_bytes_per_token_per_layer(self) -> int:
-        a = self.attention
-        return 2 * a.num_kv_heads * a.head_dim * self.dtype_bytes
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of one token across all of the target's attention layers."""
-        return self.layers.attention * self.kv_bytes_per_token_per_layer
-
-    @property
-    def ssm_state_bytes_per_layer(self) -> int:
-        """One Mamba layer's recurrent state: SSM state (state dtype) + conv window (dtype)."""
-        m = self.mamba
-        ssm = m.num_heads * m.head_dim * m.d_state * self.state_dtype_bytes
-        conv = (m.d_conv - 1) * m.conv_dim * self.dtype_bytes
-        return ssm + conv
-
-    @property
-    def ssm_state_bytes(self) -> int:
-        """One request's state across all Mamba layers (one SSM "block")."""
-        return self.layers.mamba * self.ssm_state_bytes_per_layer
-
-
 # ---------------------------------------------------------------------------------------------
 # Validation helpers
 # ---------------------------------------------------------------------------------------------
 
 
-class _Reader:
-    """Reads one JSON object against a field table, naming the file and field in errors."""
-
-    def __init__(self, data: Any, where: str, prefix: str = "") -> None:
-        self.where = where
-        self.prefix = prefix
-        if not isinstance(data, dict):
-            what = f"field '{prefix[:-1]}'" if prefix else "top level"
-            raise ValueError(f"{where}: {what} must be a JSON object")
-        self.data: dict[str, Any] = data
-        self.used: set[str] = set()
-
-    def _name(self, key: str) -> str:
-        return f"{self.prefix}{key}"
-
-    def _err(self, key: str, msg: str) -> ValueError:
-        return ValueError(f"{self.where}: field '{self._name(key)}' {msg}")
-
-    def _get(self, key: str, required: bool) -> Any:
-        self.used.add(key)
-        if key not in self.data or self.data[key] is None:
-            if required:
-                raise self._err(key, "is missing")
-            return None
-        return self.data[key]
-
-    def get_int(self, key: str, *, required: bool = True, minimum: int = 0) -> Any:
-        v = self._get(key, required)
-        if v is None:
-            return None
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self._err(key, f"must be an integer, got {v!r}")
-        if v < 0:
-            raise self._err(key, f"must not be negative, got {v}")
-        if v < minimum:
-            raise self._err(key, f"must be >= {minimum}, got {v}")
-        return v
-
-    def get_float(self, key: str, *, required: bool = True, positive: bool = True) -> Any:
-        v = self._get(key, required)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise self._err(key, f"must be a number, got {v!r}")
-        if v < 0:
-            raise self._err(key, f"must not be negative, got {v}")
-        if positive and v == 0:
-            raise self._err(key, "must be positive, got 0")
-        return float(v)
-
-    def get_bool(self, key: str, *, required: bool = True, default: bool = False) -> bool:
-        v = self._get(key, required)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise self._err(key, f"must be true or false, got {v!r}")
-        return v
-
-    def get_str(self, key: str, *, required: bool = True) -> str:
-        v = self._get(key, required)
-        if v is None:
-            return ""
-        if not isinstance(v, str):
-            raise self._err(key, f"must be a string, got {v!r}")
-        return v
-
-    def get_int_list(self, key: str, *, required: bool = True) -> tuple[int, ...] | None:
-        v = self._get(key, required)
-        if v is None:
-            return None
-        if not isinstance(v, list) or any(
-            isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v
-        ):
-            raise self._err(key, f"must be a list of non-negative integers, got {v!r}")
-        return tuple(v)
-
-    def sub(self, key: str, *, required: bool = True) -> _Reader | None:
-        v = self._get(key, required)
-        if v is None:
-            return None
-        return _Reader(v, self.where, f"{self._name(key)}.")
-
-    def finish(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
-        if unknown:
-            names = ", ".join(f"'{self._name(k)}'" for k in unknown)
-            raise ValueError(f"{self.where}: unknown field(s) {names}")
-
-    def fail(self, key: str, msg: str) -> ValueError:
-        return self._err(key, msg)
-
-
-def _optional_fraction(r: _Reader, key: str) -> float | None:
+def _optional_fraction(r: FieldReader, key: str) -> float | None:
     v: float | None = r.get_float(key, required=False)
     if v is not None and v > 1.0:
         raise r.fail(key, f"must be in (0, 1], got {v}")
     return v
 
 
-def _optional_bool(r: _Reader, key: str) -> bool | None:
+def _optional_bool(r: FieldReader, key: str) -> bool | None:
     if r.data.get(key) is None:
         r.used.add(key)
         return None
@@ -437,7 +105,7 @@ def _optional_bool(r: _Reader, key: str) -> bool | None:
 
 
 def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
-    r = _Reader(data, where)
+    r = FieldReader(data, where)
     spec = GpuSpec(
         name=r.get_str("name"),
         peak_flops=r.get_float("peak_flops"),
@@ -465,12 +133,12 @@ def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
 PROFILE_FIELDS = ("residuals", "held_out", "calibration")
 
 
-def _calibration(r: _Reader) -> dict[str, Any] | None:
+def _calibration(r: FieldReader) -> dict[str, Any] | None:
     """A calibrated profile's `residuals` and `held_out` (lists of objects) and `calibration`
     (an object), kept as read; None for a plain preset."""
     out: dict[str, Any] = {}
     for key in PROFILE_FIELDS:
-        v = r._get(key, required=False)
+        v = r.get(key, required=False)
         if v is None:
             continue
         want = dict if key == "calibration" else list
@@ -481,13 +149,7 @@ def _calibration(r: _Reader) -> dict[str, Any] | None:
     return out or None
 
 
-def _model_from_dict(data: Any, where: str) -> ModelSpec:
-    r = _Reader(data, where)
-    name = r.get_str("name")
-    hidden = r.get_int("hidden_size", minimum=1)
-    vocab = r.get_int("vocab_size", minimum=1)
-    num_layers = r.get_int("num_layers", minimum=1)
-
+def _layers(r: FieldReader, num_layers: int) -> LayerCounts:
     lr = r.sub("layers")
     assert lr is not None
     layers = LayerCounts(
@@ -502,7 +164,10 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
             "layers",
             f"counts sum to {layers.total} but num_layers is {num_layers}",
         )
+    return layers
 
+
+def _attention(r: FieldReader) -> AttentionSpec:
     ar = r.sub("attention")
     assert ar is not None
     attention = AttentionSpec(
@@ -513,7 +178,10 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
     if attention.num_heads % attention.num_kv_heads:
         raise ar.fail("num_kv_heads", "must divide attention.num_heads")
     ar.finish()
+    return attention
 
+
+def _mamba(r: FieldReader) -> MambaSpec:
     mr = r.sub("mamba")
     assert mr is not None
     mamba = MambaSpec(
@@ -528,7 +196,10 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
     if mamba.num_heads % mamba.n_groups:
         raise mr.fail("n_groups", "must divide mamba.num_heads")
     mr.finish()
+    return mamba
 
+
+def _mlp(r: FieldReader) -> MlpSpec:
     pr = r.sub("mlp")
     assert pr is not None
     mlp = MlpSpec(
@@ -537,54 +208,81 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
         num_blocks=pr.get_int("num_blocks"),
     )
     pr.finish()
+    return mlp
 
-    moe: MoeSpec | None = None
+
+def _moe(r: FieldReader) -> MoeSpec | None:
     er = r.sub("moe", required=False)
-    if er is not None:
-        moe = MoeSpec(
-            num_blocks=er.get_int("num_blocks"),
-            num_experts=er.get_int("num_experts", minimum=1),
-            experts_per_token=er.get_int("experts_per_token", minimum=1),
-            expert_intermediate_size=er.get_int("expert_intermediate_size", minimum=1),
-            shared_expert_intermediate_size=(
-                er.get_int("shared_expert_intermediate_size", required=False) or 0
-            ),
-            gated=er.get_bool("gated", required=False, default=True),
-        )
-        if moe.experts_per_token > moe.num_experts:
-            raise er.fail("experts_per_token", "must not exceed moe.num_experts")
-        er.finish()
+    if er is None:
+        return None
+    moe = MoeSpec(
+        num_blocks=er.get_int("num_blocks"),
+        num_experts=er.get_int("num_experts", minimum=1),
+        experts_per_token=er.get_int("experts_per_token", minimum=1),
+        expert_intermediate_size=er.get_int("expert_intermediate_size", minimum=1),
+        shared_expert_intermediate_size=(
+            er.get_int("shared_expert_intermediate_size", required=False) or 0
+        ),
+        gated=er.get_bool("gated", required=False, default=True),
+    )
+    if moe.experts_per_token > moe.num_experts:
+        raise er.fail("experts_per_token", "must not exceed moe.num_experts")
+    er.finish()
+    return moe
 
-    drafter = DrafterSpec()
+
+def _drafter(r: FieldReader) -> DrafterSpec:
     dr = r.sub("drafter", required=False)
-    if dr is not None:
-        drafter = DrafterSpec(
-            num_layers=dr.get_int("num_layers", required=False, minimum=1) or 1,
-            intermediate_size=dr.get_int("intermediate_size", required=False, minimum=1),
-            params=dr.get_int("params", required=False),
-        )
-        dr.finish()
+    if dr is None:
+        return DrafterSpec()
+    drafter = DrafterSpec(
+        num_layers=dr.get_int("num_layers", required=False, minimum=1) or 1,
+        intermediate_size=dr.get_int("intermediate_size", required=False, minimum=1),
+        params=dr.get_int("params", required=False),
+    )
+    dr.finish()
+    return drafter
 
-    params: ParamCounts | None = None
+
+def _params(r: FieldReader) -> ParamCounts | None:
     pc = r.sub("params", required=False)
-    if pc is not None:
-        params = ParamCounts(
-            total=pc.get_int("total", minimum=1), active=pc.get_int("active", minimum=1)
-        )
-        if params.active > params.total:
-            raise pc.fail("active", "must not exceed params.total")
-        pc.finish()
+    if pc is None:
+        return None
+    params = ParamCounts(
+        total=pc.get_int("total", minimum=1), active=pc.get_int("active", minimum=1)
+    )
+    if params.active > params.total:
+        raise pc.fail("active", "must not exceed params.total")
+    pc.finish()
+    return params
 
+
+def _attention_indices(r: FieldReader, layers: LayerCounts) -> tuple[int, ...] | None:
     indices = r.get_int_list("attention_layer_indices", required=False)
-    if indices is not None:
-        if len(indices) != layers.attention:
-            raise r.fail(
-                "attention_layer_indices",
-                f"lists {len(indices)} layers but layers.attention is {layers.attention}",
-            )
-        if any(i >= num_layers for i in indices):
-            raise r.fail("attention_layer_indices", f"has an index >= num_layers ({num_layers})")
+    if indices is None:
+        return None
+    if len(indices) != layers.attention:
+        raise r.fail(
+            "attention_layer_indices",
+            f"lists {len(indices)} layers but layers.attention is {layers.attention}",
+        )
+    num_layers = layers.total
+    if any(i >= num_layers for i in indices):
+        raise r.fail("attention_layer_indices", f"has an index >= num_layers ({num_layers})")
+    return indices
 
+
+def _model_from_dict(data: Any, where: str) -> ModelSpec:
+    """A model preset file (counts, not a layer layout), one section reader after another."""
+    r = FieldReader(data, where)
+    name = r.get_str("name")
+    hidden = r.get_int("hidden_size", minimum=1)
+    vocab = r.get_int("vocab_size", minimum=1)
+    num_layers = r.get_int("num_layers", minimum=1)
+    layers = _layers(r, num_layers)
+    attention, mamba, mlp, moe = _attention(r), _mamba(r), _mlp(r), _moe(r)
+    drafter, params = _drafter(r), _params(r)
+    indices = _attention_indices(r, layers)
     spec = ModelSpec(
         name=name,
         hidden_size=hidden,
@@ -707,8 +405,8 @@ def load_gpu(name_or_path: str | Path) -> GpuSpec:
 
 def load_model_spec(name_or_path: str | Path) -> ModelSpec:
     """A packaged model preset by name (``bamba-9b``, ``nemotron-h-8b``, ``tiny``...) or a path:
-    a preset JSON, or a checkpoint's Hugging Face ``config.json`` (see ``hf_presets``)."""
-    from hycache.sim.hf_presets import is_hf_config, model_spec_from_hf
+    a preset JSON, or a checkpoint's Hugging Face ``config.json``
+    (``model_spec.model_spec_from_hf``)."""
 
     def build(data: Any, where: str) -> ModelSpec:
         if is_hf_config(data):

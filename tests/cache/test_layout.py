@@ -13,7 +13,7 @@ import torch
 from hycache.cache.layout import PAGES_PER_SEQUENCE, split_budget
 from hycache.config import CacheConfig, GroupKind
 from hycache.engine.engine import LLM, attention_block_bytes, state_bytes
-from hycache.model.config import config_from_hf_dict
+from hycache.model.configs import config_from_hf_dict
 from hycache.request import SamplingParams
 
 GIB = 2**30

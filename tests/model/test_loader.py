@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hycache.model.bamba import BambaForCausalLM
-from hycache.model.config import BambaConfig
-from hycache.model.loader import load_model, preset_config, save_model
+from hycache.model.configs.bamba import BambaConfig
+from hycache.model.configs.presets import preset_config
+from hycache.model.loader import load_model, save_model
 
 from .utils import full_hidden, small_config
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from hycache.model.config import GraniteHybridConfig
+from hycache.model.configs.granite_hybrid import GraniteHybridConfig
 from hycache.model.granite_hybrid import GraniteHybridForCausalLM
 from hycache.model.loader import load_model
 from hycache.model.paged import StepBatch

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from hycache.model.config import NemotronHConfig
+from hycache.model.configs.nemotron_h import NemotronHConfig
 from hycache.model.loader import load_config, load_model
 from hycache.model.nemotron_h import NemotronHForCausalLM
 

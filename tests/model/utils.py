@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hycache.model.config import BambaConfig
+from hycache.model.configs.bamba import BambaConfig
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch
 

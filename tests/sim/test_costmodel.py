@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
+from hycache.sim.model_spec import ModelSpec
 from hycache.sim.presets import (
     GpuSpec,
-    ModelSpec,
     load_gpu,
     load_model_spec,
     model_spec_from_dict,

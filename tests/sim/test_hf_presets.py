@@ -10,12 +10,35 @@ import pytest
 import torch
 
 from hycache.engine.engine import attention_block_bytes, state_bytes
-from hycache.model.config import config_from_hf_dict
-from hycache.sim.hf_presets import model_spec_from_hf
+from hycache.model.configs import config_from_hf_dict
+from hycache.sim.model_spec import model_spec_from_hf
 from hycache.sim.presets import load_model_spec
 from tests.cache.test_layout import BAMBA_9B
 
 PRESETS = Path(__file__).parents[2] / "hycache" / "sim" / "presets" / "models"
+
+
+# a Nemotron-3 style config: MoE `E` blocks among Mamba2, attention and MLP layers
+NEMOTRON_MOE = {
+    "model_type": "nemotron_h",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "layers_block_type": ["mamba", "moe", "attention", "mlp", "moe", "mamba", "moe"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "n_groups": 2,
+    "ssm_state_size": 8,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24,
+    "moe_shared_expert_intermediate_size": 40,
+    "n_group": 2,
+    "topk_group": 1,
+}
 
 
 def test_the_nemotron_h_8b_preset_is_its_config_json() -> None:
@@ -68,27 +91,7 @@ def test_model_config_takes_a_checkpoint_config_json(tmp_path: Path) -> None:
 def test_nemotron_h_moe_blocks_become_the_moe_spec() -> None:
     from hycache.model.nemotron_h import NemotronHForCausalLM
 
-    data = {
-        "model_type": "nemotron_h",
-        "vocab_size": 96,
-        "hidden_size": 32,
-        "intermediate_size": 48,
-        "layers_block_type": ["mamba", "moe", "attention", "mlp", "moe", "mamba", "moe"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "mamba_num_heads": 4,
-        "mamba_head_dim": 16,
-        "n_groups": 2,
-        "ssm_state_size": 8,
-        "n_routed_experts": 8,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 24,
-        "moe_shared_expert_intermediate_size": 40,
-        "n_group": 2,
-        "topk_group": 1,
-    }
-    spec = model_spec_from_hf(data, "tiny-nemotron-3")
+    spec = model_spec_from_hf(NEMOTRON_MOE, "tiny-nemotron-3")
     assert (spec.layers.attention, spec.layers.mamba) == (1, 2)
     assert (spec.layers.mlp_only, spec.layers.moe_only, spec.mlp.num_blocks) == (1, 3, 1)
     assert spec.moe is not None
@@ -96,6 +99,6 @@ def test_nemotron_h_moe_blocks_become_the_moe_spec() -> None:
     assert (spec.moe.expert_intermediate_size, spec.moe.shared_expert_intermediate_size) == (24, 40)
     assert not spec.moe.gated
     # the cost model counts every weight of the engine's model but the routers' correction biases
-    model = NemotronHForCausalLM.empty(config_from_hf_dict(data))
+    model = NemotronHForCausalLM.empty(config_from_hf_dict(NEMOTRON_MOE))
     weights = sum(p.numel() for p in model.parameters())
     assert spec.total_params == weights - 3 * 8

@@ -74,8 +74,8 @@ def test_tiny_mirrors_the_engine_model() -> None:
     count as the PyTorch module, and the same drafter size as its EAGLE head."""
     pytest.importorskip("torch")
     from hycache.model.bamba import BambaForCausalLM
+    from hycache.model.configs.presets import preset_config
     from hycache.model.eagle import EagleHead
-    from hycache.model.loader import preset_config
 
     cfg = preset_config("tiny")
     m = load_model_spec("tiny")

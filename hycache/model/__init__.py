@@ -9,7 +9,7 @@ Files:
     mamba2.py          Mamba2Mixer, its gated RMSNorm and MambaPlan (shared by every arch)
     layers.py          RMSNorm, RoPE, SwiGLU MLP, paged GQA attention
     hybrid.py          HybridForCausalLM: forward / logits / caches shared by every arch
-    bamba.py           BambaForCausalLM (alias BambaModel)
+    bamba.py           BambaForCausalLM
     nemotron_h.py      NemotronHForCausalLM
     granite_hybrid.py  GraniteHybridForCausalLM
     eagle.py           EagleHead, the one-layer EAGLE draft head
@@ -29,7 +29,6 @@ _HOMES = {
     "load_model": "loader",
     "save_model": "loader",
     "BambaForCausalLM": "bamba",
-    "BambaModel": "bamba",
     "EagleHead": "eagle",
     "GraniteHybridForCausalLM": "granite_hybrid",
     "HybridForCausalLM": "hybrid",

@@ -26,7 +26,6 @@ __all__ = [
     "BambaDecoder",
     "BambaDecoderLayer",
     "BambaForCausalLM",
-    "BambaModel",
     "GatedRMSNorm",
     "Mamba2Mixer",
     "MambaPlan",
@@ -90,7 +89,3 @@ class BambaForCausalLM(HybridForCausalLM):
     @property
     def final_layernorm(self) -> RMSNorm:
         return self.model.final_layernorm
-
-
-BambaModel = BambaForCausalLM
-"""Alias: the runner's name for the top-level model."""

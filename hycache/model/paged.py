@@ -239,10 +239,6 @@ class StateCache:
         self.conv[:, dst].copy_(self.conv[:, src])
         self.ssm[:, dst].copy_(self.ssm[:, src])
 
-    def zero(self, slot: int) -> None:
-        self.conv[:, slot].zero_()
-        self.ssm[:, slot].zero_()
-
     def read(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of (conv (layers, conv_dim, d_conv - 1), ssm (layers, heads, d_head, d_state))."""
         return self.conv[:, slot].clone(), self.ssm[:, slot].clone()

@@ -95,9 +95,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from hycache.chat import ChatTemplate, ChatTemplateError, load_chat_template
-from hycache.cli import add_store_args
-from hycache.cli import build_llm as cli_build_llm
-from hycache.engine import args as engine_args
+from hycache.cli import args as engine_args
+from hycache.cli.args import add_store_args
+from hycache.cli.args import build_llm as cli_build_llm
 from hycache.engine.engine import LLM, StreamEvent
 from hycache.metrics import CONTENT_TYPE, ServerMetrics, engine_snapshot
 from hycache.protocol import (

@@ -29,25 +29,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hycache.sim.workloads import (
-    ChatShape,
-    FamilyShape,
-    IntOrRange,
-    SessionSpec,
-    SystemPromptShape,
-    family_workload,
-    multi_turn_workload,
-    system_prompt_workload,
+from hycache.sim.build import (
+    WORKLOAD_KINDS,
+    PrefixHints,
+    TraceSource,
+    WorkloadSizes,
+    WorkloadSpec,
+    build_workload,
 )
+from hycache.sim.workloads import ChatShape, FamilyShape, SessionSpec, SystemPromptShape
 
 if TYPE_CHECKING:
     import httpx
-    from rich.table import Table
 
 __all__ = [
     "SERVE_SHAPES",
@@ -59,12 +56,11 @@ __all__ = [
     "RunOptions",
     "build_plan",
     "completions_url",
-    "results_table",
     "run_bench",
     "summarize",
 ]
 
-WORKLOADS = ("system-prompt", "family", "multi-turn", "trace")
+WORKLOADS = WORKLOAD_KINDS
 DEFAULT_VOCAB = 512  # the tiny preset's vocabulary
 DEFAULT_CONCURRENCY = 8
 
@@ -126,94 +122,48 @@ class Plan:
         return len(self.requests)
 
 
-def _pick(value: Any, default: Any) -> Any:
-    return default if value is None else value
-
-
 def build_plan(
     workload: str,
+    sizes: WorkloadSizes | None = None,
     *,
     seed: int = 0,
     vocab: int = DEFAULT_VOCAB,
-    prefix_hint: bool = False,
-    num_requests: int | None = None,
-    shared_prefix_tokens: IntOrRange | None = None,
-    suffix_tokens: IntOrRange | None = None,
-    output_tokens: IntOrRange | None = None,
-    families: int | None = None,
-    requests_per_family: IntOrRange | None = None,
-    sessions: int | None = None,
-    turns: IntOrRange | None = None,
-    user_tokens: IntOrRange | None = None,
-    system_prompt_tokens: int | None = None,
-    trace: str | Path | None = None,
-    trace_block_tokens: int = 512,
-    limit: int | None = None,
+    hints: PrefixHints | None = None,
+    trace: TraceSource | None = None,
     max_prompt_tokens: int | None = None,
 ) -> Plan:
-    """The requests of `workload`; unset sizes take `SERVE_SHAPES`' values (a trace keeps its
-    own lengths unless `output_tokens` replaces every output length and `max_prompt_tokens`
-    cuts every prompt to its first tokens, which keeps what prompts share). Arrivals are not set
-    here (see :func:`with_arrivals`); a trace's own timestamps are kept in `arrivals_s`."""
+    """The requests of `workload` (`hycache.sim.build.build_workload`); unset sizes take
+    `SERVE_SHAPES`' values (a trace keeps its own lengths unless `sizes.output_tokens` replaces
+    every output length and `max_prompt_tokens` cuts every prompt to its first tokens, which
+    keeps what prompts share). Arrivals are not set here (see `RunOptions`); a trace's own
+    timestamps are kept in `arrivals_s`."""
+    sizes = sizes or WorkloadSizes()
     if workload not in WORKLOADS:
         raise LoadgenError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    if workload != "trace" and trace is not None:
+        raise LoadgenError(f"--trace replays a trace; it does not go with --workload {workload}")
+    shape = sizes.applied(SERVE_SHAPES[workload]) if workload != "trace" else None
+    spec = WorkloadSpec(workload, shape, trace, seed, vocab, hints or PrefixHints())
     if workload == "trace":
-        from hycache.sim.trace import read_mooncake_trace
-
         if trace is None:
             raise LoadgenError("--workload trace needs --trace FILE.jsonl")
-        specs = read_mooncake_trace(trace, trace_block_tokens, vocab, seed=seed, limit=limit)
-        if isinstance(output_tokens, tuple):
+        out = sizes.output_tokens
+        if isinstance(out, tuple):
             raise LoadgenError("--output-tokens: a trace takes one length, not a range")
+        specs = build_workload(spec).requests
         cut = max_prompt_tokens
         reqs = [
-            BenchRequest(i, s.prompt_token_ids[:cut].tolist(), _pick(output_tokens, s.max_tokens))
+            BenchRequest(i, s.prompt_token_ids[:cut].tolist(), s.max_tokens if out is None else out)
             for i, s in enumerate(specs)
         ]
         t0 = (specs[0].arrival_s or 0.0) if specs else 0.0
         return Plan(workload, reqs, arrivals_s=[(s.arrival_s or 0.0) - t0 for s in specs])
-    if trace is not None:
-        raise LoadgenError(f"--trace replays a trace; it does not go with --workload {workload}")
-    shape = SERVE_SHAPES[workload]
-    if workload == "system-prompt":
-        prefix = _pick(shared_prefix_tokens, shape.shared_prefix_tokens)
-        if isinstance(prefix, tuple):
-            raise LoadgenError("--shared-prefix-tokens: system-prompt takes one length")
-        specs = system_prompt_workload(
-            _pick(num_requests, shape.num_requests),
-            prefix,
-            _pick(suffix_tokens, shape.suffix_tokens),
-            _pick(output_tokens, shape.output_tokens),
-            seed,
-            vocab,
-            prefix_hint=prefix_hint,
-        )
-    elif workload == "family":
-        specs = family_workload(
-            _pick(families, shape.families),
-            _pick(requests_per_family, shape.requests_per_family),
-            _pick(shared_prefix_tokens, shape.shared_prefix_tokens),
-            _pick(suffix_tokens, shape.suffix_tokens),
-            _pick(output_tokens, shape.output_tokens),
-            seed,
-            vocab,
-            prefix_hint=prefix_hint,
-        )
-    else:
-        chats = multi_turn_workload(
-            _pick(sessions, shape.sessions),
-            _pick(turns, shape.turns),
-            _pick(user_tokens, shape.user_tokens),
-            _pick(output_tokens, shape.output_tokens),
-            seed,
-            system_prompt_tokens=_pick(system_prompt_tokens, shape.system_prompt_tokens),
-            vocab=vocab,
-            prefix_hint=prefix_hint,
-        )
-        return Plan(workload, sessions=chats)
+    built = build_workload(spec)
+    if workload == "multi-turn":
+        return Plan(workload, sessions=list(built.sessions))
     reqs = [
         BenchRequest(i, s.prompt_token_ids.tolist(), s.max_tokens, s.prefix_hints)
-        for i, s in enumerate(specs)
+        for i, s in enumerate(built.requests)
     ]
     return Plan(workload, reqs)
 
@@ -567,33 +517,3 @@ def summarize(results: Sequence[RequestResult], duration_s: float) -> dict[str, 
         "e2e_ms": _dist([r.e2e_s for r in ok if r.e2e_s is not None]),
         "errors": dict(Counter(r.error for r in results if r.error).most_common()),
     }
-
-
-def results_table(title: str, summary: dict[str, Any]) -> Table:
-    """The summary as a rich table."""
-    from rich.table import Table
-    from rich.text import Text
-
-    def num(v: float | None, fmt: str = ".2f") -> str:
-        return "-" if v is None else format(v, fmt)
-
-    t = Table(title=title, title_justify="left")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    t.add_row("requests ok / failed", f"{summary['ok']} / {summary['failed']}")
-    t.add_row("duration (s)", num(summary["duration_s"]))
-    t.add_row("request throughput (req/s)", num(summary["request_throughput_per_s"]))
-    t.add_row("output throughput (tok/s)", num(summary["output_throughput_tok_per_s"], ".1f"))
-    t.add_row("prompt / output tokens", f"{summary['prompt_tokens']} / {summary['output_tokens']}")
-    t.add_row("mean cached tokens", num(summary["mean_cached_tokens"], ".1f"))
-    ratio = summary["cached_token_ratio"]
-    t.add_row("cached / prompt tokens", "-" if ratio is None else f"{ratio:.1%}")
-    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
-        d = summary[key]
-        t.add_row(
-            f"{name} ms p50 / p95 / p99",
-            " / ".join(num(d[p]) for p in ("p50", "p95", "p99")),
-        )
-    for message, count in list(summary["errors"].items())[:5]:
-        t.add_row(Text(f"failed x{count}", style="red"), Text(message))
-    return t

@@ -11,12 +11,13 @@ objects (`XxxArgs.from_cli_args`): nothing below hycache.cli sees an `argparse.N
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hycache.config import DEFAULT_EVICTION_ALPHA, EVICTION_NAMES, POLICY_NAMES
 from hycache.server_http import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS
-from hycache.sim.build import PrefixHints, SimGeometry, WorkloadSizes
+from hycache.sim.build import WORKLOAD_KINDS, PrefixHints, SimGeometry, WorkloadSizes
 
 if TYPE_CHECKING:
     from hycache.engine.engine import LLM
@@ -143,6 +144,7 @@ FLAGS: dict[str, dict[str, Any]] = {
         "where the workload's shared prefix ends (simulate, bench serve; explain: P); "
         "repeatable",
     },
+    "--workload": {"choices": WORKLOAD_KINDS},
     "--kv-store-gb": {
         "type": float,
         "help": "GiB the second tier holds (0: no store tier; a negative size is an error)",
@@ -274,6 +276,69 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
         default=MAX_CONNECTIONS,
         metavar="N",
         help="close connections beyond N open at once, unanswered",
+    )
+
+
+def _shown(value: Any) -> str:
+    return f"{value[0]}:{value[1]}" if isinstance(value, tuple) else str(value)
+
+
+def _per_workload(shapes: Mapping[str, Any], field: str) -> str:
+    """Each workload's default of `field`, equal ones together: `system-prompt 256, family and
+    multi-turn 64:640`."""
+    kinds: dict[str, list[str]] = {}
+    for kind, shape in shapes.items():
+        if hasattr(shape, field):
+            kinds.setdefault(_shown(getattr(shape, field)), []).append(kind)
+    return ", ".join(f"{' and '.join(names)} {value}" for value, names in kinds.items())
+
+
+def size_flags(shapes: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The workload sizes (`hycache.sim.build.WorkloadSizes`), their help naming the defaults
+    of `shapes` (simulate: the simulator's; bench serve: `SERVE_SHAPES`)."""
+    sp, fam, chat = shapes["system-prompt"], shapes["family"], shapes["multi-turn"]
+    helps = {
+        "--shared-prefix-tokens": f"system-prompt: the shared prefix "
+        f"({_shown(sp.shared_prefix_tokens)}); family: per family "
+        f"({_shown(fam.shared_prefix_tokens)})",
+        "--suffix-tokens": "per request after the shared prefix "
+        f"({_per_workload(shapes, 'suffix_tokens')})",
+        "--output-tokens": f"per request / answer ({_per_workload(shapes, 'output_tokens')})",
+        "--num-requests": f"system-prompt ({sp.num_requests})",
+        "--families": f"family: families ({fam.families})",
+        "--requests-per-family": f"family: ({_shown(fam.requests_per_family)})",
+        "--sessions": f"multi-turn: sessions ({chat.sessions})",
+        "--turns": f"multi-turn: ({_shown(chat.turns)})",
+        "--user-tokens": f"multi-turn: ({_shown(chat.user_tokens)})",
+        "--system-prompt-tokens": "multi-turn: one system prompt shared by every session "
+        f"({chat.system_prompt_tokens}; 0 for none)",
+    }
+    counts = ("--num-requests", "--families", "--sessions")
+    types = {name: positive_int if name in counts else int_or_range for name in helps}
+    types["--system-prompt-tokens"] = int
+    return {n: {"type": types[n], "default": None, "help": helps[n]} for n in helps}
+
+
+def add_size_flags(
+    g: ArgGroup, shapes: Mapping[str, Any], names: Sequence[str], notes: Mapping[str, str]
+) -> None:
+    """Add the workload sizes `names` in this order; `notes` adds to a flag's help."""
+    flags = size_flags(shapes)
+    for name in names:
+        spec = dict(flags[name])
+        if name in notes:
+            spec["help"] = f"{spec['help']} {notes[name]}"
+        g.add_argument(name, **spec)
+
+
+def add_trace_flags(g: ArgGroup) -> None:
+    """`--trace`, `--trace-block-tokens`, `--limit` (simulate, bench serve)."""
+    g.add_argument("--trace", default=None, help="Mooncake-format JSONL trace")
+    g.add_argument(
+        "--trace-block-tokens", type=positive_int, default=512, help="tokens per hash id"
+    )
+    g.add_argument(
+        "--limit", type=positive_int, default=None, help="only the first N trace requests"
     )
 
 

@@ -10,10 +10,12 @@ from typing import Any
 
 from rich.text import Text
 
+from hycache.bench.loadgen import SERVE_SHAPES
 from hycache.cli.args import (
     UserError,
     add_flag,
-    int_or_range,
+    add_size_flags,
+    add_trace_flags,
     positive_float,
     positive_int,
     prefix_hints,
@@ -164,11 +166,7 @@ def add_bench_serve_parser(bench: argparse.ArgumentParser) -> None:
         "2 a bad command line or an unreachable server.",
     )
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
-    p.add_argument(
-        "--workload",
-        choices=("system-prompt", "family", "multi-turn", "trace"),
-        default="system-prompt",
-    )
+    add_flag(p, "--workload", "system-prompt")
     add_sizes_flags(p)
     add_load_flags(p)
     p.set_defaults(func=cmd_bench_serve)
@@ -180,21 +178,11 @@ def add_sizes_flags(p: argparse.ArgumentParser) -> None:
         "lengths take N or LO:HI; unset flags take small defaults (system-prompt: 32 requests, "
         "512 shared + 64 tokens, 32 out)",
     )
-    g.add_argument("--num-requests", type=positive_int, default=None, help="system-prompt")
-    g.add_argument("--shared-prefix-tokens", type=int_or_range, default=None)
-    g.add_argument("--suffix-tokens", type=int_or_range, default=None)
-    g.add_argument(
-        "--output-tokens", type=int_or_range, default=None, help="(trace: replaces each)"
-    )
-    g.add_argument("--families", type=positive_int, default=None, help="family")
-    g.add_argument("--requests-per-family", type=int_or_range, default=None, help="family")
-    g.add_argument("--sessions", type=positive_int, default=None, help="multi-turn")
-    g.add_argument("--turns", type=int_or_range, default=None, help="multi-turn")
-    g.add_argument("--user-tokens", type=int_or_range, default=None, help="multi-turn")
-    g.add_argument("--system-prompt-tokens", type=int, default=None, help="multi-turn")
-    g.add_argument("--trace", default=None, help="Mooncake-format JSONL trace")
-    g.add_argument("--trace-block-tokens", type=positive_int, default=512)
-    g.add_argument("--limit", type=positive_int, default=None, help="first N trace requests")
+    names = ("--num-requests", "--shared-prefix-tokens", "--suffix-tokens", "--output-tokens",
+             "--families", "--requests-per-family", "--sessions", "--turns", "--user-tokens",
+             "--system-prompt-tokens")  # fmt: skip
+    add_size_flags(g, SERVE_SHAPES, names, {"--output-tokens": "(trace: replaces each)"})
+    add_trace_flags(g)
     g.add_argument(
         "--max-prompt-tokens",
         type=positive_int,

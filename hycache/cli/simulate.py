@@ -14,8 +14,9 @@ from hycache.cli.args import (
     UserError,
     add_cache_flags,
     add_flag,
+    add_size_flags,
+    add_trace_flags,
     check_store_gb,
-    int_or_range,
     parse_policies,
     positive_int,
     prefix_hints,
@@ -40,6 +41,9 @@ from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel
 from hycache.sim.tier import TierConfig
 
+SIZE_FLAGS = ("--shared-prefix-tokens", "--suffix-tokens", "--output-tokens", "--num-requests",
+              "--families", "--requests-per-family", "--sessions", "--turns", "--user-tokens",
+              "--system-prompt-tokens")  # fmt: skip
 MAX_INSTANCES = 256  # each simulated instance holds a whole cache of its own
 DEFAULT_ROUTING = "round-robin"
 
@@ -334,49 +338,14 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
         "lengths take N or an inclusive range LO:HI (drawn per use); unset flags take the "
         "workload's defaults",
     )
-    g.add_argument(
-        "--workload", choices=("system-prompt", "family", "multi-turn", "trace"), default=None
-    )
-    g.add_argument("--trace", help="Mooncake-format JSONL trace")
-    g.add_argument("--trace-block-tokens", type=int, default=512, help="tokens per hash id")
-    g.add_argument(
-        "--limit", type=positive_int, default=None, help="only the first N trace requests"
-    )
+    add_flag(g, "--workload", None)
+    add_trace_flags(g)
     g.add_argument(
         "--closed-loop",
         action="store_true",
         help="trace: ignore the timestamps; keep --concurrency (64) requests in flight",
     )
-    g.add_argument(
-        "--shared-prefix-tokens",
-        type=int_or_range,
-        default=None,
-        help="system-prompt: the shared prefix (57600); family: per family (2000:40000)",
-    )
-    g.add_argument(
-        "--suffix-tokens",
-        type=int_or_range,
-        default=None,
-        help="per request after the shared prefix (system-prompt 6416, family 128:2048)",
-    )
-    g.add_argument(
-        "--output-tokens",
-        type=int_or_range,
-        default=None,
-        help="per request / answer (system-prompt 256, family and multi-turn 64:640)",
-    )
-    g.add_argument("--num-requests", type=positive_int, default=None, help="system-prompt (256)")
-    g.add_argument("--families", type=positive_int, default=None, help="family: families (32)")
-    g.add_argument("--requests-per-family", type=int_or_range, default=None, help="family: (4:12)")
-    g.add_argument("--sessions", type=positive_int, default=None, help="multi-turn: sessions (64)")
-    g.add_argument("--turns", type=int_or_range, default=None, help="multi-turn: (2:10)")
-    g.add_argument("--user-tokens", type=int_or_range, default=None, help="multi-turn: (32:1024)")
-    g.add_argument(
-        "--system-prompt-tokens",
-        type=int,
-        default=None,
-        help="multi-turn: one system prompt shared by every session (3000; 0 for none)",
-    )
+    add_size_flags(g, DEFAULT_SHAPES, SIZE_FLAGS, {})
     add_flag(g, "--prefix-hint")
     g.add_argument(
         "--concurrency",

@@ -7,14 +7,15 @@ open loop (`request_rate`: seeded Poisson arrivals, or a trace's own timestamps)
 throughput, TTFT / inter-token / end-to-end latency percentiles and the mean
 `usage.prompt_tokens_details.cached_tokens`.
 
-Workloads come from the simulator's shapes (:mod:`hycache.sim.workloads`), scaled down so
-that prompts fit a small model (`SERVE_SHAPES`), with token ids drawn below `vocab`:
+Workloads are built by the simulator's one builder (:func:`hycache.sim.build.build_workload`)
+from its shapes scaled down so that prompts fit a small model (`SERVE_SHAPES`), with token ids
+drawn below `vocab`:
 
 * `system-prompt` and `family`: independent requests behind shared prefixes;
 * `multi-turn`: sessions whose turn k + 1 is turn k's prompt + the answer's token ids (as
   streamed back in `choices[].token_ids`, a hycache extension that vLLM also offers) + a new
   user message; a session's turns run one after another, sessions side by side;
-* `trace`: a Mooncake-format trace through :func:`hycache.sim.trace.read_mooncake_trace`.
+* `trace`: a Mooncake-format trace (:class:`hycache.sim.build.TraceSource`).
 
 Failures (connection refused, timeouts, HTTP errors, error events in a stream, a stream
 whose token count disagrees with its `usage`) are counted per request and never raised;

@@ -15,15 +15,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from hycache.bench_eviction import (
-    EvictionBench,
-    curves_table,
-    eviction_curves,
-    plot_eviction,
-    quick,
-)
+from hycache.bench.eviction import EvictionBench, eviction_curves, plot_eviction, quick
+from hycache.cli.tables import console, eviction_table
 from hycache.config import DEFAULT_EVICTION_ALPHA
-from hycache.report import console
 
 
 def main() -> None:
@@ -42,7 +36,7 @@ def main() -> None:
     if args.workloads:
         b = replace(b, workloads=tuple(args.workloads.split(",")))
     doc = eviction_curves(b, lambda m: console.print(m, highlight=False), workers=args.jobs)
-    console.print(curves_table(doc))
+    console.print(eviction_table(doc))
     console.print(json.dumps(doc["goal"], indent=2))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")

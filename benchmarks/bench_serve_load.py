@@ -52,9 +52,7 @@ def run_server(argv: list[str]) -> int:
     """The child process: `hycache serve` with the bench's engine route added."""
     import uvicorn
 
-    from hycache.cli_common import add_store_args
-    from hycache.engine.args import add_serve_args
-    from hycache.engine.build import build_llm
+    from hycache.cli.args import add_serve_args, add_store_args, build_llm
     from hycache.server.app import create_app
     from hycache.server.run import HycacheServer
 

@@ -48,7 +48,7 @@ from hycache.store.master import MooncakeMaster, free_port
 VOCAB = 512  # the tiny preset
 MAX_TOKENS = 5
 GEOMETRY = ["--block-size", "16", "--prefix-match-unit", "4", "--max-model-len", "256"]
-RUN_CLI = "import sys; from hycache.cli import main; sys.exit(main())"
+RUN_CLI = "import sys; from hycache.cli.main import main; sys.exit(main())"
 PHASES = ("before kill", "outage", "after restart")
 
 

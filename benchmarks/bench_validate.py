@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hycache.cli import main as hycache
+from hycache.cli.main import main as hycache
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ class Policy(StrEnum):
 
 
 POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in Policy)
-# the CPU engine benchmark's request shapes (`hycache.bench.EngineBench.shape`)
+# the CPU engine benchmark's request shapes (`hycache.bench.suite.EngineBench.shape`)
 ENGINE_SHAPES: tuple[str, ...] = ("system", "family")
 
 

@@ -331,9 +331,9 @@ def misses(doc: dict[str, Any], rel: float = 0.10, pp: float = 3.0) -> list[str]
 
 def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
     """What the simulator with `profile` predicts for `hycache bench`'s CPU engine arm
-    (`hycache.bench.EngineBench`, the same prompts), per policy; the acceptance rate is the
+    (`hycache.bench.suite.EngineBench`, the same prompts), per policy; the acceptance rate is the
     profile's measurement."""
-    from hycache.bench import ENGINE_ARMS
+    from hycache.bench.suite import ENGINE_ARMS
 
     requests = [
         RequestSpec(i, np.array(p), bench.output_tokens, None)

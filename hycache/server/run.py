@@ -1,6 +1,6 @@
 """`serve(llm, settings)`: run `hycache serve` over a built engine until interrupted.
 
-The command line builds the engine (`hycache.engine.build`) and the settings
+The command line builds the engine (`hycache.cli.args.EngineArgs`) and the settings
 (`ServerSettings.from_cli_args`); nothing here reads flags.
 """
 

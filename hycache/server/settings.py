@@ -54,7 +54,7 @@ class ServerSettings:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerSettings:
-        """The settings of `hycache serve`'s flags (`hycache.engine.args.add_serve_args`)."""
+        """The settings of `hycache serve`'s flags (`hycache.cli.args.add_serve_args`)."""
         model = str(args.model)
         return cls(
             host=args.host,

@@ -292,33 +292,3 @@ def policies_json(results: Mapping[str, SimResult]) -> dict[str, dict[str, Any]]
 def instances_json(results: Mapping[str, SimResult]) -> dict[str, list[dict[str, Any]]]:
     """Per arm, each instance's summary (empty lists for a single instance)."""
     return {name: list(res.instances) for name, res in results.items()}
-
-
-INSTANCE_COLUMNS = (
-    ("requests", "requests"),
-    ("token hit rate", "token_hit_rate"),
-    ("store hit tokens", "store_hit_tokens"),
-    ("TTFT p50 s", "ttft_p50_s"),
-    ("TTFT p95 s", "ttft_p95_s"),
-    ("output tok/s", "output_tokens_per_s"),
-    ("load s", "store_load_s"),
-)
-
-
-def instances_table(title: str, results: Mapping[str, SimResult]) -> Any:
-    """A rich table: per arm, each instance and the total (columns `INSTANCE_COLUMNS`)."""
-    from rich.table import Table
-
-    from hycache.report import fmt
-
-    table = Table(title=title)
-    table.add_column("arm")
-    table.add_column("instance")
-    for label, _ in INSTANCE_COLUMNS:
-        table.add_column(label, justify="right")
-    for name, res in results.items():
-        rows = [(str(i["instance"]), i) for i in res.instances] + [("all", res.summary)]
-        for label, summary in rows:
-            cells = [fmt(summary.get(key)) for _, key in INSTANCE_COLUMNS]
-            table.add_row(name, label, *cells, style="bold" if label == "all" else None)
-    return table

@@ -36,7 +36,7 @@ __all__ = [
 def write_trace(records: Iterable[Mapping[str, Any]], path: str | Path) -> None:
     """Write records (dicts with the four Mooncake fields) as JSONL: the whole file or
     nothing (an interrupted write leaves no truncated trace)."""
-    from hycache.report import jsonl, write_atomic
+    from hycache.files import jsonl, write_atomic
 
     rows = []
     for rec in records:

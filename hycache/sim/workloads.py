@@ -348,13 +348,16 @@ class SystemPromptShape:
     suffix_tokens: IntOrRange = 6_416
     output_tokens: IntOrRange = 256
 
-    def build(self, seed: int, prefix_hint: bool = False) -> list[RequestSpec]:
+    def build(
+        self, seed: int, prefix_hint: bool = False, vocab: int = DEFAULT_VOCAB
+    ) -> list[RequestSpec]:
         return system_prompt_workload(
             self.num_requests,
             self.shared_prefix_tokens,
             self.suffix_tokens,
             self.output_tokens,
             seed,
+            vocab,
             prefix_hint=prefix_hint,
         )
 
@@ -380,7 +383,9 @@ class FamilyShape:
     suffix_tokens: IntOrRange = (128, 2_048)
     output_tokens: IntOrRange = (64, 640)
 
-    def build(self, seed: int, prefix_hint: bool = False) -> list[RequestSpec]:
+    def build(
+        self, seed: int, prefix_hint: bool = False, vocab: int = DEFAULT_VOCAB
+    ) -> list[RequestSpec]:
         return family_workload(
             self.families,
             self.requests_per_family,
@@ -388,6 +393,7 @@ class FamilyShape:
             self.suffix_tokens,
             self.output_tokens,
             seed,
+            vocab,
             prefix_hint=prefix_hint,
         )
 
@@ -411,7 +417,9 @@ class ChatShape:
     user_tokens: IntOrRange = (32, 1_024)
     output_tokens: IntOrRange = (64, 640)
 
-    def build(self, seed: int, prefix_hint: bool = False) -> list[SessionSpec]:
+    def build(
+        self, seed: int, prefix_hint: bool = False, vocab: int = DEFAULT_VOCAB
+    ) -> list[SessionSpec]:
         return multi_turn_workload(
             self.sessions,
             self.turns,
@@ -419,6 +427,7 @@ class ChatShape:
             self.output_tokens,
             seed,
             system_prompt_tokens=self.system_prompt_tokens,
+            vocab=vocab,
             prefix_hint=prefix_hint,
         )
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
-from hycache.explain import NUM_SIBLINGS, ExplainInputs
+from hycache.sim.explain import NUM_SIBLINGS, ExplainInputs
 from hycache.vllm.reference import ReferenceScheduler, VllmSetup
 from hycache.vllm.scenario import Turn
 
@@ -79,7 +79,7 @@ def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[st
 
 
 def explain_vllm(inputs: ExplainInputs) -> dict[str, Any]:
-    """`hycache.explain.explain`'s result, one column per vLLM scheduler class."""
+    """`hycache.sim.explain.explain`'s result, one column per vLLM scheduler class."""
     inputs.validate()
     return {
         "inputs": inputs.summary(),

@@ -179,7 +179,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 def test_cli_generate_matches_transformers(
     saved: tuple[Any, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hycache.cli import main
+    from hycache.cli.main import main
 
     hf, path = saved
     prompt = random_prompt(PROMPT_LEN, 30, VOCAB)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hycache.engine.args import add_serve_args
+from hycache.cli.args import add_serve_args
 from hycache.engine.engine import LLM
 from hycache.request import SamplingParams
 from hycache.server.app import create_app

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hycache.cli import main
+from hycache.cli.main import main
 from hycache.engine.engine import LLM
 from hycache.store.master import MooncakeMaster, free_port
 from tests.store.test_store_engine import GEOMETRY, SP, family, noise
@@ -40,7 +40,7 @@ SERVE_ARGS = [
 SMALL_POOL = ["--num-blocks", "40"]  # the noise evicts a family's prefix from it
 HOST_SEED = 31  # the family (a) replays
 SHARED_SEED = 32  # the family (b) and (c) replay
-RUN_CLI = "import sys; from hycache.cli import main; sys.exit(main())"
+RUN_CLI = "import sys; from hycache.cli.main import main; sys.exit(main())"
 
 
 class ServeProcess:
@@ -292,14 +292,14 @@ def test_bad_store_flags_are_one_line_errors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Refused before any model loads or any work starts, on one line, exit status 2."""
-    import hycache.bench
+    import hycache.bench.suite
     import hycache.engine.engine
 
     def nothing(*_: object, **__: object) -> None:
         raise AssertionError("work started before the store flags were checked")
 
     monkeypatch.setattr(hycache.engine.engine, "LLM", nothing)
-    monkeypatch.setattr(hycache.bench, "bench", nothing)
+    monkeypatch.setattr(hycache.bench.suite, "bench", nothing)
     argv = {
         "generate": ["generate", "--prompt-token-ids", "1,2,3"],
         "serve": ["serve", "--port", "0"],

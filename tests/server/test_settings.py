@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from hycache.engine.args import add_serve_args
+from hycache.cli.args import add_serve_args
 from hycache.server.settings import ServerSettings
 
 

@@ -189,7 +189,7 @@ def test_profile_bad_calibration_fields_are_refused(tmp_path: Path) -> None:
 
 
 def test_simulate_accepts_the_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from hycache.cli import main
+    from hycache.cli.main import main
 
     path = _profile(tmp_path)
     rc = main(

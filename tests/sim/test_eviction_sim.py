@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hycache.cli import main
+from hycache.cli.main import main
 
 FAMILY = [
     "simulate",
@@ -59,13 +59,13 @@ def test_lru_is_the_default_and_flop_aware_is_deterministic(tmp_path: Path) -> N
 
 
 def test_admission_accounting_adds_up() -> None:
-    from hycache.bench import SimBench, build_workload, sim_config, sim_cost
+    from hycache.bench.suite import SimBench, bench_workload, sim_config, sim_cost
     from hycache.sim.compare import compare_policies
 
     s = SimBench()
     s = replace(s, family=replace(s.family, families=4), concurrency=16)
     cost = sim_cost(s)
-    w = build_workload(s, "family")
+    w = bench_workload(s, "family")
     cfg = sim_config(s, w, cost)
     for eviction in ("lru", "flop-aware"):
         c = replace(cfg, cache=replace(cfg.cache, num_blocks=60, eviction=eviction))
@@ -82,7 +82,7 @@ def test_admission_accounting_adds_up() -> None:
 
 
 def test_eviction_curves_smoke(tmp_path: Path) -> None:
-    from hycache.bench_eviction import EvictionBench, eviction_curves, plot_eviction, quick
+    from hycache.bench.eviction import EvictionBench, eviction_curves, plot_eviction, quick
 
     b = replace(quick(EvictionBench()), workloads=("family",), fractions=(0.25,))
     doc = eviction_curves(b)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hycache.cache.layout import PAGES_PER_SEQUENCE, split_budget
-from hycache.cli import main
-from hycache.cli_simulate import add_simulate_parser
+from hycache.cli.main import main
+from hycache.cli.simulate import add_parser as add_simulate_parser
 from hycache.config import CacheConfig
 from hycache.sim.compare import sized_cache
 from hycache.sim.costmodel import POOL_LAYOUTS, CostModel, StepWork

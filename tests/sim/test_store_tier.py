@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hycache.cli import main
+from hycache.cli.main import main
 from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import load_gpu, load_model_spec

@@ -22,8 +22,8 @@ from hycache.vllm import Scheduler, SyncScheduler
 from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
 from hycache.vllm.scenario import RequestTrace, Turn, run_hycache
 from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
+from tests.cli.test_cli import WORKED
 from tests.helpers import tokens
-from tests.test_cli import WORKED
 from tests.vllm.shapes import GEOMETRIES, budget, hycache_config, scenario
 
 settings.load_profile("vllm-reference")
@@ -305,7 +305,7 @@ def test_explain_backend_vllm_on_the_seed_shape(capsys: pytest.CaptureFixture[st
     """Stock vLLM beside `hycache.vllm.Scheduler`, measured on vLLM's scheduler (k=3)."""
     import json
 
-    from hycache.cli import main
+    from hycache.cli.main import main
 
     assert main(["explain", *SEED_SHAPE, "--backend", "vllm", "--json"]) == 0
     cols = json.loads(capsys.readouterr().out)["policies"]

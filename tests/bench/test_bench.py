@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from hycache.bench import (
+from hycache.bench.plots import plot_bench
+from hycache.bench.suite import (
     EngineBench,
     SimBench,
     SimJob,
@@ -17,8 +18,7 @@ from hycache.bench import (
     bench,
     engine_orders,
 )
-from hycache.cli import main
-from hycache.report import plot_bench
+from hycache.cli.main import main
 from hycache.sim.compare import DEFAULT_ARMS
 from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape
 
@@ -174,14 +174,14 @@ def test_no_internal_checkpoints_reaches_every_arm_but_the_split_ones() -> None:
     the engine's prompts do not depend on it; `-split` arms are off either way."""
     from dataclasses import replace
 
-    from hycache.bench import build_workload, sim_config, sim_cost
-    from hycache.cli import make_parser
+    from hycache.bench.suite import bench_workload, sim_config, sim_cost
+    from hycache.cli.main import make_parser
 
     args = make_parser().parse_args(["bench", "--no-internal-checkpoints"])
     assert args.internal_checkpoints is False
     engine, sim = toy()
     off = replace(sim, internal_checkpoints=False)
-    w = build_workload(off, "system-prompt")
+    w = bench_workload(off, "system-prompt")
     assert not sim_config(off, w, sim_cost(off)).cache.internal_checkpoints
     assert sim_config(sim, w, sim_cost(sim)).cache.internal_checkpoints
     assert replace(engine, internal_checkpoints=False).prompts() == engine.prompts()

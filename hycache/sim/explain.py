@@ -12,17 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hycache.cache.block_pool import BlockEvent
-from hycache.config import (
-    POLICY_NAMES,
-    CacheConfig,
-    GroupKind,
-    HycacheConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
+from hycache.config import POLICY_NAMES, GroupKind
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
 from hycache.sched.scheduler import Scheduler
+from hycache.sim.build import SimGeometry, build_config
 
 NUM_SIBLINGS = 3
 MAX_PROMPT_TOKENS = 4_000_000  # about 4 s per policy here; far beyond any model's context
@@ -71,20 +65,15 @@ def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
     t, p, b = inputs.prompt_tokens, inputs.shared_prefix, inputs.block_size
     max_len = t + 8
     blocks_per_req = -(-max_len // b) + 1
-    cfg = HycacheConfig(
-        CacheConfig(
-            block_size=b,
-            prefix_match_unit=inputs.prefix_match_unit,
-            num_blocks=8 * blocks_per_req + 16,
-            max_model_len=max_len,
-            policy=policy,
-            groups=(GroupKind.ATTENTION, GroupKind.SSM),
-            internal_checkpoints=inputs.internal_checkpoints,
-        ),
-        SpeculativeConfig(
-            num_speculative_tokens=inputs.num_speculative_tokens if inputs.eagle else 0
-        ),
-        SchedulerConfig(max_num_batched_tokens=inputs.max_num_batched_tokens),
+    geometry = SimGeometry(
+        block_size=b,
+        prefix_match_unit=inputs.prefix_match_unit,
+        num_speculative_tokens=inputs.num_speculative_tokens if inputs.eagle else 0,
+        max_num_batched_tokens=inputs.max_num_batched_tokens,
+        internal_checkpoints=inputs.internal_checkpoints,
+    )
+    cfg = build_config(
+        geometry, max_model_len=max_len, num_blocks=8 * blocks_per_req + 16, policy=policy
     )
     sched = Scheduler(cfg)
     ssm_group = cfg.cache.groups.index(GroupKind.SSM)

@@ -1,4 +1,4 @@
-"""`hycache bench`: honest comparisons, on the real CPU engine and simulated.
+"""`hycache bench`'s comparisons, on the real CPU engine and simulated.
 
 1. engine: the real engine (`tiny`, EAGLE drafter on) on a scaled system-prompt workload,
    `lookahead` (vLLM 0.33's default EAGLE setup, the baseline) against `limit`, closed loop at a
@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from hycache.config import (
-    DEFAULT_EVICTION_ALPHA,
-    ENGINE_SHAPES,
-    CacheConfig,
-    GroupKind,
-    HycacheConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
+from hycache.config import DEFAULT_EVICTION_ALPHA, ENGINE_SHAPES, HycacheConfig
+from hycache.sim.build import (
+    SimGeometry,
+    TraceSource,
+    WorkloadSpec,
+    build_config,
+    build_cost,
+    build_workload,
 )
 from hycache.sim.compare import (
     ARMS,
@@ -51,14 +51,8 @@ from hycache.sim.compare import (
 )
 from hycache.sim.costmodel import CostModel, PoolLayout
 from hycache.sim.load import DEFAULT_LOAD, sustainable_arrivals
-from hycache.sim.presets import load_gpu, load_model_spec
-from hycache.sim.trace import requests_from_records
 from hycache.sim.trace_gen import generate_mooncake_like
-from hycache.sim.workloads import (
-    ChatShape,
-    FamilyShape,
-    SystemPromptShape,
-)
+from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape
 
 Progress = Callable[[str], None]
 
@@ -301,48 +295,53 @@ class SimBench:
 
 def sim_cost(s: SimBench, pool_layout: PoolLayout = "shared") -> CostModel:
     """The drafter arms' cost model (`eagle-off` derives its own from it)."""
-    return CostModel(
-        load_model_spec(s.model),
-        load_gpu(s.gpu),
-        speculative=True,
+    return build_cost(
+        s.model,
+        s.gpu,
         num_speculative_tokens=s.num_speculative_tokens,
         block_size=s.block_size,
         pool_layout=pool_layout,
     )
 
 
-def sim_config(s: SimBench, w: Workload, cost: CostModel) -> HycacheConfig:
-    """The drafter arms' config; `compare_policies` sizes each arm's cache from its memory."""
-    return HycacheConfig(
-        CacheConfig(
-            block_size=s.block_size,
-            prefix_match_unit=s.prefix_match_unit,
-            num_blocks=cost.num_blocks(s.block_size),
-            max_model_len=w.max_tokens_per_request() + 2 * s.num_speculative_tokens + 8,
-            groups=(GroupKind.ATTENTION, GroupKind.SSM),
-            eviction=s.eviction,
-            eviction_alpha=s.eviction_alpha,
-            internal_checkpoints=s.internal_checkpoints,
-        ),
-        SpeculativeConfig(
-            num_speculative_tokens=s.num_speculative_tokens, acceptance_rate=s.acceptance_rate
-        ),
-        SchedulerConfig(s.max_num_batched_tokens, s.concurrency),
+def sim_geometry(s: SimBench) -> SimGeometry:
+    """The drafter arms' geometry (`hycache.sim.build.build_config`'s inputs)."""
+    return SimGeometry(
+        block_size=s.block_size,
+        prefix_match_unit=s.prefix_match_unit,
+        num_speculative_tokens=s.num_speculative_tokens,
+        acceptance_rate=s.acceptance_rate,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_num_seqs=s.concurrency,
+        eviction=s.eviction,
+        eviction_alpha=s.eviction_alpha,
+        internal_checkpoints=s.internal_checkpoints,
     )
 
 
-def build_workload(s: SimBench, name: str) -> Workload:
-    """A bench workload from its shape (seeded: the same in every process)."""
-    if name == "system-prompt":
-        return Workload(name, s.system_prompt.build(s.seed), concurrency=s.concurrency)
-    if name == "family":
-        return Workload(name, s.family.build(s.seed), concurrency=s.concurrency)
-    if name == "multi-turn":
-        return Workload(name, sessions=s.chat.build(s.seed), concurrency=s.concurrency)
+def sim_config(s: SimBench, w: Workload, cost: CostModel) -> HycacheConfig:
+    """The drafter arms' config; `compare_policies` sizes each arm's cache from its memory."""
+    return build_config(
+        sim_geometry(s),
+        max_model_len=w.max_tokens_per_request() + 2 * s.num_speculative_tokens + 8,
+        num_blocks=cost.num_blocks(s.block_size),
+    )
+
+
+def workload_spec(s: SimBench, name: str) -> WorkloadSpec:
+    """What a bench workload is built from: its shape (seeded: the same in every process)."""
     if name == "trace":
         records = generate_mooncake_like(num_requests=s.trace_requests, seed=s.seed)
-        return Workload(name, requests_from_records(records, seed=s.seed))
-    raise ValueError(f"unknown bench workload {name!r}")
+        return WorkloadSpec(name, trace=TraceSource(records=records), seed=s.seed)
+    shapes = {"system-prompt": s.system_prompt, "family": s.family, "multi-turn": s.chat}
+    if name not in shapes:
+        raise ValueError(f"unknown bench workload {name!r}")
+    return WorkloadSpec(name, shapes[name], seed=s.seed, concurrency=s.concurrency)
+
+
+def bench_workload(s: SimBench, name: str) -> Workload:
+    """A bench workload (`hycache.sim.build.build_workload` of `workload_spec`)."""
+    return build_workload(workload_spec(s, name))
 
 
 @dataclass(frozen=True)
@@ -356,9 +355,9 @@ class SimJob:
 
 
 def timed_workload(s: SimBench, name: str, cost: CostModel) -> tuple[Workload, Any]:
-    """`build_workload`, with the trace given open-loop arrivals at `s.trace_load` of what
+    """`bench_workload`, with the trace given open-loop arrivals at `s.trace_load` of what
     the default arm sustains; also the offered load (None for the closed-loop workloads)."""
-    w = build_workload(s, name)
+    w = bench_workload(s, name)
     if name != "trace":
         return w, None
     timed, offered = sustainable_arrivals(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hycache.cli import main
+from hycache.cli.main import main
 
-PRESETS = Path(__file__).parent.parent / "hycache" / "sim" / "presets" / "models"
+PRESETS = Path(__file__).parents[2] / "hycache" / "sim" / "presets" / "models"
 QUICK = ["simulate", "--workload", "system-prompt", "--num-requests", "2", "--quiet",
          "--shared-prefix-tokens", "64", "--suffix-tokens", "8",
          "--output-tokens", "2"]  # fmt: skip
@@ -68,7 +68,7 @@ def test_model_configs_take_strict_types(
     assert needle in one_line_error([*QUICK, "--model-config", str(bad)], capsys)
 
 
-@pytest.mark.parametrize("gb", ["1e300", "0", "-1", "nan", "inf", "2e6"])
+@pytest.mark.parametrize("gb", ["1e300", "-1", "nan", "inf", "2e6"])
 @pytest.mark.parametrize("command", ["simulate", "generate"])
 def test_kv_store_gb_is_one_rule(gb: str, command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The same rule, and message, for every command (serve and bench: test_serve_store)."""
@@ -78,6 +78,22 @@ def test_kv_store_gb_is_one_rule(gb: str, command: str, capsys: pytest.CaptureFi
     }[command]
     err = one_line_error([*argv, "--kv-store-gb", gb], capsys)
     assert "kv-store-gb: must be a number > 0 and at most 1048576 (GiB)" in err
+    assert "(0: no store tier)" in err
+
+
+def test_kv_store_gb_zero_means_no_store_tier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--kv-store-gb 0` is no store tier on every command (it used to be refused): simulate
+    runs as without the flag; beside `--kv-store host` it is a contradiction, refused."""
+    plain, zero = tmp_path / "plain.json", tmp_path / "zero.json"
+    assert main([*QUICK, "--json", str(plain)]) == 0
+    assert main([*QUICK, "--kv-store-gb", "0", "--json", str(zero)]) == 0
+    assert json.loads(zero.read_text())["policies"] == json.loads(plain.read_text())["policies"]
+    capsys.readouterr()
+    argv = ["generate", "--prompt-token-ids", "1,2,3", "--kv-store", "host", "--kv-store-gb", "0"]
+    err = one_line_error(argv, capsys)
+    assert "kv-store-gb: must be > 0 with --kv-store host (0 means no store tier)" in err
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from hycache.bench import SimBench, sim_config, sim_cost, timed_workload
+from hycache.bench.suite import SimBench, sim_config, sim_cost, timed_workload
 from hycache.config import DEFAULT_EVICTION_ALPHA
 from hycache.sim.compare import Workload, compare_policies
 from hycache.sim.costmodel import CostModel
@@ -233,9 +233,9 @@ def goal(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def plot_eviction(path: str, doc: dict[str, Any]) -> None:
     """One column per workload: token hit rate (top) and TTFT p95 (bottom) over the fraction
     of the default pool, one line per arm."""
-    from hycache.report import _pyplot
+    from hycache.bench.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     names = list(doc["curves"])
     fig, axes = plt.subplots(2, len(names), figsize=(4.2 * len(names), 7), squeeze=False)
     styles = {"lru": "--", "flop-aware": "-"}
@@ -263,28 +263,3 @@ def plot_eviction(path: str, doc: dict[str, Any]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def curves_table(doc: dict[str, Any]) -> Any:
-    """A rich table: per workload and fraction, each arm's hit rate and TTFT p95, and the
-    `limit` flop-aware / lru ratios."""
-    from rich.table import Table
-
-    arms = doc["inputs"]["arms"]
-    t = Table(title=f"eviction under memory pressure (alpha {doc['inputs']['alpha']:g})")
-    t.add_column("workload")
-    t.add_column("memory", justify="right")
-    for arm in arms:
-        t.add_column(f"{arm}\nhit · p95 s", justify="right")
-    t.add_column("limit fa/lru\nhit · p95", justify="right")
-    for name, rows in doc["curves"].items():
-        for row in sorted(rows, key=lambda r: r["fraction"]):
-            cells = []
-            for arm in arms:
-                a = row["arms"][arm]
-                cells.append(f"{a['token_hit_rate']:.3f} · {a['ttft_p95_s']:.2f}")
-            r = row["ratios"]
-            hit = "-" if r["token_hit_rate"] is None else f"{r['token_hit_rate']:.2f}"
-            p95 = "-" if r["ttft_p95_s"] is None else f"{r['ttft_p95_s']:.2f}"
-            t.add_row(name, f"{row['fraction']:g}", *cells, f"{hit} · {p95}")
-    return t

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hycache.cli import main
+from hycache.cli.main import main
 
 WORKED = [
     "--block-size",
@@ -454,12 +454,12 @@ def test_generate_takes_prefix_hints_and_checks_sampling_before_loading(
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 3
     assert main([*base, "--prefix-hint", "-1"]) == 2
     assert "--prefix-hint" in capsys.readouterr().err
-    import hycache.engine.build as build
+    import hycache.engine.engine
 
     def no_model(*_: object, **__: object) -> None:
         raise AssertionError("the model was loaded before the sampling flags were checked")
 
-    monkeypatch.setattr(build, "build_llm", no_model)
+    monkeypatch.setattr(hycache.engine.engine, "LLM", no_model)
     assert main([*base, "--temperature", "nan"]) == 2
     assert "temperature" in capsys.readouterr().err
 
@@ -550,7 +550,7 @@ def test_written_files_honour_the_umask(tmp_path: Path) -> None:
 
 
 def test_bench_reports_progress_on_stderr_when_piped(capsys: pytest.CaptureFixture[str]) -> None:
-    from hycache.report import progress_reporter
+    from hycache.cli.tables import progress_reporter
 
     with progress_reporter("benchmarking") as progress:
         progress("engine · limit")
@@ -584,9 +584,7 @@ def test_the_store_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> No
     import argparse
 
     import hycache.engine.engine
-    from hycache.cli_common import add_store_args
-    from hycache.engine.args import add_serve_args
-    from hycache.engine.build import build_llm
+    from hycache.cli.args import add_serve_args, add_store_args, build_llm
 
     calls: list[dict[str, object]] = []
 
@@ -608,7 +606,7 @@ def test_the_store_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> No
 def test_bench_store_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--kv-store` belongs to the engine part of `hycache bench`: refused with
     `--skip-engine` and for `bench serve`; each engine run opens (and closes) its own store."""
-    from hycache.bench import EngineBench, run_engine_policy
+    from hycache.bench.suite import EngineBench, run_engine_policy
 
     out = ["--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")]
     assert main(["bench", "--skip-engine", "--kv-store", "host", *out]) == 2

@@ -7,14 +7,15 @@ open loop (`request_rate`: seeded Poisson arrivals, or a trace's own timestamps)
 throughput, TTFT / inter-token / end-to-end latency percentiles and the mean
 `usage.prompt_tokens_details.cached_tokens`.
 
-Workloads come from the simulator's shapes (:mod:`hycache.sim.workloads`), scaled down so
-that prompts fit a small model (`SERVE_SHAPES`), with token ids drawn below `vocab`:
+Workloads are built by the simulator's one builder (:func:`hycache.sim.build.build_workload`)
+from its shapes scaled down so that prompts fit a small model (`SERVE_SHAPES`), with token ids
+drawn below `vocab`:
 
 * `system-prompt` and `family`: independent requests behind shared prefixes;
 * `multi-turn`: sessions whose turn k + 1 is turn k's prompt + the answer's token ids (as
   streamed back in `choices[].token_ids`, a hycache extension that vLLM also offers) + a new
   user message; a session's turns run one after another, sessions side by side;
-* `trace`: a Mooncake-format trace through :func:`hycache.sim.trace.read_mooncake_trace`.
+* `trace`: a Mooncake-format trace (:class:`hycache.sim.build.TraceSource`).
 
 Failures (connection refused, timeouts, HTTP errors, error events in a stream, a stream
 whose token count disagrees with its `usage`) are counted per request and never raised;
@@ -29,25 +30,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hycache.sim.workloads import (
-    ChatShape,
-    FamilyShape,
-    IntOrRange,
-    SessionSpec,
-    SystemPromptShape,
-    family_workload,
-    multi_turn_workload,
-    system_prompt_workload,
+from hycache.sim.build import (
+    WORKLOAD_KINDS,
+    PrefixHints,
+    TraceSource,
+    WorkloadSizes,
+    WorkloadSpec,
+    build_workload,
 )
+from hycache.sim.workloads import ChatShape, FamilyShape, SessionSpec, SystemPromptShape
 
 if TYPE_CHECKING:
     import httpx
-    from rich.table import Table
 
 __all__ = [
     "SERVE_SHAPES",
@@ -59,12 +57,11 @@ __all__ = [
     "RunOptions",
     "build_plan",
     "completions_url",
-    "results_table",
     "run_bench",
     "summarize",
 ]
 
-WORKLOADS = ("system-prompt", "family", "multi-turn", "trace")
+WORKLOADS = WORKLOAD_KINDS
 DEFAULT_VOCAB = 512  # the tiny preset's vocabulary
 DEFAULT_CONCURRENCY = 8
 
@@ -126,94 +123,48 @@ class Plan:
         return len(self.requests)
 
 
-def _pick(value: Any, default: Any) -> Any:
-    return default if value is None else value
-
-
 def build_plan(
     workload: str,
+    sizes: WorkloadSizes | None = None,
     *,
     seed: int = 0,
     vocab: int = DEFAULT_VOCAB,
-    prefix_hint: bool = False,
-    num_requests: int | None = None,
-    shared_prefix_tokens: IntOrRange | None = None,
-    suffix_tokens: IntOrRange | None = None,
-    output_tokens: IntOrRange | None = None,
-    families: int | None = None,
-    requests_per_family: IntOrRange | None = None,
-    sessions: int | None = None,
-    turns: IntOrRange | None = None,
-    user_tokens: IntOrRange | None = None,
-    system_prompt_tokens: int | None = None,
-    trace: str | Path | None = None,
-    trace_block_tokens: int = 512,
-    limit: int | None = None,
+    hints: PrefixHints | None = None,
+    trace: TraceSource | None = None,
     max_prompt_tokens: int | None = None,
 ) -> Plan:
-    """The requests of `workload`; unset sizes take `SERVE_SHAPES`' values (a trace keeps its
-    own lengths unless `output_tokens` replaces every output length and `max_prompt_tokens`
-    cuts every prompt to its first tokens, which keeps what prompts share). Arrivals are not set
-    here (see :func:`with_arrivals`); a trace's own timestamps are kept in `arrivals_s`."""
+    """The requests of `workload` (`hycache.sim.build.build_workload`); unset sizes take
+    `SERVE_SHAPES`' values (a trace keeps its own lengths unless `sizes.output_tokens` replaces
+    every output length and `max_prompt_tokens` cuts every prompt to its first tokens, which
+    keeps what prompts share). Arrivals are not set here (see `RunOptions`); a trace's own
+    timestamps are kept in `arrivals_s`."""
+    sizes = sizes or WorkloadSizes()
     if workload not in WORKLOADS:
         raise LoadgenError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    if workload != "trace" and trace is not None:
+        raise LoadgenError(f"--trace replays a trace; it does not go with --workload {workload}")
+    shape = sizes.applied(SERVE_SHAPES[workload]) if workload != "trace" else None
+    spec = WorkloadSpec(workload, shape, trace, seed, vocab, hints or PrefixHints())
     if workload == "trace":
-        from hycache.sim.trace import read_mooncake_trace
-
         if trace is None:
             raise LoadgenError("--workload trace needs --trace FILE.jsonl")
-        specs = read_mooncake_trace(trace, trace_block_tokens, vocab, seed=seed, limit=limit)
-        if isinstance(output_tokens, tuple):
+        out = sizes.output_tokens
+        if isinstance(out, tuple):
             raise LoadgenError("--output-tokens: a trace takes one length, not a range")
+        specs = build_workload(spec).requests
         cut = max_prompt_tokens
         reqs = [
-            BenchRequest(i, s.prompt_token_ids[:cut].tolist(), _pick(output_tokens, s.max_tokens))
+            BenchRequest(i, s.prompt_token_ids[:cut].tolist(), s.max_tokens if out is None else out)
             for i, s in enumerate(specs)
         ]
         t0 = (specs[0].arrival_s or 0.0) if specs else 0.0
         return Plan(workload, reqs, arrivals_s=[(s.arrival_s or 0.0) - t0 for s in specs])
-    if trace is not None:
-        raise LoadgenError(f"--trace replays a trace; it does not go with --workload {workload}")
-    shape = SERVE_SHAPES[workload]
-    if workload == "system-prompt":
-        prefix = _pick(shared_prefix_tokens, shape.shared_prefix_tokens)
-        if isinstance(prefix, tuple):
-            raise LoadgenError("--shared-prefix-tokens: system-prompt takes one length")
-        specs = system_prompt_workload(
-            _pick(num_requests, shape.num_requests),
-            prefix,
-            _pick(suffix_tokens, shape.suffix_tokens),
-            _pick(output_tokens, shape.output_tokens),
-            seed,
-            vocab,
-            prefix_hint=prefix_hint,
-        )
-    elif workload == "family":
-        specs = family_workload(
-            _pick(families, shape.families),
-            _pick(requests_per_family, shape.requests_per_family),
-            _pick(shared_prefix_tokens, shape.shared_prefix_tokens),
-            _pick(suffix_tokens, shape.suffix_tokens),
-            _pick(output_tokens, shape.output_tokens),
-            seed,
-            vocab,
-            prefix_hint=prefix_hint,
-        )
-    else:
-        chats = multi_turn_workload(
-            _pick(sessions, shape.sessions),
-            _pick(turns, shape.turns),
-            _pick(user_tokens, shape.user_tokens),
-            _pick(output_tokens, shape.output_tokens),
-            seed,
-            system_prompt_tokens=_pick(system_prompt_tokens, shape.system_prompt_tokens),
-            vocab=vocab,
-            prefix_hint=prefix_hint,
-        )
-        return Plan(workload, sessions=chats)
+    built = build_workload(spec)
+    if workload == "multi-turn":
+        return Plan(workload, sessions=list(built.sessions))
     reqs = [
         BenchRequest(i, s.prompt_token_ids.tolist(), s.max_tokens, s.prefix_hints)
-        for i, s in enumerate(specs)
+        for i, s in enumerate(built.requests)
     ]
     return Plan(workload, reqs)
 
@@ -309,6 +260,78 @@ def _http_error(status: int, raw: bytes) -> str:
     return _one_line(f"HTTP {status}: {message}")
 
 
+@dataclass
+class _Stream:
+    """What a streamed response has shown so far."""
+
+    start: float
+    last: float | None = None
+    ids: list[int] | None = field(default_factory=list)  # None: the server sent text only
+    done: bool = False
+
+
+def _take_chunk(chunk: dict[str, Any], res: RequestResult, st: _Stream) -> None:
+    """Count a chunk's tokens (timing the first and the gaps) and read its usage."""
+    now = time.perf_counter()
+    new = 0
+    for choice in chunk.get("choices") or []:
+        tok = choice.get("token_ids")
+        if tok is not None:
+            new += len(tok)
+            if st.ids is not None:
+                st.ids.extend(int(t) for t in tok)
+        elif choice.get("text"):
+            new += 1  # a text-only server: count a chunk as one token
+            st.ids = None
+    if new:
+        if st.last is None:
+            res.ttft_s = now - st.start
+        else:
+            res.itl_s.append(now - st.last)
+        st.last = now
+        res.output_tokens += new
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        res.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens", usage.get("cached_tokens"))
+        res.cached_tokens = None if cached is None else int(cached)
+
+
+async def _read_stream(resp: httpx.Response, res: RequestResult, st: _Stream) -> None:
+    """Read server-sent events up to `[DONE]`; an error event ends up in `res.error`."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            st.done = True
+            return
+        chunk = json.loads(data)
+        if chunk.get("error"):
+            err = chunk["error"]
+            message = err.get("message", err) if isinstance(err, dict) else err
+            res.error = _one_line(f"stream error: {message}")
+            return
+        _take_chunk(chunk, res, st)
+
+
+def _body(opts: RunOptions, prompt: list[int], max_tokens: int, hints: Sequence[int]) -> Any:
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": opts.ignore_eos,
+    }
+    if opts.model:
+        body["model"] = opts.model
+    if opts.prefix_hint and hints:
+        body["prefix_hints"] = list(hints)
+    return body
+
+
 async def send_one(
     client: httpx.AsyncClient,
     endpoint: str,
@@ -322,24 +345,10 @@ async def send_one(
     """Send one streaming request and time it; every failure ends up in the result."""
     import httpx
 
-    body: dict[str, Any] = {
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": opts.ignore_eos,
-    }
-    if opts.model:
-        body["model"] = opts.model
-    if opts.prefix_hint and prefix_hints:
-        body["prefix_hints"] = list(prefix_hints)
+    body = _body(opts, prompt, max_tokens, prefix_hints)
     res = RequestResult(index, prompt_tokens=len(prompt))
-    start = time.perf_counter()
-    res.start_s = start - t0
-    last: float | None = None
-    ids: list[int] | None = []
-    done = False
+    st = _Stream(time.perf_counter())
+    res.start_s = st.start - t0
     try:
         async with (
             asyncio.timeout(opts.request_timeout_s),
@@ -348,43 +357,9 @@ async def send_one(
             if resp.status_code != 200:
                 res.error = _http_error(resp.status_code, await resp.aread())
                 return res
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                chunk = json.loads(data)
-                if chunk.get("error"):
-                    err = chunk["error"]
-                    message = err.get("message", err) if isinstance(err, dict) else err
-                    res.error = _one_line(f"stream error: {message}")
-                    return res
-                now = time.perf_counter()
-                new = 0
-                for choice in chunk.get("choices") or []:
-                    tok = choice.get("token_ids")
-                    if tok is not None:
-                        new += len(tok)
-                        if ids is not None:
-                            ids.extend(int(t) for t in tok)
-                    elif choice.get("text"):
-                        new += 1  # a text-only server: count a chunk as one token
-                        ids = None
-                if new:
-                    if last is None:
-                        res.ttft_s = now - start
-                    else:
-                        res.itl_s.append(now - last)
-                    last = now
-                    res.output_tokens += new
-                usage = chunk.get("usage")
-                if isinstance(usage, dict):
-                    res.completion_tokens = usage.get("completion_tokens")
-                    details = usage.get("prompt_tokens_details") or {}
-                    cached = details.get("cached_tokens", usage.get("cached_tokens"))
-                    res.cached_tokens = None if cached is None else int(cached)
+            await _read_stream(resp, res, st)
+            if res.error is not None:
+                return res
     except TimeoutError:
         res.error = f"timed out after {opts.request_timeout_s:g} s (--request-timeout)"
         return res
@@ -394,9 +369,9 @@ async def send_one(
     except (ValueError, TypeError, AttributeError) as exc:
         res.error = _one_line(f"bad response: {exc}")
         return res
-    res.e2e_s = time.perf_counter() - start
-    res.token_ids = ids
-    if not done:
+    res.e2e_s = time.perf_counter() - st.start
+    res.token_ids = st.ids
+    if not st.done:
         res.error = "stream ended before [DONE]"
     elif res.completion_tokens is not None and res.completion_tokens != res.output_tokens:
         res.error = f"streamed {res.output_tokens} tokens but usage says {res.completion_tokens}"
@@ -416,6 +391,93 @@ async def check_reachable(client: httpx.AsyncClient, endpoint: str) -> None:
         raise LoadgenError(f"cannot reach {endpoint}: {_one_line(reason)}") from None
 
 
+@dataclass
+class _Jobs:
+    """The plan's jobs against one client: a request, or a whole session, each."""
+
+    plan: Plan
+    client: httpx.AsyncClient
+    endpoint: str
+    opts: RunOptions
+    on_done: Callable[[RequestResult], None]
+    t0: float = 0.0
+    results: list[RequestResult] = field(default_factory=list)
+
+    def finish(self, res: RequestResult) -> None:
+        self.results.append(res)
+        self.on_done(res)
+
+    async def send(
+        self, index: int, prompt: list[int], max_tokens: int, hints: Sequence[int]
+    ) -> RequestResult:
+        return await send_one(
+            self.client, self.endpoint, self.opts, index, prompt, max_tokens, hints, self.t0
+        )
+
+    async def run_session(self, job: int) -> None:
+        s = self.plan.sessions[job]
+        base = sum(x.num_turns for x in self.plan.sessions[:job])
+        outputs: list[np.ndarray] = []
+        for turn in range(s.num_turns):
+            if len(outputs) < turn:  # an earlier turn failed or gave no token ids
+                res = RequestResult(base + turn, session=job, turn=turn)
+                res.error = "not sent: an earlier turn of the session failed"
+                self.finish(res)
+                continue
+            prompt = s.prompt_for_turn(turn, outputs).tolist()
+            res = await self.send(base + turn, prompt, s.output_tokens[turn], s.prefix_hints)
+            res.session, res.turn = job, turn
+            if res.ok and res.token_ids is None:
+                res.ok = False
+                res.error = "multi-turn needs token_ids in the stream (text only came back)"
+            if res.ok:
+                outputs.append(np.asarray(res.token_ids, dtype=np.int64))
+            self.finish(res)
+
+    async def job(self, i: int) -> None:
+        if self.plan.sessions:
+            await self.run_session(i)
+            return
+        req = self.plan.requests[i]
+        self.finish(await self.send(req.index, req.prompt, req.max_tokens, req.prefix_hints))
+
+    async def open_loop(self) -> None:
+        """Start each job at its arrival (Poisson, or the plan's own); `concurrency` caps
+        those in flight."""
+        opts, n = self.opts, self.plan.num_jobs
+        if opts.request_rate is not None:
+            times = poisson_times(n, opts.request_rate, opts.seed)
+        else:
+            times = list(self.plan.arrivals_s or [0.0] * n)
+        gate = asyncio.Semaphore(opts.concurrency) if opts.concurrency else None
+
+        async def gated(i: int) -> None:
+            if gate is None:
+                await self.job(i)
+                return
+            async with gate:
+                await self.job(i)
+
+        tasks: list[asyncio.Task[None]] = []
+        for i, at in enumerate(times):
+            delay = self.t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(gated(i)))
+        await asyncio.gather(*tasks)
+
+    async def closed_loop(self) -> None:
+        """`concurrency` workers, each taking the next job when its last one is done."""
+        pending = iter(range(self.plan.num_jobs))
+
+        async def worker() -> None:
+            for i in pending:
+                await self.job(i)
+
+        n = min(self.opts.concurrency or DEFAULT_CONCURRENCY, max(self.plan.num_jobs, 1))
+        await asyncio.gather(*(worker() for _ in range(n)))
+
+
 async def _run_async(
     plan: Plan, opts: RunOptions, on_done: Callable[[RequestResult], None]
 ) -> tuple[list[RequestResult], float]:
@@ -423,103 +485,20 @@ async def _run_async(
 
     endpoint = completions_url(opts.url)
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
-    cap = opts.concurrency
     limits = httpx.Limits(
-        max_connections=cap or max(plan.num_jobs, 1), max_keepalive_connections=64
+        max_connections=opts.concurrency or max(plan.num_jobs, 1), max_keepalive_connections=64
     )
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
-    results: list[RequestResult] = []
-
     async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) as client:
         await check_reachable(client, endpoint)
-        t0 = time.perf_counter()
-
-        def finish(res: RequestResult) -> None:
-            results.append(res)
-            on_done(res)
-
-        async def run_request(req: BenchRequest) -> None:
-            finish(
-                await send_one(
-                    client,
-                    endpoint,
-                    opts,
-                    req.index,
-                    req.prompt,
-                    req.max_tokens,
-                    req.prefix_hints,
-                    t0,
-                )
-            )
-
-        async def run_session(job: int) -> None:
-            s = plan.sessions[job]
-            base = sum(x.num_turns for x in plan.sessions[:job])
-            outputs: list[np.ndarray] = []
-            for turn in range(s.num_turns):
-                if len(outputs) < turn:  # an earlier turn failed or gave no token ids
-                    res = RequestResult(base + turn, session=job, turn=turn)
-                    res.error = "not sent: an earlier turn of the session failed"
-                    finish(res)
-                    continue
-                prompt = s.prompt_for_turn(turn, outputs).tolist()
-                res = await send_one(
-                    client,
-                    endpoint,
-                    opts,
-                    base + turn,
-                    prompt,
-                    s.output_tokens[turn],
-                    s.prefix_hints,
-                    t0,
-                )
-                res.session, res.turn = job, turn
-                if res.ok and res.token_ids is None:
-                    res.ok = False
-                    res.error = "multi-turn needs token_ids in the stream (text only came back)"
-                if res.ok:
-                    outputs.append(np.asarray(res.token_ids, dtype=np.int64))
-                finish(res)
-
-        async def job(i: int) -> None:
-            if plan.sessions:
-                await run_session(i)
-            else:
-                await run_request(plan.requests[i])
-
+        jobs = _Jobs(plan, client, endpoint, opts, on_done, t0=time.perf_counter())
         if opts.request_rate is not None or opts.replay_timestamps:
-            if opts.request_rate is not None:
-                times = poisson_times(plan.num_jobs, opts.request_rate, opts.seed)
-            else:
-                times = list(plan.arrivals_s or [0.0] * plan.num_jobs)
-            gate = asyncio.Semaphore(cap) if cap else None
-
-            async def gated(i: int) -> None:
-                if gate is None:
-                    await job(i)
-                    return
-                async with gate:
-                    await job(i)
-
-            tasks: list[asyncio.Task[None]] = []
-            for i, at in enumerate(times):
-                delay = t0 + at - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(gated(i)))
-            await asyncio.gather(*tasks)
+            await jobs.open_loop()
         else:
-            pending = iter(range(plan.num_jobs))
-
-            async def worker() -> None:
-                for i in pending:
-                    await job(i)
-
-            n = min(cap or DEFAULT_CONCURRENCY, max(plan.num_jobs, 1))
-            await asyncio.gather(*(worker() for _ in range(n)))
-        duration = time.perf_counter() - t0
-    results.sort(key=lambda r: r.index)
-    return results, duration
+            await jobs.closed_loop()
+        duration = time.perf_counter() - jobs.t0
+    jobs.results.sort(key=lambda r: r.index)
+    return jobs.results, duration
 
 
 def run_bench(
@@ -567,33 +546,3 @@ def summarize(results: Sequence[RequestResult], duration_s: float) -> dict[str, 
         "e2e_ms": _dist([r.e2e_s for r in ok if r.e2e_s is not None]),
         "errors": dict(Counter(r.error for r in results if r.error).most_common()),
     }
-
-
-def results_table(title: str, summary: dict[str, Any]) -> Table:
-    """The summary as a rich table."""
-    from rich.table import Table
-    from rich.text import Text
-
-    def num(v: float | None, fmt: str = ".2f") -> str:
-        return "-" if v is None else format(v, fmt)
-
-    t = Table(title=title, title_justify="left")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    t.add_row("requests ok / failed", f"{summary['ok']} / {summary['failed']}")
-    t.add_row("duration (s)", num(summary["duration_s"]))
-    t.add_row("request throughput (req/s)", num(summary["request_throughput_per_s"]))
-    t.add_row("output throughput (tok/s)", num(summary["output_throughput_tok_per_s"], ".1f"))
-    t.add_row("prompt / output tokens", f"{summary['prompt_tokens']} / {summary['output_tokens']}")
-    t.add_row("mean cached tokens", num(summary["mean_cached_tokens"], ".1f"))
-    ratio = summary["cached_token_ratio"]
-    t.add_row("cached / prompt tokens", "-" if ratio is None else f"{ratio:.1%}")
-    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
-        d = summary[key]
-        t.add_row(
-            f"{name} ms p50 / p95 / p99",
-            " / ".join(num(d[p]) for p in ("p50", "p95", "p99")),
-        )
-    for message, count in list(summary["errors"].items())[:5]:
-        t.add_row(Text(f"failed x{count}", style="red"), Text(message))
-    return t

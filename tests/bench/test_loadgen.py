@@ -1,4 +1,4 @@
-"""`hycache bench serve` (hycache.loadgen) against a real server on 127.0.0.1.
+"""`hycache bench serve` (hycache.bench.loadgen) against a real server on 127.0.0.1.
 
 The server is `tests.server.conftest`'s: the tiny model under uvicorn in a thread, stopped by the
 fixture. Runs are a few requests of a few tokens each.
@@ -18,9 +18,10 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from hycache.cli import main
-from hycache.loadgen import RunOptions, build_plan, completions_url, run_bench
+from hycache.bench.loadgen import RunOptions, build_plan, completions_url, run_bench
+from hycache.cli.main import main
 from hycache.server.app import create_app
+from hycache.sim.build import PrefixHints, WorkloadSizes
 from tests.server.conftest import make_llm, serving
 
 SMALL = ["--shared-prefix-tokens", "128", "--suffix-tokens", "16", "--output-tokens", "4"]
@@ -65,16 +66,10 @@ def test_closed_loop_shared_prefix(url: str, tmp_path: Path) -> None:
 
 
 def test_open_loop_streamed_tokens_match_a_plain_request(url: str) -> None:
-    plan = build_plan(
-        "family",
-        seed=3,
-        families=2,
-        requests_per_family=2,
-        shared_prefix_tokens=96,
-        suffix_tokens=8,
-        output_tokens=5,
-        prefix_hint=True,
+    sizes = WorkloadSizes(
+        families=2, requests_per_family=2, shared_prefix_tokens=96, suffix_tokens=8, output_tokens=5
     )
+    plan = build_plan("family", sizes, seed=3, hints=PrefixHints(shared=True))
     assert plan.requests[0].prefix_hints == (96,)
     done: list[int] = []
     opts = RunOptions(url=url, request_rate=50.0, prefix_hint=True, seed=1)
@@ -180,8 +175,10 @@ def test_api_key_model_and_a_text_only_server() -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        plan = build_plan("system-prompt", num_requests=2, shared_prefix_tokens=8,
-                          suffix_tokens=2, output_tokens=3, prefix_hint=True)  # fmt: skip
+        sizes = WorkloadSizes(
+            num_requests=2, shared_prefix_tokens=8, suffix_tokens=2, output_tokens=3
+        )
+        plan = build_plan("system-prompt", sizes, hints=PrefixHints(shared=True))
         opts = RunOptions(
             url=f"http://127.0.0.1:{server.server_port}/v1",
             concurrency=1,

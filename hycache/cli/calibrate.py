@@ -1,0 +1,115 @@
+"""`hycache calibrate` (time the real engine, fit the cost model: hycache.calibrate) and
+`hycache bench --validate PROFILE` (hycache.validate): their flags and commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from hycache.cli.args import UserError, add_flag, positive_int
+from hycache.cli.tables import (
+    console,
+    fit_table,
+    progress_reporter,
+    residuals_table,
+    validation_table,
+)
+from hycache.files import check_writable, write_atomic
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from hycache.calibrate import CalibrateOptions, calibrate
+
+    check_writable(args.out, "--out")
+    opts = CalibrateOptions(
+        model=args.model,
+        threads=args.threads,
+        repeats=args.repeats,
+        quick=args.quick,
+        clock=args.clock,
+        seed=args.seed,
+    )
+    if opts.model != "tiny":
+        raise UserError("--model: the engine's calibration grid is sized for `tiny`")
+    command = "hycache " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    with progress_reporter("calibrating") as progress:
+        doc = calibrate(opts, progress, command=f"hycache calibrate {command}".strip())
+    console.print(residuals_table("fitted shapes", doc["residuals"]))
+    console.print(residuals_table("held-out shapes (not fitted)", doc["held_out"]))
+    console.print(fit_table(doc))
+    write_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """`hycache bench --validate PROFILE`."""
+    from hycache.validate import ValidateOptions, misses, validate
+
+    check_writable(args.json, "--json")
+    opts = ValidateOptions(
+        profile=args.validate,
+        threads=args.threads,
+        repeats=args.engine_repeats or 1,
+        quick=args.quick,
+        clock=args.clock,
+    )
+    with progress_reporter("validating") as progress:
+        doc = validate(opts, progress)
+    console.print(validation_table(doc))
+    miss = misses(doc)
+    doc["misses"] = miss
+    console.print(
+        "within the targets (10% on tok/s and TTFT p50, 3 pp on the ratio)"
+        if not miss
+        else "outside the targets: " + "; ".join(miss)
+    )
+    console.print(f"validation wall time: {doc['wall_s']:.1f} s")
+    if args.json:
+        write_atomic(args.json, json.dumps(doc, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def add_validate_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("validation")
+    g.add_argument(
+        "--validate",
+        default=None,
+        metavar="PROFILE",
+        help="instead: the simulator with this calibrated profile (`hycache calibrate`) "
+        "against the CPU engine on the system-prompt, family and multi-turn workloads, "
+        "lookahead and limit (writes --json when given a file other than the default)",
+    )
+    g.add_argument("--threads", type=positive_int, default=1, help="torch threads (validation)")
+    g.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default=None,
+        help="validation: time both sides by this clock (default: the profile's)",
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="time the real engine over a grid of step shapes and fit the cost model",
+        description="Run the engine on this device over prefill, decode, verify and mixed "
+        "step shapes (and block copies, state writes), fit the simulator's cost model, and "
+        "write a device profile that `hycache simulate --gpu-config` accepts.",
+    )
+    p.add_argument("--model", default="tiny", help="the engine model (tiny)")
+    p.add_argument("--out", required=True, help="the profile JSON to write")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    p.add_argument("--repeats", type=positive_int, default=5, help="repeats per shape")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="fit the wall time, or the process CPU time (a machine shared with other work)",
+    )
+    p.add_argument("--quick", action="store_true", help="a tiny grid (a smoke test)")
+    add_flag(p, "--seed")
+    p.set_defaults(func=cmd_calibrate)

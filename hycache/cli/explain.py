@@ -1,0 +1,88 @@
+"""`hycache explain`: its flags and command (the work is hycache.sim.explain, or
+hycache.vllm.explain for `--backend vllm`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hycache.cli.args import CacheArgs, add_cache_flags, add_flag, prefix_hints
+from hycache.cli.tables import console, explain_table
+from hycache.config import POLICY_NAMES
+from hycache.sim.build import build_config
+from hycache.sim.explain import ExplainInputs
+
+
+def inputs_from_cli_args(cache: CacheArgs, args: argparse.Namespace) -> ExplainInputs:
+    """What explain runs; a bare `--prefix-hint` names the shared prefix P."""
+    hints = prefix_hints(args.prefix_hint)
+    tokens = (args.shared_prefix,) if hints.shared else ()
+    return ExplainInputs(
+        block_size=args.block_size,
+        prefix_match_unit=args.prefix_match_unit,
+        eagle=cache.eagle,
+        prompt_tokens=args.prompt_tokens,
+        shared_prefix=args.shared_prefix,
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        prefix_hints=(*tokens, *hints.tokens),
+        internal_checkpoints=args.internal_checkpoints,
+    )
+
+
+def run_vllm(inputs: ExplainInputs, policy: str | None) -> dict[str, object]:
+    from hycache.vllm.reference import available
+
+    if policy:
+        raise SystemExit("hycache explain: --policy applies to --backend hycache only")
+    if not available():
+        raise SystemExit(
+            "hycache explain --backend vllm: vllm is not installed here; `make setup` "
+            "installs vLLM 0.33.0 (pip install vllm==0.33.0 --no-deps, then "
+            "requirements/vllm.txt)"
+        )
+    from hycache.vllm.explain import explain_vllm
+
+    return explain_vllm(inputs)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from hycache.sim.explain import explain
+
+    cache = CacheArgs.from_cli_args(args)
+    inputs = inputs_from_cli_args(cache, args)
+    policies = (args.policy,) if args.policy else POLICY_NAMES
+    # validate the geometry through the config before running anything
+    build_config(
+        cache.geometry,
+        policy=policies[0],
+        max_model_len=args.prompt_tokens + 8,
+        num_blocks=10**6,
+    )
+    if args.backend == "vllm":
+        result = run_vllm(inputs, args.policy)
+    else:
+        result = explain(inputs, tuple(policies))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(explain_table(result))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("explain", help="where siblings and resends resume, per policy")
+    add_cache_flags(p)
+    p.add_argument("--prompt-tokens", type=int, required=True, help="producer prompt length T")
+    p.add_argument("--shared-prefix", type=int, required=True, help="shared prefix length P")
+    p.add_argument("--policy", choices=POLICY_NAMES, default=None, help="one policy (default all)")
+    add_flag(p, "--prefix-hint")
+    p.add_argument(
+        "--backend",
+        choices=("hycache", "vllm"),
+        default="hycache",
+        help="hycache: one column per policy; vllm: vLLM 0.33's real scheduler, stock beside "
+        "hycache.vllm.Scheduler (needs vllm installed)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_explain)

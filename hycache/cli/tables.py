@@ -1,0 +1,350 @@
+"""What the command line prints: its consoles, progress bars and every rich table (explain,
+the arms of simulate and bench, the bench's curves, the simulated instances, eviction curves,
+`bench serve`'s results, calibration and validation).
+
+Presentation only: the numbers come from hycache.sim, hycache.bench and hycache.validate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from hycache.sim.compare import BASELINE, HEADLINE, reference_arm
+
+if TYPE_CHECKING:
+    from hycache.sim.simulator import SimResult
+
+console = Console(stderr=False)
+if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
+    console = Console(stderr=False, width=120)
+err_console = Console(stderr=True)
+
+
+def progress_bar(disable: bool = False) -> Progress:
+    """The command line's progress bar on stderr: description, bar, done / total, elapsed."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=disable,
+    )
+
+
+@contextlib.contextmanager
+def progress_reporter(what: str) -> Iterator[Callable[[str], None]]:
+    """A callback that reports progress on stderr: a live status line on a terminal, plain
+    timestamped lines otherwise (a piped or logged run is never silent)."""
+    if err_console.is_terminal:
+        with err_console.status(what) as status:
+            yield lambda msg: status.update(f"{what}: {msg}")
+        return
+    start = time.monotonic()
+
+    def line(msg: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f} s] {what}: {msg}", file=sys.stderr, flush=True)
+
+    yield line
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 1:
+            return f"{v:.2f}"
+        return f"{v:.4f}"
+    if isinstance(v, list):
+        return " / ".join(fmt(x) for x in v)
+    return str(v)
+
+
+def explain_table(result: Mapping[str, Any]) -> Table:
+    inp = result["inputs"]
+    title = (
+        f"B={inp['block_size']:,}  u={inp['prefix_match_unit']:,}  "
+        f"EAGLE {'on' if inp['eagle'] else 'off'}  T={inp['prompt_tokens']:,}  "
+        f"P={inp['shared_prefix']:,}"
+    )
+    policies = result["policies"]
+    table = Table(title=title)
+    table.add_column("position")
+    for name in policies:
+        table.add_column(name, justify="right")
+    rows = [
+        ("replay boundary", "replay_boundary"),
+        ("tail checkpoint", "tail_checkpoint"),
+        ("producer checkpoints (observed)", "producer_checkpoints"),
+        ("identical resend resumes at", "resend"),
+        ("sibling 1 / 2 / 3 resume at", "siblings"),
+        ("sibling junctions observed", "sibling_junctions"),
+        ("sibling prefill steps", "sibling_prefill_steps"),
+        ("the limit floor((P-1)/u)*u", "limit"),
+        ("SSM pages keyed: at the end / peak", "ssm_pages_held"),
+    ]
+    for label, key in rows:
+        table.add_row(label, *(fmt(p[key]) for p in policies.values()))
+    return table
+
+
+SIM_ROWS = (
+    ("output tokens/s", "output_tokens_per_s", True),
+    ("requests/s", "request_throughput", True),
+    ("TTFT p50 (s)", "ttft_p50_s", True),
+    ("TTFT p95 (s)", "ttft_p95_s", True),
+    ("ITL p50 (s)", "itl_p50_s", True),
+    ("ITL p95 (s)", "itl_p95_s", True),
+    ("prefill tokens computed", "prefill_tokens_computed", True),
+    ("hit tokens", "hit_tokens", True),
+    ("token hit rate", "token_hit_rate", True),
+    ("lost-reuse tokens", "lost_reuse_tokens", False),
+    ("requests that observed a junction", "junctions_observed", False),
+    ("extra prefill steps (max)", "extra_prefill_steps_max", False),
+    ("SSM state pages keyed (total)", "ssm_pages_stored", True),
+    ("  of which decode snapshots", "ssm_snapshot_pages", False),
+    ("SSM state pages keyed (peak held)", "ssm_pages_peak", True),
+    ("peak blocks used", "peak_blocks_used", False),
+    ("cache blocks", "num_blocks", False),
+    ("preemptions", "preemptions", False),
+)
+
+
+def _ratio(v: Any, base: Any) -> str:
+    ok = isinstance(v, int | float) and isinstance(base, int | float) and base
+    return f"{v / base:.3f}x" if ok else ""
+
+
+def headline_pair(names: list[str]) -> tuple[str, str] | None:
+    """(numerator, denominator) of a table's ratio column: `limit / lookahead` when both are
+    there, the second arm over the first for a pair, else None."""
+    if HEADLINE in names and BASELINE in names:
+        return HEADLINE, BASELINE
+    if len(names) == 2:
+        return names[1], names[0]
+    return None
+
+
+def policy_table(title: str, policies: Mapping[str, Mapping[str, Any]]) -> Table:
+    """Metrics per arm; a bold column with the headline ratio (`limit / lookahead`), and a last
+    row with every arm's output tokens/s over the baseline (`lookahead` when present)."""
+    table = Table(title=title)
+    table.add_column("metric")
+    names = list(policies)
+    for name in names:
+        table.add_column(name, justify="right")
+    pair = headline_pair(names)
+    if pair:
+        table.add_column(f"{pair[0]}/{pair[1]}", justify="right", style="bold")
+    for label, key, ratio in SIM_ROWS:
+        if all(policies[n].get(key) is None for n in names):
+            continue
+        cells = [fmt(policies[n].get(key)) for n in names]
+        if pair:
+            num, den = (policies[x].get(key) for x in pair)
+            cells.append(_ratio(num, den) if ratio else "")
+        table.add_row(label, *cells)
+    if len(names) > 1:
+        base = reference_arm(names)
+        key = "output_tokens_per_s"
+        cells = [_ratio(policies[n].get(key), policies[base].get(key)) for n in names]
+        table.add_row(f"output tokens/s ÷ {base}", *cells, *([""] if pair else []), style="bold")
+    return table
+
+
+def curves_table(curves: Mapping[str, Any]) -> Table:
+    """`limit / lookahead` output tokens/s at each point of the bench's curves."""
+    table = Table(title=f"{HEADLINE} / {BASELINE} output tokens/s (simulated curves)")
+    table.add_column("over")
+    table.add_column("workload")
+    table.add_column("x: ratio")
+    for axis in ("output_tokens", "concurrency"):
+        for name, points in curves.get(axis, {}).items():
+            cells = "  ".join(f"{p['x']}: {p['ratio']:.3f}" for p in points)
+            table.add_row(axis.replace("_", " "), name, cells)
+    return table
+
+
+INSTANCE_COLUMNS = (
+    ("requests", "requests"),
+    ("token hit rate", "token_hit_rate"),
+    ("store hit tokens", "store_hit_tokens"),
+    ("TTFT p50 s", "ttft_p50_s"),
+    ("TTFT p95 s", "ttft_p95_s"),
+    ("output tok/s", "output_tokens_per_s"),
+    ("load s", "store_load_s"),
+)
+
+
+def instances_table(title: str, results: Mapping[str, SimResult]) -> Table:
+    """A rich table: per arm, each instance and the total (columns `INSTANCE_COLUMNS`)."""
+    table = Table(title=title)
+    table.add_column("arm")
+    table.add_column("instance")
+    for label, _ in INSTANCE_COLUMNS:
+        table.add_column(label, justify="right")
+    for name, res in results.items():
+        rows = [(str(i["instance"]), i) for i in res.instances] + [("all", res.summary)]
+        for label, summary in rows:
+            cells = [fmt(summary.get(key)) for _, key in INSTANCE_COLUMNS]
+            table.add_row(name, label, *cells, style="bold" if label == "all" else None)
+    return table
+
+
+def eviction_table(doc: dict[str, Any]) -> Table:
+    """A rich table: per workload and fraction, each arm's hit rate and TTFT p95, and the
+    `limit` flop-aware / lru ratios."""
+    arms = doc["inputs"]["arms"]
+    t = Table(title=f"eviction under memory pressure (alpha {doc['inputs']['alpha']:g})")
+    t.add_column("workload")
+    t.add_column("memory", justify="right")
+    for arm in arms:
+        t.add_column(f"{arm}\nhit · p95 s", justify="right")
+    t.add_column("limit fa/lru\nhit · p95", justify="right")
+    for name, rows in doc["curves"].items():
+        for row in sorted(rows, key=lambda r: r["fraction"]):
+            cells = []
+            for arm in arms:
+                a = row["arms"][arm]
+                cells.append(f"{a['token_hit_rate']:.3f} · {a['ttft_p95_s']:.2f}")
+            r = row["ratios"]
+            hit = "-" if r["token_hit_rate"] is None else f"{r['token_hit_rate']:.2f}"
+            p95 = "-" if r["ttft_p95_s"] is None else f"{r['ttft_p95_s']:.2f}"
+            t.add_row(name, f"{row['fraction']:g}", *cells, f"{hit} · {p95}")
+    return t
+
+
+def results_table(title: str, summary: dict[str, Any]) -> Table:
+    """The summary as a rich table."""
+
+    def num(v: float | None, fmt: str = ".2f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("requests ok / failed", f"{summary['ok']} / {summary['failed']}")
+    t.add_row("duration (s)", num(summary["duration_s"]))
+    t.add_row("request throughput (req/s)", num(summary["request_throughput_per_s"]))
+    t.add_row("output throughput (tok/s)", num(summary["output_throughput_tok_per_s"], ".1f"))
+    t.add_row("prompt / output tokens", f"{summary['prompt_tokens']} / {summary['output_tokens']}")
+    t.add_row("mean cached tokens", num(summary["mean_cached_tokens"], ".1f"))
+    ratio = summary["cached_token_ratio"]
+    t.add_row("cached / prompt tokens", "-" if ratio is None else f"{ratio:.1%}")
+    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        d = summary[key]
+        t.add_row(
+            f"{name} ms p50 / p95 / p99",
+            " / ".join(num(d[p]) for p in ("p50", "p95", "p99")),
+        )
+    for message, count in list(summary["errors"].items())[:5]:
+        t.add_row(Text(f"failed x{count}", style="red"), Text(message))
+    return t
+
+
+def residuals_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """Per shape: measured on the fit's clock (wall and CPU beside), predicted, error; the
+    spread of the repeats and the load average. Copies and state writes (dim) are not
+    fitted."""
+    t = Table(title=title)
+    cols = ("shape", "measured ms", "wall ms", "CPU ms", "predicted ms", "error", "spread", "load")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "shape" else "right")
+    for r in rows:
+        style = None if r["kind"] == "step" else "dim"
+        t.add_row(
+            r["shape"],
+            f"{r['measured_s'] * 1e3:.2f}",
+            f"{r['wall_s'] * 1e3:.2f}",
+            f"{r['cpu_s'] * 1e3:.2f}",
+            f"{r['predicted_s'] * 1e3:.2f}",
+            f"{r['error']:+.1%}",
+            f"{r['spread']:.0%}",
+            f"{r['load']:.1f}",
+            style=style,
+        )
+    return t
+
+
+def fit_table(doc: dict[str, Any]) -> Table:
+    cal = doc["calibration"]
+    t = Table(title=f"fitted on {doc['model']} ({cal['extra']['clock']} clock)")
+    t.add_column("parameter")
+    t.add_column("value", justify="right")
+    from hycache.sim.fit import PRESET_FIELDS
+
+    skip = {"name", "description", "source", "memory_bytes"}
+    for key in (k for k in PRESET_FIELDS if k not in skip):
+        t.add_row(key, f"{doc[key]:.4g}" if not isinstance(doc[key], bool) else str(doc[key]))
+    t.add_row("rms error, fitted / held out", f"{cal['rms_error_fitted']:.1%} / "
+              f"{cal['rms_error_held_out']:.1%}")  # fmt: skip
+    for name, rms in cal["ablation_rms_error"].items():
+        t.add_row(f"ablation: {name}", f"{rms:.1%}")
+    t.add_row("load before / after", f"{cal['load_before']:.1f} / {cal['load_after']:.1f}")
+    t.add_row("CPU / wall", f"{cal['cpu_over_wall']:.2f}")
+    return t
+
+
+def validation_table(doc: dict[str, Any]) -> Table:
+    """Measured vs predicted per workload and policy, with the error of each."""
+    i = doc["inputs"]
+    t = Table(
+        title=f"simulator ({i['profile']}, {i['clock']} clock) vs the CPU engine "
+        f"({i['model']} + EAGLE k={i['num_speculative_tokens']}, acceptance "
+        f"{i['acceptance_rate']:.2f}; median of {i['repeats']})"
+    )
+    for col in ("workload", "policy", "metric", "measured", "predicted", "error"):
+        t.add_column(col, justify="left" if col in ("workload", "policy", "metric") else "right")
+    from hycache.validate import METRICS
+
+    for name, part in doc["workloads"].items():
+        c = part["comparison"]
+        for p in (x for x in c if x != "ratio"):
+            for label, key in METRICS:
+                v = c[p][key]
+                err = v["error"]
+                t.add_row(name, p, label, f"{v['measured']:.3g}", f"{v['predicted']:.3g}",
+                          f"{err:+.1%}" if err is not None else "")  # fmt: skip
+        if "ratio" in c:
+            r = c["ratio"]
+            cells = (f"{r['measured']:.3f}", f"{r['predicted']:.3f}", f"{r['error_pp']:+.1f} pp")
+            t.add_row(name, "limit/lookahead", "output tok/s", *cells, style="bold")
+    return t
+
+
+def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any]) -> Table:
+    """`hycache bench --engine-profile`: the CPU engine arm, measured beside predicted."""
+    from hycache.validate import METRICS
+
+    t = Table(title="CPU engine arm: measured vs the simulator with the calibrated profile")
+    for col in ("policy", "metric", "measured", "predicted", "error"):
+        t.add_column(col, justify="left" if col in ("policy", "metric") else "right")
+    for p, pred in predicted.items():
+        for label, key in METRICS:
+            m, s = measured[p][key], pred[key]
+            t.add_row(p, label, f"{m:.3g}", f"{s:.3g}", f"{s / m - 1:+.1%}" if m else "")
+    if {"limit", "lookahead"} <= set(predicted):
+        key = "output_tokens_per_s"
+        rm = measured["limit"][key] / measured["lookahead"][key]
+        rp = predicted["limit"][key] / predicted["lookahead"][key]
+        t.add_row("limit/lookahead", "output tok/s", f"{rm:.3f}", f"{rp:.3f}",
+                  f"{100 * (rp - rm):+.1f} pp", style="bold")  # fmt: skip
+    return t

@@ -1,0 +1,100 @@
+"""The package's shape: its import graph has no cycle, and the lower layers never import
+the upper ones (docs/architecture.md has the map). Every import counts, a function-level or
+`TYPE_CHECKING` one too: a cycle hidden behind a late import is still a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "hycache"
+
+# lower layer -> packages it must never import (the layers of docs/architecture.md)
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "hycache.cache": ("engine", "server", "cli", "bench", "sim", "model", "sched", "vllm"),
+    "hycache.sched": ("engine", "server", "cli", "bench", "sim", "model", "vllm"),
+    "hycache.store": ("engine", "server", "cli", "bench", "sim", "model", "sched", "vllm"),
+    "hycache.model": ("engine", "server", "cli", "bench", "sim", "sched", "vllm"),
+    "hycache.engine": ("server", "cli", "bench", "vllm"),
+    "hycache.sim": ("engine", "server", "cli", "bench", "vllm"),
+    "hycache.server": ("cli", "bench", "vllm"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The hycache modules `path` imports (relative imports resolved). `from pkg import x`
+    imports module `pkg.x` when there is one, else a name of `pkg` itself."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.add(sub if sub in modules else base)
+    return {m for m in out if m in modules and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in ROOT.rglob("*.py")}
+    return {name: imports(path, name, set(files)) for name, path in files.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (module names, first repeated at the end), or None. A package's
+    `__init__` importing its own submodules is not a cycle by itself; a submodule importing
+    its package's `__init__` back is."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(edges.get(m, ())):
+            if state.get(n) == 1:
+                return [*stack[stack.index(n) :], n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycle() -> None:
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_lower_layers_do_not_import_upper_ones(layer: str) -> None:
+    bad = sorted(
+        f"{m} imports {n}"
+        for m, targets in graph().items()
+        if m == layer or m.startswith(layer + ".")
+        for n in targets
+        if any(n == f"hycache.{up}" or n.startswith(f"hycache.{up}.") for up in FORBIDDEN[layer])
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None

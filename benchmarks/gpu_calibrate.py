@@ -4,7 +4,7 @@ on the device; nothing is downloaded), and set the fit beside the `h200` preset'
     .venv/bin/python benchmarks/gpu_calibrate.py --out out/h200-profile.json    # on the GPU
     .venv/bin/python benchmarks/gpu_calibrate.py --smoke --out /tmp/smoke.json  # CPU, tiny
 
-It runs `hycache.calibrate` (the same probes as `hycache calibrate`: prefill chunks at several
+It runs `hycache.bench.calibrate` (the same probes as `hycache calibrate`: prefill chunks at several
 contexts, decode/verify batches with k drafts, mixed steps, block copies, state writes) with a
 grid sized for the GPU (B=2208, u=64, so chunks of 2,208-8,832 tokens stay on the block grid;
 contexts to 16k; batches to 32; k=3 as the simulated tables use), then reports per shape
@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hycache.calibrate import (
+from hycache.bench.calibrate import (
     CalibrateOptions,
     DecodeProbe,
     Grid,

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 
 class Policy(StrEnum):
-    """Where SSM checkpoints are placed and how prefixes are keyed (DESIGN §3.5, §5).
+    """Where SSM checkpoints are placed and how prefixes are keyed (architecture §4.5).
 
     `tail`, `replay`, `junction`: the EAGLE drop scheme (a hit recomputes its last unit).
     `lookahead`: vLLM 0.33's default EAGLE setup (keys cover the next token, nothing dropped).
@@ -238,8 +238,8 @@ class SpeculativeConfig:
 
     `eagle_drop` defaults to on whenever drafts are proposed: the drafter needs the target's
     hidden state of the token before each position, so a hit must either recompute its last
-    match unit (the drop policies, DESIGN §3.4) or be keyed on the next token as well
-    (`lookahead`, `limit`: DESIGN §5).
+    match unit (the drop policies, architecture §4.4) or be keyed on the next token as well
+    (`lookahead`, `limit`: architecture §4.5).
     """
 
     num_speculative_tokens: int = 0
@@ -264,7 +264,7 @@ class SpeculativeConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     """`wait_for_inflight_prefix`: a waiting request whose prefix a running request is
-    computing (or will checkpoint) waits for it instead of recomputing it (DESIGN §3.7)."""
+    computing (or will checkpoint) waits for it instead of recomputing it (architecture §4.7)."""
 
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 64

@@ -1,5 +1,5 @@
 """`hycache bench`: every arm side by side, CPU engine and simulated (hycache.bench.suite), its
-eviction curves (hycache.bench.eviction) and `--validate` (hycache.validate): flags, the typed
+eviction curves (hycache.bench.eviction) and `--validate` (hycache.bench.validate): flags, the typed
 run they describe (`BenchArgs`) and the command. `hycache bench serve` lives in
 hycache.cli.bench_serve."""
 
@@ -167,8 +167,8 @@ def print_engine(a: BenchArgs, doc: dict[str, Any]) -> None:
         title += f"; second tier {e['kv_store']} ({e['kv_store_gb']:g} GiB per arm)"
     console.print(policy_table(title, doc["engine"]["policies"]))
     if a.engine_profile:
+        from hycache.bench.validate import predict_engine_bench
         from hycache.cli.tables import engine_prediction_table
-        from hycache.validate import predict_engine_bench
 
         predicted = predict_engine_bench(a.engine, a.engine_profile)
         doc["engine"]["predicted"] = {"profile": a.engine_profile, "policies": predicted}

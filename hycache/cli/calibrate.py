@@ -1,5 +1,5 @@
-"""`hycache calibrate` (time the real engine, fit the cost model: hycache.calibrate) and
-`hycache bench --validate PROFILE` (hycache.validate): their flags and commands."""
+"""`hycache calibrate` (time the real engine, fit the cost model: hycache.bench.calibrate) and
+`hycache bench --validate PROFILE` (hycache.bench.validate): their flags and commands."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from hycache.files import check_writable, write_atomic
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from hycache.calibrate import CalibrateOptions, calibrate
+    from hycache.bench.calibrate import CalibrateOptions, calibrate
 
     check_writable(args.out, "--out")
     opts = CalibrateOptions(
@@ -46,7 +46,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """`hycache bench --validate PROFILE`."""
-    from hycache.validate import ValidateOptions, misses, validate
+    from hycache.bench.validate import ValidateOptions, misses, validate
 
     check_writable(args.json, "--json")
     opts = ValidateOptions(

@@ -2,7 +2,7 @@
 the arms of simulate and bench, the bench's curves, the simulated instances, eviction curves,
 `bench serve`'s results, calibration and validation).
 
-Presentation only: the numbers come from hycache.sim, hycache.bench and hycache.validate.
+Presentation only: the numbers come from hycache.sim, hycache.bench and hycache.bench.validate.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def validation_table(doc: dict[str, Any]) -> Table:
     )
     for col in ("workload", "policy", "metric", "measured", "predicted", "error"):
         t.add_column(col, justify="left" if col in ("workload", "policy", "metric") else "right")
-    from hycache.validate import METRICS
+    from hycache.bench.validate import METRICS
 
     for name, part in doc["workloads"].items():
         c = part["comparison"]
@@ -332,7 +332,7 @@ def validation_table(doc: dict[str, Any]) -> Table:
 
 def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any]) -> Table:
     """`hycache bench --engine-profile`: the CPU engine arm, measured beside predicted."""
-    from hycache.validate import METRICS
+    from hycache.bench.validate import METRICS
 
     t = Table(title="CPU engine arm: measured vs the simulator with the calibrated profile")
     for col in ("policy", "metric", "measured", "predicted", "error"):

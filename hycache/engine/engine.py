@@ -249,7 +249,7 @@ class LLM:
             mirror = attach_store(kv_store, kv_store_gb, self.scheduler.cache, self.runner, fp)
             self.store = mirror.store
         self.stats = EngineStats()
-        # the last step's schedule (`hycache.calibrate` reads the work each timed step did)
+        # the last step's schedule (`hycache.bench.calibrate` reads the work each timed step did)
         self.last_schedule: SchedulerOutput | None = None
         self._ids = itertools.count()
         self._streamed: dict[str, int] = {}  # output tokens already streamed, per request

@@ -4,7 +4,7 @@ This module owns the arithmetic of `hycache calibrate` once the timings exist: w
 measured step shape is (:class:`Sample`), the cost model's free parameters (:class:`Fit`), the
 least-squares fit (:func:`fit`), the residuals per shape (:func:`residuals`) and the device
 profile document (:func:`profile_dict`, the GPU preset schema plus the calibration fields).
-The engine side (running the real engine over a grid of shapes) is `hycache.calibrate`.
+The engine side (running the real engine over a grid of shapes) is `hycache.bench.calibrate`.
 
 The model fitted is `CostModel.step_time` itself: per phase, a roofline
 ``max(F / (peak * compute_eff), B / (bandwidth * bw_eff))``, plus the fixed overheads. For a

@@ -340,7 +340,7 @@ def multi_turn_workload(
 
 @dataclass(frozen=True)
 class SystemPromptShape:
-    """The seed's shape (DESIGN §4): a 57,600-token system prompt and a 6,416-token suffix
+    """The seed's shape (architecture §4): a 57,600-token system prompt and a 6,416-token suffix
     (T = 64,016); 256 output tokens is the seed's simulated default."""
 
     num_requests: int = 256

@@ -1,5 +1,5 @@
 """`hycache calibrate`'s fit, profile and validation arithmetic (hycache.sim.fit,
-hycache.calibrate, hycache.validate); timings themselves are never asserted here."""
+hycache.bench.calibrate, hycache.bench.validate); timings themselves are never asserted here."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hycache.bench.validate import compare, misses
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
 from hycache.sim.fit import (
     Conditions,
@@ -21,7 +22,6 @@ from hycache.sim.fit import (
     residuals,
 )
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
-from hycache.validate import compare, misses
 
 MODEL = load_model_spec("tiny")
 CPU = GpuSpec(name="cpu-test", peak_flops=1e11, hbm_bandwidth=1.5e10, memory_bytes=1 << 34)
@@ -230,7 +230,7 @@ def test_compare_errors_and_ratio() -> None:
 
 
 def test_acceptance_rate_inverts_tokens_per_step() -> None:
-    from hycache.calibrate import acceptance_rate
+    from hycache.bench.calibrate import acceptance_rate
 
     assert acceptance_rate(2, 1.0) == 0.0
     assert acceptance_rate(2, 3.0) == 1.0
@@ -240,7 +240,7 @@ def test_acceptance_rate_inverts_tokens_per_step() -> None:
 
 def test_a_tiny_calibrate_run_produces_residuals() -> None:
     """The engine side on the smallest grid (one thread, one repeat: a few seconds)."""
-    from hycache.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe, calibrate
+    from hycache.bench.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe, calibrate
 
     grid = Grid(
         prefill=(PrefillProbe(64, (0, 64)),),

@@ -31,16 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from hycache.sim import build as sim_build
+from hycache.sim.build import DEFAULT_SHAPES, WorkloadSizes, WorkloadSpec
 from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
-from hycache.sim.workloads import (
-    RequestSpec,
-    SessionSpec,
-    family_workload,
-    multi_turn_workload,
-    system_prompt_workload,
-)
+from hycache.sim.workloads import RequestSpec, SessionSpec
 
 Progress = Callable[[str], None]
 
@@ -76,22 +72,36 @@ class ValidateOptions:
     acceptance_rate: float | None = None  # None: the profile's measurement (else 0)
 
 
+# the validation workloads at the CPU engine's scale, and at a smoke-test size (`quick`)
+SIZES: dict[str, tuple[WorkloadSizes, WorkloadSizes]] = {
+    "system-prompt": (
+        WorkloadSizes(num_requests=12, shared_prefix_tokens=7_200, suffix_tokens=802,
+                      output_tokens=32),
+        WorkloadSizes(num_requests=4, shared_prefix_tokens=300, suffix_tokens=60,
+                      output_tokens=6),
+    ),
+    "family": (
+        WorkloadSizes(families=3, requests_per_family=(3, 5), shared_prefix_tokens=(1_500, 6_000),
+                      suffix_tokens=(64, 800), output_tokens=(16, 48)),
+        WorkloadSizes(families=2, requests_per_family=(2, 3), shared_prefix_tokens=(150, 400),
+                      suffix_tokens=(16, 64), output_tokens=(4, 8)),
+    ),
+    "multi-turn": (
+        WorkloadSizes(sessions=6, turns=(2, 4), user_tokens=(32, 400), output_tokens=(16, 48),
+                      system_prompt_tokens=1_500),
+        WorkloadSizes(sessions=2, turns=2, user_tokens=(16, 48), output_tokens=(4, 8),
+                      system_prompt_tokens=200),
+    ),
+}  # fmt: skip
+
+
 def build_workload(name: str, seed: int, quick: bool = False) -> Workload:
-    """A validation workload at the CPU engine's scale (`quick`: a smoke-test size)."""
-    if name == "system-prompt":
-        n, p, s, o = (4, 300, 60, 6) if quick else (12, 7_200, 802, 32)
-        return Workload(name, system_prompt_workload(n, p, s, o, seed, vocab=VOCAB))
-    if name == "family":
-        shape = (2, (2, 3), (150, 400), (16, 64), (4, 8)) if quick else None
-        fam = shape or (3, (3, 5), (1_500, 6_000), (64, 800), (16, 48))
-        return Workload(name, family_workload(*fam, seed, vocab=VOCAB))  # type: ignore[arg-type]
-    if name == "multi-turn":
-        if quick:
-            sessions = multi_turn_workload(2, 2, (16, 48), (4, 8), seed, 200, vocab=VOCAB)
-        else:
-            sessions = multi_turn_workload(6, (2, 4), (32, 400), (16, 48), seed, 1_500, VOCAB)
-        return Workload(name, sessions=sessions)
-    raise ValueError(f"unknown validation workload {name!r}; one of {', '.join(WORKLOADS)}")
+    """A validation workload (`SIZES`), built as simulate and bench build theirs."""
+    if name not in SIZES:
+        raise ValueError(f"unknown validation workload {name!r}; one of {', '.join(WORKLOADS)}")
+    sizes = SIZES[name][1 if quick else 0]
+    shape = sizes.applied(DEFAULT_SHAPES[name])
+    return sim_build.build_workload(WorkloadSpec(name, shape, seed=seed, vocab=VOCAB))
 
 
 @dataclass

@@ -11,7 +11,7 @@ objects (`XxxArgs.from_cli_args`): nothing below hycache.cli sees an `argparse.N
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -106,26 +106,24 @@ def rate_or_auto(text: str) -> float | str:
     return value
 
 
-def port_number(text: str) -> int:
-    """argparse type for a TCP port, 0-65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port lies in 0-65535, got {value}")
-    return value
+def int_within(lo: int, hi: int, what: str, bounds: str) -> Callable[[str], int]:
+    """An argparse type for an integer in [lo, hi]; `what` names a non-integer, `bounds` one
+    outside (each message ends with the value given)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{bounds}, got {value}")
+        return value
+
+    return parse
 
 
-def connection_count(text: str) -> int:
-    """argparse type for `--max-connections`: 1 to 65536."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 1 <= value <= 65536:
-        raise argparse.ArgumentTypeError(f"must lie in 1-65536, got {value}")
-    return value
+port_number = int_within(0, 65535, "a port number", "a port lies in 0-65535")
+connection_count = int_within(1, 65536, "an integer", "must lie in 1-65536")  # --max-connections
 
 
 # -- the flags several commands share ---------------------------------------------------------

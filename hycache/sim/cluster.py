@@ -72,7 +72,7 @@ class Instance:
         self.index = index
         self.cost = cost
         self.dry_step_s = dry_step_s
-        self.sched = Scheduler(config)
+        self.sched = Scheduler(config, keep_finished=0)  # `update` returns each finish
         spec = config.speculative
         self.executor = DryRunExecutor(
             vocab_size=vocab_size,
@@ -131,7 +131,6 @@ class Instance:
                 load = self.link.load_time(nbytes, calls)
         sampling = [s.request.request_id for s in out.scheduled if s.samples]
         done = sched.update(out, self.executor.execute(out))
-        sched.finished.clear()  # nobody inspects them here; they hold whole prompts
         preempted = set(out.preempted)
         self.pages.attribute(
             done,

@@ -467,10 +467,9 @@ def predict(
 ) -> float:
     """The step time `values` predict for `s`: `CostModel.step_time`, or for a ``copies``
     sample its `block_copies` phase alone, or for ``state_writes`` its state copies."""
-    if s.kind == "state_writes":
-        eff = values.state_copy_efficiency or values.bandwidth_efficiency
-        return _state_write_s(s, model, gpu) / eff
     cost = values.cost_model(model, gpu, s.num_speculative_tokens, block_size=block_size)
+    if s.kind == "state_writes":
+        return _state_write_s(s, model, gpu) / cost.state_copy_efficiency
     if s.kind == "copies":
         return sum(p.time_s for p in cost.phases(s.work) if p.name == "block_copies")
     return cost.step_time(s.work)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from hycache.cache.layout import PoolSizes, shared_page_bytes, split_budget
+from hycache.cache.layout import attention_block_bytes as layout_block_bytes
 from hycache.config import RecomputeCost
 from hycache.sim.model_spec import ModelSpec
 from hycache.sim.presets import GpuSpec
@@ -261,19 +262,25 @@ class CostModel:
     # --- memory sizing ------------------------------------------------------------------------
 
     @property
-    def attention_bytes_per_token(self) -> int:
-        """K and V of one token across every cached attention layer. With speculative decoding
-        on, the drafter's layer counts too: its KV is kept for every cached position."""
+    def _cached_attention_layers(self) -> int:
+        """Attention layers whose K/V is cached: the drafter's too when speculative (its KV
+        is kept for every cached position)."""
         m = self.model
-        layers = m.layers.attention + (m.drafter.num_layers if self.speculative else 0)
-        return layers * m.kv_bytes_per_token_per_layer
+        return m.layers.attention + (m.drafter.num_layers if self.speculative else 0)
+
+    @property
+    def attention_bytes_per_token(self) -> int:
+        """K and V of one token across every cached attention layer."""
+        return self.attention_block_bytes(1)
 
     def attention_block_bytes(self, block_size: int) -> int:
         """Bytes of one attention block: ``block_size`` tokens of K and V for every cached
-        attention layer (the drafter's too when speculative)."""
+        attention layer (`hycache.cache.layout.attention_block_bytes`)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        return block_size * self.attention_bytes_per_token
+        a, m = self.model.attention, self.model
+        layers = self._cached_attention_layers
+        return layout_block_bytes(layers, block_size, a.num_kv_heads, a.head_dim, m.dtype_bytes)
 
     def block_bytes(self, block_size: int) -> int:
         """Bytes of one page of the shared pool.

@@ -1,14 +1,17 @@
-"""The simulator, validated, in one command: calibrate the cost model on the CPU engine, then
-run the engine and the simulator side by side on the validation workloads.
+"""The simulator, validated, in one command: calibrate the cost model on the CPU engine in
+rounds between the engine's runs, then predict those runs with it.
 
-    .venv/bin/python benchmarks/bench_validate.py [--clock wall|cpu] [--repeats 5] \
+    .venv/bin/python benchmarks/bench_validate.py [--clock wall|cpu] [--repeats 3] \
         [--engine-repeats 3] [--threads 1] [--out-dir out]
 
-It is `hycache calibrate --out OUT/cpu-profile.json` followed by `hycache bench --validate
-OUT/cpu-profile.json --json OUT/validate.json`, with the same clock and torch threads for
-both (seeded: the same shapes, prompts and policy order in every run). On a quiet machine use
-`--clock wall`; on one shared with other work `--clock cpu` (process CPU time) is steadier.
-About 2.5 minutes for the calibration and 1.5 minutes per engine repeat on one core.
+It is `hycache bench --validate OUT/cpu-profile.json --recalibrate --engine-repeats N
+--json OUT/validate.json`: before each engine repeat a calibration round (`hycache
+calibrate`'s grid, `--repeats` per shape) is measured, so that the calibration and the runs
+it predicts see the machine in the same states; the rounds are pooled (per shape, the median
+of the rounds), fitted and written to OUT/cpu-profile.json, then the simulator predicts the
+engine's runs with it. Seeded: the same shapes, prompts and policy order in every run. On a
+quiet machine use `--clock wall`; on one shared with other work `--clock cpu` (process CPU
+time) is steadier. About 4 minutes per round on one core.
 """
 
 from __future__ import annotations
@@ -23,21 +26,18 @@ from hycache.cli.main import main as hycache
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
-    p.add_argument("--repeats", type=int, default=5, help="calibration repeats per shape")
-    p.add_argument("--engine-repeats", type=int, default=3, help="validation repeats")
+    p.add_argument("--repeats", type=int, default=3, help="calibration repeats per shape a round")
+    p.add_argument("--engine-repeats", type=int, default=3, help="rounds (engine repeats)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (both parts)")
     p.add_argument("--out-dir", default="out")
     args = p.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    profile = str(out / "cpu-profile.json")
-    common = ["--clock", args.clock, "--threads", str(args.threads)]
-    rc = hycache(["calibrate", "--out", profile, "--repeats", str(args.repeats), *common])
-    if rc:
-        return rc
     return hycache(
-        ["bench", "--validate", profile, "--engine-repeats", str(args.engine_repeats),
-         "--json", str(out / "validate.json"), *common]
+        ["bench", "--validate", str(out / "cpu-profile.json"), "--recalibrate",
+         "--calibration-repeats", str(args.repeats), "--engine-repeats", str(args.engine_repeats),
+         "--json", str(out / "validate.json"), "--clock", args.clock, "--threads",
+         str(args.threads)]
     )  # fmt: skip
 
 

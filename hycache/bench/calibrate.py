@@ -10,10 +10,10 @@ its work read from `LLM.last_schedule` exactly as the simulator describes a step
 
 * prefill chunks: one request at a time, `max_num_batched_tokens` = the chunk, prefix caching
   off; a long prompt gives chunks at growing contexts;
-* decode (verify) steps: a producer prefills a shared prompt once; `b` siblings (the prompt
-  plus 8 tokens of their own) then resume near its end and decode together at that context,
-  with `k` drafts (k = 0: no drafter);
-* mixed steps: while siblings decode, a fresh request's prefill chunk joins each step;
+* decode (verify) steps: the largest batch's requests prefill a context of their own each
+  (no shared blocks, as in a real batch), then decode together with `k` drafts (k = 0: no
+  drafter); aborting requests shrinks the batch to each smaller size;
+* mixed steps: while a batch decodes, a fresh request's prefill chunk joins each step;
 * block copies and SSM state writes, timed alone on the runner's caches.
 
 Each shape is repeated; its time is the median, with the process CPU time and the load
@@ -28,7 +28,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hycache.sim.costmodel import StepWork
@@ -42,13 +42,16 @@ VOCAB = 512  # the tiny preset's vocabulary: every probe prompt is drawn below i
 
 @dataclass(frozen=True)
 class DecodeProbe:
-    """`batches` sibling groups, one after another, decoding at `context` with `k` drafts;
-    `mixed`: for each batch size, the chunk length of a fresh request joining each step."""
+    """Batches of each size in `batches`, one after another, decoding at `context` with `k`
+    drafts; `mixed`: for each batch size, the chunk length of a fresh request joining each
+    step. `shared`: the requests are siblings of one prefix (all but their last 8 tokens),
+    else each has a context of its own."""
 
     context: int
     k: int
     batches: tuple[int, ...]
     mixed: tuple[tuple[int, int], ...] = ()  # (batch size, chunk tokens)
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ FIT_GRID = Grid(
         DecodeProbe(512, 2, (1, 4, 8), mixed=((2, 552),)),
         DecodeProbe(4000, 2, (1, 8)),
         DecodeProbe(8000, 2, (2, 8), mixed=((4, 1104),)),
+        DecodeProbe(4000, 2, (4, 8), shared=True),
+        DecodeProbe(8000, 2, (8,), shared=True),
         DecodeProbe(2048, 0, (1, 8)),
         DecodeProbe(2048, 1, (4,)),
         DecodeProbe(2048, 3, (4,)),
@@ -93,6 +98,7 @@ HELD_OUT_GRID = Grid(
     decode=(
         DecodeProbe(1500, 2, (3, 6), mixed=((6, 2208),)),
         DecodeProbe(6000, 2, (5,)),
+        DecodeProbe(6000, 2, (6,), shared=True),
         DecodeProbe(3000, 1, (2,)),
     ),
     copies=(12,),
@@ -213,7 +219,7 @@ class _Timer:
         self.wall += t1 - t0
         self.cpu += c1 - c0
         if label is not None:
-            work = step_work(self.llm.last_schedule)
+            work = step_work(self.llm.last_schedule, self.llm.config.cache.block_size)
             self.steps.setdefault(label, []).append((work, t1 - t0, c1 - c0))
         return events
 
@@ -306,30 +312,45 @@ def _prefill(o: CalibrateOptions, p: PrefillProbe, rng: random.Random) -> list[S
 def _decode(
     o: CalibrateOptions, p: DecodeProbe, rng: random.Random, accepted: dict[int, list[int]]
 ) -> list[Sample]:
-    """Decode (and mixed) shapes; adds (tokens produced, verify steps) per k to `accepted`."""
+    """Decode (and mixed) shapes over distinct contexts; adds (tokens produced, verify steps)
+    per k to `accepted`.
+
+    The largest batch's requests are prefilled first, each over `p.context` tokens of its
+    own (no two share a block: a batch reads as many distinct K/V bytes as a real one), or
+    with `p.shared` as siblings of one prefix a producer prefilled (they read the same
+    blocks, warm in the caches by the second request). The batch then shrinks, by aborting
+    requests, through the other sizes, largest first; each size decodes, then takes the
+    mixed steps it has."""
     from hycache.request import SamplingParams
 
     mixed = dict(p.mixed)
-    biggest = max([*p.batches, *mixed], default=1)
-    steps = o.repeats + 4
+    sizes = sorted({*p.batches, *mixed}, reverse=True)
+    steps = sum(o.repeats + 1 + (o.repeats if b in mixed else 0) for b in sizes)
+    n_out = steps * (p.k + 1) + 8
     longest = max(mixed.values(), default=0) + o.prefix_match_unit + 8
-    max_len = max(p.context + 16 + 8 * steps * (p.k + 1), longest)
+    max_len = max(p.context + 8 * p.shared + n_out + 16, longest)
     llm = _engine(
         o, p.k, max_len, max_num_batched_tokens=8192,
-        max_num_seqs=biggest + 1,
+        max_num_seqs=sizes[0] + 1,
     )  # fmt: skip
     timer = _Timer(llm)
-    shared = _tokens(rng, p.context, o.vocab)
-    llm.generate([shared], SamplingParams(max_tokens=1, ignore_eos=True))  # the producer
+    sched = llm.scheduler
+    sp = SamplingParams(max_tokens=n_out, ignore_eos=True)
+    if p.shared:
+        prefix = _tokens(rng, p.context, o.vocab)
+        llm.generate([prefix], SamplingParams(max_tokens=1, ignore_eos=True))  # the producer
+        prompts = [prefix + _tokens(rng, 8, o.vocab) for _ in range(sizes[0])]
+    else:
+        prompts = [_tokens(rng, p.context, o.vocab) for _ in range(sizes[0])]
+    ids = [llm.add_request(prompt, sp) for prompt in prompts]
+    while not (len(sched.running) == sizes[0] and _all_decoding(sched)):
+        timer.step()
     out: list[Sample] = []
-    for b in sorted({*p.batches, *mixed}):
-        n_out = steps * (p.k + 1) * (3 if b in mixed else 1) + 8
-        sp = SamplingParams(max_tokens=n_out, ignore_eos=True)
-        ids = {llm.add_request(shared + _tokens(rng, 8, o.vocab), sp) for _ in range(b)}
-        sched = llm.scheduler
-        while not (len(sched.running) == b and _all_decoding(sched)):
-            timer.step()
-        label = f"decode b={b} c={p.context} k={p.k}"
+    for b in sizes:
+        while len(ids) > b:
+            llm.abort(ids.pop())
+        timer.step()  # the first step after a shrink settles the freed blocks
+        label = f"decode b={b} c={p.context} k={p.k}" + (" shared" if p.shared else "")
         if b in p.batches:
             for _ in range(o.repeats):
                 events = timer.step(label)
@@ -337,6 +358,13 @@ def _decode(
                     tally = accepted.setdefault(p.k, [0, 0])
                     tally[0] += sum(len(e.new_token_ids) for e in events)
                     tally[1] += len(llm.last_schedule.scheduled)
+            runs = [
+                r
+                for r in timer.steps.pop(label)
+                if len(r[0].seqs) == b and all(s.num_draft_tokens == p.k for s in r[0].seqs)
+            ]
+            if runs:
+                out.append(_sample(label, runs, p.k, "step"))
         if b in mixed:
             n = mixed[b]
             mlabel = f"mixed b={b} c={p.context} + prefill {n} k={p.k}"
@@ -352,16 +380,8 @@ def _decode(
             ]
             if runs:
                 out.append(_sample(mlabel, runs, p.k, "step"))
-        while any(r.request_id in ids for r in sched.running) or sched.waiting:
-            timer.step()
-        if b in p.batches:
-            runs = [
-                r
-                for r in timer.steps.pop(label)
-                if len(r[0].seqs) == b and all(s.num_draft_tokens == p.k for s in r[0].seqs)
-            ]
-            if runs:
-                out.append(_sample(label, runs, p.k, "step"))
+    for rid in ids:
+        llm.abort(rid)
     return out
 
 
@@ -499,6 +519,61 @@ def measure(o: CalibrateOptions, progress: Progress) -> Measured:
         },
     )
     return Measured(gpu, fitted, held, cond)
+
+
+def pool(rounds: Sequence[Measured]) -> Measured:
+    """Rounds of `measure` taken at different times (between the runs of a validation) as
+    one measurement: per shape, the median of the rounds' medians (the spread beside it is
+    across rounds); the device's peaks and the drafter's acceptance, their medians too."""
+    if not rounds:
+        raise ValueError("pool: no rounds")
+
+    def samples(lists: Sequence[Sequence[Sample]]) -> list[Sample]:
+        by_label: dict[str, list[Sample]] = {}
+        for group in lists:
+            for s in group:
+                by_label.setdefault(s.label, []).append(s)
+        out = []
+        for ss in by_label.values():
+            walls = [s.wall_s for s in ss]
+            med = statistics.median(walls)
+            out.append(
+                replace(
+                    ss[0],
+                    wall_s=med,
+                    cpu_s=statistics.median(s.cpu_s for s in ss),
+                    repeats=sum(s.repeats for s in ss),
+                    spread=(max(walls) - min(walls)) / med,
+                    load=statistics.mean(s.load for s in ss),
+                )
+            )
+        return out
+
+    first, last = rounds[0].conditions, rounds[-1].conditions
+    rates: dict[str, list[float]] = {}
+    for m in rounds:
+        for k, v in m.conditions.extra.get("acceptance_rate", {}).items():
+            rates.setdefault(k, []).append(v)
+    conditions = replace(
+        first,
+        load_after=last.load_after,
+        cpu_over_wall=statistics.mean(m.conditions.cpu_over_wall for m in rounds),
+        wall_s=sum(m.conditions.wall_s for m in rounds),
+        extra={
+            **first.extra,
+            "rounds": len(rounds),
+            "repeats": sum(int(m.conditions.extra.get("repeats", 0)) for m in rounds),
+            "acceptance_rate": {k: statistics.median(v) for k, v in rates.items()},
+        },
+    )
+    gpu = replace(
+        rounds[0].gpu,
+        peak_flops=statistics.median(m.gpu.peak_flops for m in rounds),
+        hbm_bandwidth=statistics.median(m.gpu.hbm_bandwidth for m in rounds),
+    )
+    fitted = samples([m.fitted for m in rounds])
+    held = samples([m.held_out for m in rounds])
+    return Measured(gpu, fitted, held, conditions)
 
 
 def calibrate(o: CalibrateOptions, progress: Progress, command: str = "") -> dict[str, Any]:

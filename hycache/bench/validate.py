@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
 from hycache.sim.workloads import RequestSpec, SessionSpec
+
+if TYPE_CHECKING:
+    from hycache.bench.calibrate import CalibrateOptions
 
 Progress = Callable[[str], None]
 
@@ -230,16 +233,55 @@ def _engine(o: ValidateOptions, arm: str, max_len: int, num_blocks: int | None =
     )
 
 
-def validate(o: ValidateOptions, progress: Progress) -> dict[str, Any]:
+def validate(
+    o: ValidateOptions, progress: Progress, recalibrate: CalibrateOptions | None = None
+) -> dict[str, Any]:
     """Every workload x policy on the engine (`o.repeats` times, the policy order alternating;
-    medians) and in the simulator; the comparison document (`comparison` per workload)."""
+    medians) and in the simulator; the comparison document (`comparison` per workload).
+
+    `recalibrate`: instead of reading the profile `o.profile`, measure the calibration grid
+    (`hycache.bench.calibrate.measure`) once before each repeat, so that the calibration and
+    the runs it predicts see the machine in the same states; pool the rounds, fit them and
+    write the profile to `o.profile` before predicting."""
     import torch
 
-    gpu = load_gpu(o.profile)
-    clock = o.clock or profile_clock(gpu)
+    if recalibrate is None:
+        clock = o.clock or profile_clock(load_gpu(o.profile))
+    else:
+        clock = o.clock or recalibrate.clock
     if clock not in ("wall", "cpu"):
         raise ValueError(f"clock must be wall or cpu, got {clock!r}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(o.threads)
+    t_start = time.perf_counter()
+    workloads = {name: build_workload(name, o.seed, o.quick) for name in o.workloads}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        name: {p: [] for p in o.policies} for name in workloads
+    }
+    configs: dict[str, dict[str, Any]] = {name: {} for name in workloads}
+    rounds: list[Any] = []
     k = o.num_speculative_tokens
+    try:
+        for rep in range(o.repeats):
+            if recalibrate is not None:
+                from hycache.bench.calibrate import measure
+
+                progress(f"calibration round {rep + 1}/{o.repeats}")
+                rounds.append(measure(recalibrate, progress))
+            for name, w in workloads.items():
+                max_len = w.max_tokens_per_request() + 2 * k + 16
+                order = list(o.policies) if rep % 2 == 0 else list(reversed(o.policies))
+                for p in order:
+                    progress(f"{name} · engine · {p} · repeat {rep + 1}/{o.repeats}")
+                    llm = _engine(o, p, max_len)
+                    configs[name][p] = llm.config
+                    runs[name][p].append(run_engine(llm, w, o.concurrency, clock))
+                    del llm
+    finally:
+        torch.set_num_threads(threads)
+    if recalibrate is not None:
+        _write_profile(o.profile, rounds, recalibrate, progress)
+    gpu = load_gpu(o.profile)
     accept = o.acceptance_rate if o.acceptance_rate is not None else profile_acceptance(gpu, k)
     block = o.block_size if not o.quick else 64
     cost = CostModel(
@@ -250,38 +292,21 @@ def validate(o: ValidateOptions, progress: Progress) -> dict[str, Any]:
         block_size=block,
         pool_layout="separate",
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(o.threads)
     doc: dict[str, Any] = {"workloads": {}}
-    t_start = time.perf_counter()
-    try:
-        for name in o.workloads:
-            w = build_workload(name, o.seed, o.quick)
-            max_len = w.max_tokens_per_request() + 2 * k + 16
-            runs: dict[str, list[dict[str, Any]]] = {p: [] for p in o.policies}
-            configs: dict[str, Any] = {}
-            for rep in range(o.repeats):
-                order = list(o.policies) if rep % 2 == 0 else list(reversed(o.policies))
-                for p in order:
-                    progress(f"{name} · engine · {p} · repeat {rep + 1}/{o.repeats}")
-                    llm = _engine(o, p, max_len)
-                    configs[p] = llm.config
-                    runs[p].append(run_engine(llm, w, o.concurrency, clock))
-                    del llm
-            part: dict[str, Any] = {"measured": {}, "predicted": {}}
-            for p in o.policies:
-                part["measured"][p] = _median(runs[p])
-                progress(f"{name} · simulator · {p}")
-                cfg = configs[p]
-                cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
-                part["predicted"][p] = simulate(cfg, w, cost, o.concurrency, o.seed)
-            part["comparison"] = compare(part["measured"], part["predicted"], o.policies)
-            part["size"] = w.size
-            doc["workloads"][name] = part
-    finally:
-        torch.set_num_threads(threads)
+    for name, w in workloads.items():
+        part: dict[str, Any] = {"measured": {}, "predicted": {}}
+        for p in o.policies:
+            part["measured"][p] = _median(runs[name][p])
+            progress(f"{name} · simulator · {p}")
+            cfg = configs[name][p]
+            cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
+            part["predicted"][p] = simulate(cfg, w, cost, o.concurrency, o.seed)
+        part["comparison"] = compare(part["measured"], part["predicted"], o.policies)
+        part["size"] = w.size
+        doc["workloads"][name] = part
     doc["inputs"] = {
         "profile": o.profile,
+        "recalibrated": recalibrate is not None,
         "model": gpu.fitted_on or o.model,
         "clock": clock,
         "acceptance_rate": accept,
@@ -295,6 +320,22 @@ def validate(o: ValidateOptions, progress: Progress) -> dict[str, Any]:
     }
     doc["wall_s"] = time.perf_counter() - t_start
     return doc
+
+
+def _write_profile(
+    path: str, rounds: Sequence[Any], cal: CalibrateOptions, progress: Progress
+) -> None:
+    """Fit the pooled calibration rounds and write the profile to `path`."""
+    import json
+
+    from hycache.bench.calibrate import pool, profile_from
+    from hycache.files import write_atomic
+
+    progress(f"fitting {len(rounds)} pooled calibration rounds")
+    command = f"hycache bench --validate {path} --recalibrate (rounds between the engine runs)"
+    doc = profile_from(pool(rounds), cal.model, progress, command)
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    progress(f"wrote {path}")
 
 
 def _median(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -46,9 +46,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """`hycache bench --validate PROFILE`."""
+    from hycache.bench.calibrate import CalibrateOptions
     from hycache.bench.validate import ValidateOptions, misses, validate
 
     check_writable(args.json, "--json")
+    recalibrate = None
+    if args.recalibrate:
+        check_writable(args.validate, "--validate")
+        recalibrate = CalibrateOptions(
+            threads=args.threads,
+            repeats=args.calibration_repeats,
+            quick=args.quick,
+            clock=args.clock or "wall",
+        )
     opts = ValidateOptions(
         profile=args.validate,
         threads=args.threads,
@@ -57,7 +67,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         clock=args.clock,
     )
     with progress_reporter("validating") as progress:
-        doc = validate(opts, progress)
+        doc = validate(opts, progress, recalibrate)
+    if recalibrate is not None:
+        with open(args.validate) as f:
+            profile = json.load(f)
+        console.print(residuals_table("fitted shapes (pooled rounds)", profile["residuals"]))
+        console.print(residuals_table("held-out shapes (not fitted)", profile["held_out"]))
+        console.print(fit_table(profile))
+        console.print(f"wrote {args.validate}")
     console.print(validation_table(doc))
     miss = misses(doc)
     doc["misses"] = miss
@@ -82,6 +99,19 @@ def add_validate_flags(p: argparse.ArgumentParser) -> None:
         help="instead: the simulator with this calibrated profile (`hycache calibrate`) "
         "against the CPU engine on the system-prompt, family and multi-turn workloads, "
         "lookahead and limit (writes --json when given a file other than the default)",
+    )
+    g.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="measure the calibration grid before each engine repeat (the calibration and "
+        "the runs it predicts then see the machine in the same states), fit the pooled "
+        "rounds and write PROFILE from them",
+    )
+    g.add_argument(
+        "--calibration-repeats",
+        type=positive_int,
+        default=3,
+        help="with --recalibrate: repeats per shape in each round (default 3)",
     )
     g.add_argument("--threads", type=positive_int, default=1, help="torch threads (validation)")
     g.add_argument(

@@ -30,6 +30,7 @@ from hycache.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from hycache.engine.host_memory import keep_freed_memory
 from hycache.engine.outputs import EngineSnapshot, EngineStats, RequestOutput, StreamEvent
 from hycache.engine.runner import ModelRunner
 from hycache.engine.tier import attach_store, engine_fingerprint
@@ -176,6 +177,8 @@ class LLM:
         device for a model too large to initialise on the host); `model` then only names it."""
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.device(dev).type == "cpu":
+            keep_freed_memory()  # the forward's temporaries stop faulting in fresh pages
         if prebuilt is not None:
             self.model, self.model_config = prebuilt  # type: ignore[assignment]
             self.tokenizer = None

@@ -39,19 +39,33 @@ ROUTED_KEYS = 1 << 18  # prefix keys a prefix-aware router remembers per instanc
 BALANCE_THRESHOLD = 32  # SGLang router's default balance_abs_threshold
 
 
-def step_work(out: SchedulerOutput) -> StepWork:
-    """What the cost model needs to know about one scheduled step."""
-    seqs = tuple(
-        SeqWork(
-            num_new_tokens=s.num_tokens + len(s.draft_token_ids),
-            context_len=s.start,
-            num_draft_tokens=len(s.draft_token_ids),
-            is_prefill=s.num_tokens > 1,
-            num_state_writes=max((len(st.writes) for st in s.alloc.states), default=0),
+def step_work(out: SchedulerOutput, block_size: int | None = None) -> StepWork:
+    """What the cost model needs to know about one scheduled step. With `block_size`, each
+    decoding request's `shared_context_len`: its context tokens in attention blocks an
+    earlier decoding request of the step reads too."""
+    seen: set[int] = set()
+    seqs = []
+    for s in out.scheduled:
+        prefill = s.num_tokens > 1
+        shared = 0
+        if block_size and not prefill and s.alloc.block_tables:
+            table = s.alloc.block_tables[0]
+            for i, block in enumerate(table[: -(-s.start // block_size)]):
+                if block in seen:
+                    shared += min(block_size, s.start - i * block_size)
+                else:
+                    seen.add(block)
+        seqs.append(
+            SeqWork(
+                num_new_tokens=s.num_tokens + len(s.draft_token_ids),
+                context_len=s.start,
+                num_draft_tokens=len(s.draft_token_ids),
+                is_prefill=prefill,
+                num_state_writes=max((len(st.writes) for st in s.alloc.states), default=0),
+                shared_context_len=shared,
+            )
         )
-        for s in out.scheduled
-    )
-    return StepWork(seqs, num_block_copies=len(out.block_copies))
+    return StepWork(tuple(seqs), num_block_copies=len(out.block_copies))
 
 
 class Instance:
@@ -73,6 +87,7 @@ class Instance:
         self.cost = cost
         self.dry_step_s = dry_step_s
         self.sched = Scheduler(config, keep_finished=0)  # `update` returns each finish
+        self.block_size = config.cache.block_size
         spec = config.speculative
         self.executor = DryRunExecutor(
             vocab_size=vocab_size,
@@ -137,7 +152,7 @@ class Instance:
             [s.request for s in out.scheduled]
             + [r for r in sched.waiting if r.request_id in preempted],
         )
-        dt = self.cost.step_time(step_work(out)) if self.cost else self.dry_step_s
+        dt = self.cost.step_time(step_work(out, self.block_size)) if self.cost else self.dry_step_s
         if load:
             dt += load
             self.load_s += load

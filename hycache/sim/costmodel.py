@@ -66,8 +66,16 @@ class SeqWork:
     # SSM checkpoints written inside this forward before its end (internal checkpoints): each
     # is a state write (bytes), not a step boundary
     num_state_writes: int = 0
+    # of a decoding request's context, the tokens in blocks an earlier decoding request of the
+    # same step reads too (warm in a CPU's caches by then: `warm_kv_bytes_factor`)
+    shared_context_len: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.shared_context_len <= self.context_len:
+            raise ValueError(
+                f"shared_context_len must be in [0, context_len={self.context_len}], "
+                f"got {self.shared_context_len}"
+            )
         if self.num_state_writes < 0:
             raise ValueError(f"num_state_writes must be >= 0, got {self.num_state_writes}")
         if self.num_new_tokens < 1:
@@ -135,7 +143,17 @@ class CostModel:
     preset) is what `hycache calibrate` fits for engines whose runner loops over requests.
     Two more knobs exist for calibrated CPU profiles (defaults keep the GPU roofline):
     ``kv_bytes_factor`` multiplies the attention K/V traffic (1: a paged kernel reads each
-    cached byte once; the CPU engine gathers the blocks into a contiguous copy first) and
+    cached byte once; the CPU engine gathers the blocks into a contiguous copy first),
+    ``decode_kv_bytes_factor`` the same for the requests that decode or verify (a few queries
+    over a long context: on the CPU engine a gather and a masked attention call slower per
+    byte than a prefill chunk's; unset, ``kv_bytes_factor``), ``warm_kv_bytes_factor`` the
+    same for the part of a decoding request's context another decoding request of the step
+    reads first (`SeqWork.shared_context_len`, and the padding of a padded layout: on a CPU
+    those bytes come from its caches; unset, ``decode_kv_bytes_factor``),
+    ``decode_state_rewrites`` whole SSM states read and written per decoded or verified
+    token on top of the step's own state traffic (0: a GPU kernel keeps the state on chip
+    across the verified positions; the CPU engine's recurrent update rewrites it in memory
+    for every token), priced at ``state_copy_efficiency``, and
     ``phase_overlap=False`` adds a phase's compute and memory terms instead of taking the
     larger (one CPU thread runs the matrix products and the gathers one after the other);
     ``padded_decode_attention`` attends every decoding request of a step over the longest
@@ -176,6 +194,9 @@ class CostModel:
         padded_decode_attention: bool | None = None,
         copy_efficiency: float | None = None,
         state_copy_efficiency: float | None = None,
+        decode_kv_bytes_factor: float | None = None,
+        decode_state_rewrites: float | None = None,
+        warm_kv_bytes_factor: float | None = None,
     ) -> None:
         self.model = model
         self.gpu = gpu
@@ -199,14 +220,30 @@ class CostModel:
         self.seq_overhead_s = _pick(seq_overhead_s, gpu.seq_overhead_s, 0.0)
         # times each attended K/V byte is moved (1: a paged kernel reads it once)
         self.kv_bytes_factor = _pick(kv_bytes_factor, gpu.kv_bytes_factor, 1.0)
+        self.decode_kv_bytes_factor = _pick(
+            decode_kv_bytes_factor, gpu.decode_kv_bytes_factor, self.kv_bytes_factor
+        )
+        self.warm_kv_bytes_factor = _pick(
+            warm_kv_bytes_factor, gpu.warm_kv_bytes_factor, self.decode_kv_bytes_factor
+        )
+        self.decode_state_rewrites = _pick(decode_state_rewrites, gpu.decode_state_rewrites, 0.0)
+        if self.decode_state_rewrites < 0:
+            raise ValueError(
+                f"decode_state_rewrites must be >= 0, got {self.decode_state_rewrites}"
+            )
         if phase_overlap is None:
             phase_overlap = gpu.phase_overlap if gpu.phase_overlap is not None else True
         self.phase_overlap = phase_overlap
         if padded_decode_attention is None:
             padded_decode_attention = bool(gpu.padded_decode_attention)
         self.padded_decode_attention = padded_decode_attention
-        if self.kv_bytes_factor <= 0:
-            raise ValueError(f"kv_bytes_factor must be > 0, got {self.kv_bytes_factor}")
+        for label, factor in (
+            ("kv_bytes_factor", self.kv_bytes_factor),
+            ("decode_kv_bytes_factor", self.decode_kv_bytes_factor),
+            ("warm_kv_bytes_factor", self.warm_kv_bytes_factor),
+        ):
+            if factor <= 0:
+                raise ValueError(f"{label} must be > 0, got {factor}")
         for label, eff in (
             ("compute_efficiency", self.compute_efficiency),
             ("bandwidth_efficiency", self.bandwidth_efficiency),
@@ -257,6 +294,9 @@ class CostModel:
             padded_decode_attention=self.padded_decode_attention,
             copy_efficiency=self.copy_efficiency,
             state_copy_efficiency=self.state_copy_efficiency,
+            decode_kv_bytes_factor=self.decode_kv_bytes_factor,
+            decode_state_rewrites=self.decode_state_rewrites,
+            warm_kv_bytes_factor=self.warm_kv_bytes_factor,
         )
 
     # --- memory sizing ------------------------------------------------------------------------
@@ -448,7 +488,6 @@ class CostModel:
         m = self.model
         dt = m.dtype_bytes
         tokens = work.num_tokens
-        kv_layer = m.kv_bytes_per_token_per_layer * self.kv_bytes_factor
         n_attn, n_mamba = m.layers.attention, m.layers.mamba
 
         logits = sum(1 if s.is_prefill else s.num_new_tokens for s in work.seqs)
@@ -461,14 +500,29 @@ class CostModel:
             n, c = s.num_new_tokens, s.context_len
             flops += n_attn * self._attention_flops_per_layer(n, attended)
             flops += n_mamba * self._ssm_flops_per_layer(n)
-            nbytes += n_attn * kv_layer * (attended + n)  # read the context, write the new ones
+            # read the context, write the new ones
+            nbytes += n_attn * m.kv_bytes_per_token_per_layer * self._kv_tokens(s, attended, n)
             if n_mamba:
                 reads = 1 if c > 0 else 0  # a fresh request starts from a zero state
                 writes = 1 + s.num_state_writes
                 if self.intermediate_state_writes and s.num_draft_tokens:
                     writes += s.num_draft_tokens
+                if not s.is_prefill:  # one read and one write per rewrite
+                    reads += self.decode_state_rewrites * n
+                    writes += self.decode_state_rewrites * n
                 state_bytes += (reads + writes) * m.ssm_state_bytes
         return self._phase("target", flops, nbytes, 0.0, state_bytes=state_bytes)
+
+    def _kv_tokens(self, s: SeqWork, attended: int, new: int) -> float:
+        """K/V token rows a request moves reading `attended` keys and `new` more, each at its
+        factor: a prefill chunk's at `kv_bytes_factor`; a decoding request's own context and
+        new rows at `decode_kv_bytes_factor`, its shared context and padding at
+        `warm_kv_bytes_factor`."""
+        if s.is_prefill:
+            return self.kv_bytes_factor * (attended + new)
+        cold = s.context_len - s.shared_context_len
+        warm = attended - cold
+        return self.decode_kv_bytes_factor * (cold + new) + self.warm_kv_bytes_factor * warm
 
     def _attended(self, work: StepWork) -> list[int]:
         """The context each request's attention reads: its own, or with
@@ -482,7 +536,7 @@ class CostModel:
     def _drafter_phases(self, work: StepWork) -> list[PhaseCost]:
         m = self.model
         dt = m.dtype_bytes
-        kv_layer = m.kv_bytes_per_token_per_layer * m.drafter.num_layers * self.kv_bytes_factor
+        kv_layer = m.kv_bytes_per_token_per_layer * m.drafter.num_layers
         a = m.attention
         attn_per_pair = ATTENTION_FLOPS_PER_PAIR_ELEMENT * a.num_heads * a.head_dim
         attn_per_pair *= m.drafter.num_layers
@@ -498,7 +552,7 @@ class CostModel:
         attended = self._attended(work)
         for s, a_ctx in zip(work.seqs, attended, strict=True):
             flops += attn_per_pair * _attention_pairs(s.num_new_tokens, a_ctx)
-            nbytes += kv_layer * (a_ctx + s.num_new_tokens)
+            nbytes += kv_layer * self._kv_tokens(s, a_ctx, s.num_new_tokens)
         out.append(self._phase("draft_1", flops, nbytes, self.draft_pass_overhead_s))
 
         # Passes 2..k: one token per decoding request, sequential.
@@ -510,7 +564,7 @@ class CostModel:
                 for s, a_ctx in decoding:
                     ctx = a_ctx + s.num_new_tokens + j - 2
                     flops += attn_per_pair * _attention_pairs(1, ctx)
-                    nbytes += kv_layer * (ctx + 1)
+                    nbytes += kv_layer * self._kv_tokens(s, a_ctx, ctx + 1 - a_ctx)
                 out.append(self._phase(f"draft_{j}", flops, nbytes, self.draft_pass_overhead_s))
         return out
 

@@ -21,6 +21,17 @@ Free parameters (each one a `CostModel` argument):
     draft_pass_overhead_s   once per drafter pass
     seq_overhead_s          once per request scheduled in the step (added for the CPU
                             engine: its runner and sampler loop over requests in Python)
+    kv_bytes_factor         times each attended K/V byte of a prefill chunk is moved
+    decode_kv_bytes_factor  the same for decoding (verifying) requests' own context. Added
+                            because a few queries over a long context run far below a chunk's
+                            rate on the CPU engine (a gather, then a masked attention call per
+                            request row): under one factor, decode steps of 8 requests at
+                            4-8k tokens were predicted at half their time.
+    warm_kv_bytes_factor    the same for the context a decoding request shares with one read
+                            before it in the step: on a CPU it comes from the caches, and
+                            siblings of one prefix decode 20-30% faster than distinct contexts.
+    decode_state_rewrites   whole SSM states read and written per decoded token (the CPU
+                            engine's recurrent update rewrites the state every position).
     copy_efficiency         achieved / peak bandwidth of a block copy, and
     state_copy_efficiency   of an SSM state copy: fitted first, each on its own probes (block
                             copies, state writes timed alone), then held fixed in the step fit.
@@ -67,6 +78,9 @@ PRESET_FIELDS = (
     "draft_pass_overhead_s",
     "seq_overhead_s",
     "kv_bytes_factor",
+    "decode_kv_bytes_factor",
+    "warm_kv_bytes_factor",
+    "decode_state_rewrites",
     "phase_overlap",
     "padded_decode_attention",
     "copy_efficiency",
@@ -80,6 +94,9 @@ FREE_PARAMETERS = (
     "draft_pass_overhead_s",
     "seq_overhead_s",
     "kv_bytes_factor",
+    "decode_kv_bytes_factor",
+    "warm_kv_bytes_factor",
+    "decode_state_rewrites",
     "copy_efficiency",
     "state_copy_efficiency",
 )
@@ -145,6 +162,9 @@ class Fit:
     padded_decode_attention: bool = False  # the engine's attention layout (not fitted)
     copy_efficiency: float | None = None  # None: bandwidth_efficiency
     state_copy_efficiency: float | None = None
+    decode_kv_bytes_factor: float | None = None  # None: kv_bytes_factor
+    warm_kv_bytes_factor: float | None = None  # None: decode_kv_bytes_factor
+    decode_state_rewrites: float | None = None  # None: 0
 
     def cost_model(
         self, model: ModelSpec, gpu: GpuSpec, k: int, *, block_size: int | None = None
@@ -163,6 +183,9 @@ class Fit:
             padded_decode_attention=self.padded_decode_attention,
             copy_efficiency=self.copy_efficiency,
             state_copy_efficiency=self.state_copy_efficiency,
+            decode_kv_bytes_factor=self.decode_kv_bytes_factor,
+            warm_kv_bytes_factor=self.warm_kv_bytes_factor,
+            decode_state_rewrites=self.decode_state_rewrites,
             speculative=k > 0,
             num_speculative_tokens=k,
             block_size=block_size,
@@ -173,14 +196,21 @@ class Fit:
 @dataclass(frozen=True)
 class _Features:
     """A sample's terms at peak rates (efficiencies 1), per phase: compute, memory other
-    than attention K/V, and attention K/V; its overhead counts; and the time of its copies
-    at the copy efficiencies already fitted (`fixed_s`: not a free term of the step fit)."""
+    than attention K/V, the K/V of prefill chunks, of decoding (verifying) requests' own
+    context and of their shared context (warm: another request read it first); its
+    overhead counts; the time of its copies at the copy efficiencies already fitted
+    (`fixed_s`: not a free term of the step fit); and the time one decode state rewrite per
+    decoded token adds at the fitted state-copy efficiency (`rewrite_s`, 0 when there is
+    none)."""
 
     compute_s: tuple[float, ...]
     memory_s: tuple[float, ...]
     kv_s: tuple[float, ...]
+    decode_kv_s: tuple[float, ...]
+    warm_kv_s: tuple[float, ...]
     counts: tuple[float, float, float]  # steps, drafter passes, requests
     fixed_s: tuple[float, ...]
+    rewrite_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -213,7 +243,10 @@ def _features(
     copies: CopyFit = CopyFit(),
 ) -> _Features:
     k = s.num_speculative_tokens
-    unit = Fit(1.0, 1.0, padded_decode_attention=padded)
+    unit = Fit(
+        1.0, 1.0, padded_decode_attention=padded, decode_kv_bytes_factor=1.0,
+        warm_kv_bytes_factor=1.0,
+    )  # fmt: skip
 
     def memory(**change: float) -> list[float]:
         cost = replace(unit, **change).cost_model(model, gpu, k, block_size=block_size)
@@ -222,12 +255,15 @@ def _features(
     one = _phase_terms(s, unit.cost_model(model, gpu, k, block_size=block_size))
     base = [m for _, m in one]
     # each term's share of the memory time at peak: what doubling its price adds
-    kv, copy, state = (
+    kv, dkv, wkv, copy, state = (
         [m2 - m1 for m1, m2 in zip(base, memory(**{name: v}), strict=True)]
-        for name, v in (("kv_bytes_factor", 2.0), ("copy_efficiency", 0.5),
+        for name, v in (("kv_bytes_factor", 2.0), ("decode_kv_bytes_factor", 2.0),
+                        ("warm_kv_bytes_factor", 2.0), ("copy_efficiency", 0.5),
                         ("state_copy_efficiency", 0.5))
     )  # fmt: skip
-    other = [m - a - b - c for m, a, b, c in zip(base, kv, copy, state, strict=True)]
+    rewrite = sum(memory(decode_state_rewrites=1.0)) - sum(base)  # at peak bandwidth
+    rewrite_s = rewrite / copies.state_copy_efficiency if copies.state_copy_efficiency else 0.0
+    other = [m - sum(t) for m, *t in zip(base, kv, dkv, wkv, copy, state, strict=True)]
     fixed = [0.0] * len(one)
     for term, eff in ((copy, copies.copy_efficiency), (state, copies.state_copy_efficiency)):
         for i, t in enumerate(term):
@@ -241,7 +277,10 @@ def _features(
         drafts = sum(1 for p in Fit(1.0, 1.0).cost_model(model, gpu, k).phases(s.work)
                      if p.name.startswith("draft_"))  # fmt: skip
         counts = (1.0, float(drafts), float(len(s.work.seqs)))
-    return _Features(tuple(c for c, _ in one), tuple(other), tuple(kv), counts, tuple(fixed))
+    return _Features(
+        tuple(c for c, _ in one), tuple(other), tuple(kv), tuple(dkv), tuple(wkv), counts,
+        tuple(fixed), rewrite_s,
+    )  # fmt: skip
 
 
 def fit_copies(
@@ -296,19 +335,32 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _linear_fit(
     feats: Sequence[_Features], y: np.ndarray, free: Sequence[bool]
 ) -> tuple[Fit, float]:
-    """Compute + memory (no overlap) is linear in 1/ce, 1/be, the K/V factor / be and the
+    """Compute + memory (no overlap) is linear in 1/ce, 1/be, each K/V factor / be and the
     overheads: one exact non-negative least squares on the relative errors. Unknowns are
-    kept at their physical bounds (1/ce >= 1, 1/be >= 1, K/V factor >= 1) by solving for
-    the excess over the bound."""
+    kept at their physical bounds (1/ce >= 1, 1/be >= 1, K/V factors >= 1) by solving for
+    the excess over the bound. `free`: the drafter pass, per-request, K/V, decode K/V,
+    decode state rewrite and warm K/V terms (a warm factor not free is the decode factor, a
+    decode factor not free the K/V factor)."""
     comp = np.array([sum(f.compute_s) for f in feats])
     mem = np.array([sum(f.memory_s) for f in feats])
     kv = np.array([sum(f.kv_s) for f in feats])
+    dkv = np.array([sum(f.decode_kv_s) for f in feats])
+    wkv = np.array([sum(f.warm_kv_s) for f in feats])
     counts = np.array([f.counts for f in feats])
     fixed = np.array([sum(f.fixed_s) for f in feats])
-    # time = comp*(1 + a) + mem*(1 + b) + kv*(1 + b + c) + counts @ theta + fixed
-    base = comp + mem + kv + fixed
-    cols = [comp, mem + kv, kv, counts[:, 0], counts[:, 1], counts[:, 2]]
-    use = [True, True, free[3], True, free[1], free[2]]
+    rewrite = np.array([f.rewrite_s for f in feats])
+    decode_free, warm_free = free[4], free[4] and free[6]
+    if not warm_free:
+        dkv, wkv = dkv + wkv, np.zeros_like(wkv)
+    if not decode_free:
+        kv, dkv = kv + dkv, np.zeros_like(dkv)
+    # time = comp*(1 + a) + mem*(1 + b) + kv*(1 + b + c) + dkv*(1 + b + d) + wkv*(1 + b + e)
+    #        + counts @ theta + rewrite * r + fixed
+    base = comp + mem + kv + dkv + wkv + fixed
+    cols = [comp, mem + kv + dkv + wkv, kv, dkv, wkv, counts[:, 0], counts[:, 1], counts[:, 2],
+            rewrite]  # fmt: skip
+    use = [True, True, free[3], decode_free, warm_free and wkv.any(), True, free[1], free[2],
+           free[5] and rewrite.any()]  # fmt: skip
     a = np.stack([c if u else np.zeros_like(c) for c, u in zip(cols, use, strict=True)], 1)
     x = _nnls(a / y[:, None], (y - base) / y)
     inv_ce, inv_be = 1.0 + x[0], 1.0 + x[1]
@@ -316,19 +368,25 @@ def _linear_fit(
     values = Fit(
         compute_efficiency=float(1.0 / inv_ce),
         bandwidth_efficiency=float(1.0 / inv_be),
-        step_overhead_s=float(x[3]),
-        draft_pass_overhead_s=float(x[4]),
-        seq_overhead_s=float(x[5]),
+        step_overhead_s=float(x[5]),
+        draft_pass_overhead_s=float(x[6]),
+        seq_overhead_s=float(x[7]),
         kv_bytes_factor=float((inv_be + x[2]) / inv_be),
         phase_overlap=False,
+        decode_kv_bytes_factor=float((inv_be + x[3]) / inv_be) if decode_free else None,
+        warm_kv_bytes_factor=float((inv_be + x[4]) / inv_be) if use[4] else None,
+        decode_state_rewrites=float(x[8]) if use[8] else None,
     )
     return values, float(np.sum(((pred - y) / y) ** 2))
 
 
 def _roofline(f: _Features, ce: float, be: float, kvf: float) -> float:
+    """The roofline's time at (ce, be, kvf): one K/V factor for every request."""
     return sum(
-        max(c / ce, (m + kvf * kv) / be + fx)
-        for c, m, kv, fx in zip(f.compute_s, f.memory_s, f.kv_s, f.fixed_s, strict=True)
+        max(c / ce, (m + kvf * (kv + dkv + wkv)) / be + fx)
+        for c, m, kv, dkv, wkv, fx in zip(
+            f.compute_s, f.memory_s, f.kv_s, f.decode_kv_s, f.warm_kv_s, f.fixed_s, strict=True
+        )
     )
 
 
@@ -347,7 +405,8 @@ def _roofline_fit(
     feats: Sequence[_Features], y: np.ndarray, free: Sequence[bool]
 ) -> tuple[Fit, float]:
     """The roofline (max of compute and memory per phase): the overheads are linear for
-    given efficiencies, so a log grid over (ce, be) is searched, then refined."""
+    given efficiencies, so a log grid over (ce, be) is searched, then refined. Decode K/V
+    shares the K/V factor here (the form of a GPU's paged kernels)."""
     counts_free = np.array(free[:3], dtype=float)
     kvfs = (1.0, 2.0, 4.0, 8.0) if free[3] else (1.0,)
 
@@ -386,6 +445,9 @@ def fit(
     clock: str = "wall",
     padded: bool = False,
     copies: bool = True,
+    decode_kv: bool = True,
+    state_rewrites: bool = True,
+    warm_kv: bool = True,
 ) -> Fit:
     """The free parameters that minimise the squared relative error over `samples`.
 
@@ -395,8 +457,15 @@ def fit(
     engine pads decode attention to the step's longest context (`CostModel`'s
     `padded_decode_attention`; a fact about the engine, not a fitted number).
     `copies=False` prices copies and state traffic at `bandwidth_efficiency` (no copy
-    efficiencies fitted)."""
-    opts = (overlap, seq_overhead, kv_factor, clock, padded, copies)
+    efficiencies fitted); `decode_kv=False` charges decoding requests' K/V at the K/V factor
+    (no `decode_kv_bytes_factor` of their own; always so for the roofline form);
+    `state_rewrites=False` fits no `decode_state_rewrites` (it needs the state-copy
+    efficiency, so it is fitted only with the copy probes, and never for the roofline);
+    `warm_kv=False` charges a decoding request's shared context at its decode K/V factor."""
+    opts = (
+        overlap, seq_overhead, kv_factor, clock, padded, copies, decode_kv, state_rewrites,
+        warm_kv,
+    )  # fmt: skip
     return _fit(samples, model, gpu, block_size, *opts)[0]
 
 
@@ -411,6 +480,9 @@ def _fit(
     clock: str = "wall",
     padded: bool = False,
     copies: bool = True,
+    decode_kv: bool = True,
+    state_rewrites: bool = True,
+    warm_kv: bool = True,
 ) -> tuple[Fit, float]:
     cf = fit_copies(samples, model, gpu, block_size=block_size, clock=clock) if copies else None
     samples = [s for s in samples if s.kind == "step"]
@@ -419,7 +491,10 @@ def _fit(
     feats = [_features(s, model, gpu, block_size, padded, cf or CopyFit()) for s in samples]
     y = np.array([s.measured(clock) for s in samples])
     drafter = any(s.num_speculative_tokens for s in samples)
-    free = [True, drafter, seq_overhead, kv_factor]
+    free = [
+        True, drafter, seq_overhead, kv_factor, decode_kv and not overlap,
+        state_rewrites and not overlap, warm_kv and not overlap,
+    ]  # fmt: skip
     values, err = (_roofline_fit if overlap else _linear_fit)(feats, y, free)
     values = replace(values, padded_decode_attention=padded)
     if cf is not None:
@@ -428,6 +503,8 @@ def _fit(
             copy_efficiency=cf.copy_efficiency,
             state_copy_efficiency=cf.state_copy_efficiency,
         )
+    elif values.decode_state_rewrites is not None:  # pragma: no cover - needs the copy fit
+        raise AssertionError("decode_state_rewrites fitted without a state-copy efficiency")
     return values, math.sqrt(err / len(samples))
 
 
@@ -435,6 +512,9 @@ ABLATIONS: dict[str, dict[str, bool]] = {
     "fitted form": {},
     "without seq_overhead_s": {"seq_overhead": False},
     "without kv_bytes_factor": {"kv_factor": False},
+    "without decode_kv_bytes_factor": {"decode_kv": False},
+    "without warm_kv_bytes_factor": {"warm_kv": False},
+    "without decode_state_rewrites": {"state_rewrites": False},
     "roofline (max), all terms": {"overlap": True},
     "roofline (max), GPU terms only": {"overlap": True, "seq_overhead": False, "kv_factor": False},
     "without copy efficiencies": {"copies": False},
@@ -453,7 +533,8 @@ def ablation(
     """The fit's relative rms error with each added term taken away (why each is there)."""
     base = {
         "overlap": False, "seq_overhead": True, "kv_factor": True, "clock": clock,
-        "padded": padded, "copies": True,
+        "padded": padded, "copies": True, "decode_kv": True, "state_rewrites": True,
+        "warm_kv": True,
     }  # fmt: skip
     out = {}
     for name, change in ABLATIONS.items():
@@ -556,6 +637,9 @@ def profile_dict(
         draft_pass_overhead_s=values.draft_pass_overhead_s,
         seq_overhead_s=values.seq_overhead_s,
         kv_bytes_factor=values.kv_bytes_factor,
+        decode_kv_bytes_factor=values.decode_kv_bytes_factor,
+        warm_kv_bytes_factor=values.warm_kv_bytes_factor,
+        decode_state_rewrites=values.decode_state_rewrites,
         phase_overlap=values.phase_overlap,
         padded_decode_attention=values.padded_decode_attention,
         copy_efficiency=values.copy_efficiency,

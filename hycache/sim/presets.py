@@ -75,6 +75,14 @@ class GpuSpec:
     draft_pass_overhead_s: float | None = None
     seq_overhead_s: float | None = None
     kv_bytes_factor: float | None = None
+    # the same for a decoding (or verifying) request's attention; unset, `kv_bytes_factor`
+    decode_kv_bytes_factor: float | None = None
+    # ... for a decoding request's context another request of the step read first; unset,
+    # `decode_kv_bytes_factor`
+    warm_kv_bytes_factor: float | None = None
+    # whole SSM states read and written per decoded (verified) token, beyond the step's own
+    # state traffic (the CPU engine's recurrent update rewrites the state every token)
+    decode_state_rewrites: float | None = None
     phase_overlap: bool | None = None
     padded_decode_attention: bool | None = None
     # achieved / peak bandwidth of a block copy and of an SSM state copy (read, write, or a
@@ -119,6 +127,9 @@ def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
         draft_pass_overhead_s=r.get_float("draft_pass_overhead_s", required=False, positive=False),
         seq_overhead_s=r.get_float("seq_overhead_s", required=False, positive=False),
         kv_bytes_factor=r.get_float("kv_bytes_factor", required=False),
+        decode_kv_bytes_factor=r.get_float("decode_kv_bytes_factor", required=False),
+        warm_kv_bytes_factor=r.get_float("warm_kv_bytes_factor", required=False),
+        decode_state_rewrites=r.get_float("decode_state_rewrites", required=False, positive=False),
         phase_overlap=_optional_bool(r, "phase_overlap"),
         padded_decode_attention=_optional_bool(r, "padded_decode_attention"),
         copy_efficiency=_optional_fraction(r, "copy_efficiency"),

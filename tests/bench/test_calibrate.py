@@ -4,7 +4,9 @@ hycache.bench.calibrate, hycache.bench.validate); timings themselves are never a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +41,9 @@ def _shapes() -> list[tuple[str, StepWork, int]]:
             out.append((f"decode {b} {c} k={k}", StepWork((seq,) * b), k))
     mixed = (SeqWork(3, 4000, 2, False),) * 4 + (SeqWork(1104, 0, 0, True),)
     out.append(("mixed", StepWork(mixed), 2))
+    for b, c in ((4, 4000), (8, 8000)):  # siblings: all but the first read a warm prefix
+        seqs = (SeqWork(3, c, 2, False),) + (SeqWork(3, c, 2, False, 0, c - 8),) * (b - 1)
+        out.append((f"siblings {b} {c}", StepWork(seqs), 2))
     return out
 
 
@@ -149,6 +154,87 @@ def test_defaults_keep_todays_step_times() -> None:
     assert a.step_time(work) == b.step_time(work)
     assert a.seq_overhead_s == 0.0 and a.kv_bytes_factor == 1.0 and a.phase_overlap
     assert a.copy_efficiency == a.state_copy_efficiency == a.bandwidth_efficiency
+    assert a.decode_kv_bytes_factor == a.kv_bytes_factor and a.decode_state_rewrites == 0.0
+
+
+def test_decode_kv_and_state_rewrites_charge_decoding_requests_only() -> None:
+    kw = {"speculative": True, "num_speculative_tokens": 2, "block_size": B,
+          "phase_overlap": False, "state_copy_efficiency": 0.5}  # fmt: skip
+    base = CostModel(MODEL, CPU, **kw)
+    prefill = StepWork((SeqWork(552, 1104, 0, True),))
+    decode = StepWork((SeqWork(3, 2000, 2, False),) * 4)
+    heavy = CostModel(MODEL, CPU, decode_kv_bytes_factor=3.0, decode_state_rewrites=2.0, **kw)
+    assert heavy.step_time(prefill) == base.step_time(prefill)
+    # K/V: the target's attention layers read context + 3 new rows, the drafter's first pass
+    # the same, its second pass context + 3 + 1 (one more position); each 2 more times
+    per_token = MODEL.kv_bytes_per_token_per_layer
+    rows = MODEL.layers.attention * 2003 + MODEL.drafter.num_layers * (2003 + 2004)
+    kv = 4 * 2.0 * per_token * rows / (CPU.hbm_bandwidth * base.bandwidth_efficiency)
+    # states: 3 verified positions x 2 rewrites x (a read and a write), per request
+    states = 4 * 3 * 2.0 * 2 * MODEL.ssm_state_bytes / (CPU.hbm_bandwidth * 0.5)
+    assert heavy.step_time(decode) - base.step_time(decode) == pytest.approx(kv + states)
+    with pytest.raises(ValueError, match="decode_state_rewrites"):
+        CostModel(MODEL, CPU, decode_state_rewrites=-1.0, **kw)
+    with pytest.raises(ValueError, match="decode_kv_bytes_factor"):
+        CostModel(MODEL, CPU, decode_kv_bytes_factor=0.0, **kw)
+
+
+def test_fit_recovers_the_decode_terms() -> None:
+    """Decoding requests' K/V at factors of their own (own context; context shared with a
+    request read before) and SSM state rewrites per decoded token (the CPU engine's decode
+    costs) are told apart from the K/V factor and the per-request overhead, and predicted
+    exactly."""
+    truth = Fit(0.45, 0.3, 2.5e-3, 1.2e-3, 4e-4, kv_bytes_factor=2.0, phase_overlap=False,
+                copy_efficiency=0.3, state_copy_efficiency=0.9, decode_kv_bytes_factor=9.0,
+                warm_kv_bytes_factor=3.0, decode_state_rewrites=3.0)  # fmt: skip
+    samples = [*_synthetic(truth), *_copy_probes(truth)]
+    got = fit(samples, MODEL, CPU, block_size=B)
+    # a step's weight bytes are constant, like its overhead: only each K/V factor over the
+    # bandwidth efficiency is identified, so their ratio is what the fit must recover
+    assert got.decode_kv_bytes_factor is not None
+    assert got.decode_kv_bytes_factor / got.kv_bytes_factor == pytest.approx(4.5, rel=1e-3)
+    assert got.warm_kv_bytes_factor is not None
+    assert got.warm_kv_bytes_factor / got.kv_bytes_factor == pytest.approx(1.5, rel=1e-3)
+    assert got.decode_state_rewrites == pytest.approx(3.0, rel=1e-3)
+    for r in residuals(samples, got, MODEL, CPU, B):
+        assert abs(r["error"]) < 1e-3, r
+    # without the decode terms the same samples cannot be fitted
+    plain = fit(samples, MODEL, CPU, block_size=B, decode_kv=False, state_rewrites=False)
+    assert plain.decode_kv_bytes_factor is None and plain.decode_state_rewrites is None
+    assert plain.warm_kv_bytes_factor is None
+    assert max(abs(r["error"]) for r in residuals(samples, plain, MODEL, CPU, B)) > 0.01
+
+
+def _measured(scale: float, rate: float) -> Any:
+    from hycache.bench.calibrate import Measured
+
+    work = StepWork((SeqWork(3, 512, 2, False),))
+    gpu = replace(CPU, peak_flops=CPU.peak_flops * scale)
+    cond = Conditions("cpu", 1, "float32", "x", 0.1, 0.2 * scale, 1.0, 60.0,
+                      {"clock": "wall", "repeats": 3, "acceptance_rate": {"2": rate}})  # fmt: skip
+    return Measured(
+        gpu,
+        [Sample("decode", work, 2, 0.010 * scale, cpu_s=0.009 * scale, repeats=3)],
+        [Sample("held", work, 2, 0.020 * scale, repeats=3)],
+        cond,
+    )
+
+
+def test_pooled_rounds_take_each_shapes_median() -> None:
+    from hycache.bench.calibrate import pool
+
+    got = pool([_measured(1.0, 0.1), _measured(3.0, 0.3), _measured(2.0, 0.2)])
+    (decode,) = got.fitted
+    assert decode.wall_s == pytest.approx(0.020) and decode.cpu_s == pytest.approx(0.018)
+    assert decode.repeats == 9 and decode.spread == pytest.approx((0.030 - 0.010) / 0.020)
+    assert got.held_out[0].wall_s == pytest.approx(0.040)
+    assert got.gpu.peak_flops == pytest.approx(2.0 * CPU.peak_flops)
+    assert got.conditions.extra["rounds"] == 3 and got.conditions.extra["repeats"] == 9
+    assert got.conditions.extra["acceptance_rate"] == {"2": pytest.approx(0.2)}
+    assert got.conditions.load_after == pytest.approx(0.4)  # the last round's
+    assert got.conditions.wall_s == pytest.approx(180.0)
+    with pytest.raises(ValueError, match="no rounds"):
+        pool([])
 
 
 def _profile(tmp_path: Path) -> Path:
@@ -296,3 +382,36 @@ def test_padded_decode_attention_reads_the_longest_context() -> None:
     assert padded.breakdown(mixed)["bytes"] == plain.breakdown(even)["bytes"]
     assert padded.breakdown(mixed)["flops"] == plain.breakdown(even)["flops"]
     assert plain.breakdown(mixed)["bytes"] < plain.breakdown(even)["bytes"]
+
+
+def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
+    """`hycache bench --validate PROFILE --recalibrate` on smoke sizes: a calibration round
+    before each engine repeat, pooled into the profile it then predicts with; the simulator's
+    hit rates equal the engine's (the same scheduler and cache on both sides)."""
+    from hycache.bench.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe
+    from hycache.bench.validate import ValidateOptions, validate
+
+    grid = Grid(
+        prefill=(PrefillProbe(64, (0, 64)),),
+        decode=(DecodeProbe(64, 2, (1, 2), mixed=((1, 64),)),),
+        copies=(2,),
+        state_writes=(2,),
+    )
+    held = Grid(prefill=(PrefillProbe(128, (0,)),), decode=(), copies=(), state_writes=())
+    cal = CalibrateOptions(repeats=1, block_size=64, grid=grid, held_out=held,
+                           cache_memory_gb=0.05, clock="cpu")  # fmt: skip
+    path = tmp_path / "profile.json"
+    opts = ValidateOptions(profile=str(path), quick=True, repeats=2, workloads=("family",))
+    messages: list[str] = []
+    doc = validate(opts, messages.append, recalibrate=cal)
+    rounds = [m for m in messages if m.startswith("calibration round")]
+    assert rounds == ["calibration round 1/2", "calibration round 2/2"]
+    assert messages.index(rounds[1]) > messages.index("family · engine · limit · repeat 1/2")
+    profile = json.loads(path.read_text())
+    assert profile["calibration"]["extra"]["rounds"] == 2
+    assert profile["calibration"]["extra"]["repeats"] == 2
+    assert doc["inputs"]["recalibrated"] is True and doc["inputs"]["clock"] == "cpu"
+    c = doc["workloads"]["family"]["comparison"]
+    for p in ("lookahead", "limit"):
+        hits = c[p]["token_hit_rate"]
+        assert hits["measured"] == hits["predicted"] > 0

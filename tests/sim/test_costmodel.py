@@ -287,3 +287,62 @@ def test_seqwork_validation() -> None:
         SeqWork(3, 0, 1, True)
     with pytest.raises(ValueError):
         StepWork((), num_block_copies=-1)
+
+
+def test_warm_context_costs_the_warm_factor_and_padding_is_warm() -> None:
+    kw = {"phase_overlap": False, "decode_kv_bytes_factor": 6.0, "warm_kv_bytes_factor": 2.0}
+    model = cm(TINY, spec=True, k=2, **kw)
+    cold = StepWork((SeqWork(3, 4000, 2, False),) * 2)
+    warm = StepWork((SeqWork(3, 4000, 2, False), SeqWork(3, 4000, 2, False, 0, 3000)))
+    # K/V rows of one decoding request's context: the target's attention layers once, the
+    # drafter's layer on each of its 2 passes
+    layers = TINY.layers.attention + 2 * TINY.drafter.num_layers
+    saved = 3000 * layers * TINY.kv_bytes_per_token_per_layer * (6.0 - 2.0)
+    rate = H200.hbm_bandwidth * model.bandwidth_efficiency
+    assert model.step_time(cold) - model.step_time(warm) == pytest.approx(saved / rate)
+    # padded to the longest decoding context, the padding rows are warm too
+    padded = cm(TINY, spec=True, k=2, padded_decode_attention=True, **kw)
+    short = StepWork((SeqWork(3, 4000, 2, False), SeqWork(3, 1000, 2, False)))
+    even = StepWork((SeqWork(3, 4000, 2, False), SeqWork(3, 4000, 2, False, 0, 3000)))
+    assert padded.step_time(short) == pytest.approx(padded.step_time(even))
+    # unset, the warm factor is the decode factor, and that the K/V factor
+    plain = cm(TINY, spec=True, k=2, kv_bytes_factor=3.0)
+    assert plain.warm_kv_bytes_factor == plain.decode_kv_bytes_factor == 3.0
+    assert plain.step_time(cold) == plain.step_time(warm)
+    with pytest.raises(ValueError, match="shared_context_len"):
+        SeqWork(3, 100, 2, False, 0, 101)
+
+
+def test_step_work_counts_context_shared_with_an_earlier_decoding_request() -> None:
+    from hycache.cache.boundaries import Boundaries
+    from hycache.request import Request, SamplingParams
+    from hycache.sched.executor import DryRunExecutor
+    from hycache.sched.scheduler import Scheduler
+    from hycache.sim.cluster import step_work
+    from tests.helpers import make_config
+
+    cfg = make_config(block_size=16, unit=4, k=2, policy="limit")
+    sched = Scheduler(cfg)
+    ex = DryRunExecutor(num_speculative_tokens=2)
+    lookahead = Boundaries.from_config(cfg.cache, cfg.speculative).lookahead
+    prefix = list(range(100, 164))  # 4 whole blocks
+    prompts = {"a": [*prefix, 1, 2, 3, 4, 5], "b": [*prefix, 6, 7, 8, 9, 10], "c": [9] * 69}
+    reqs = {}
+    for rid, prompt in prompts.items():
+        sp = SamplingParams(max_tokens=30, ignore_eos=True)
+        reqs[rid] = Request.new(rid, prompt, sp, unit=cfg.cache.unit, eos_token_ids=(),
+                                lookahead=lookahead)  # fmt: skip
+        sched.add_request(reqs[rid])
+        out = sched.schedule()  # one at a time: b then hits a's blocks
+        sched.update(out, ex.execute(out))
+    out = sched.schedule()
+    seqs = step_work(out, 16).seqs
+    work = {s.request.request_id: w for s, w in zip(out.scheduled, seqs, strict=True)}
+    assert [s.request.request_id for s in out.scheduled] == ["a", "b", "c"]  # by arrival
+    assert all(not w.is_prefill for w in work.values())
+    assert work["a"].shared_context_len == 0
+    # b's cache hit gave it a's blocks, which a read already in this step
+    hit = reqs["b"].first_hit_tokens or 0
+    assert hit >= 16 and work["b"].shared_context_len == hit // 16 * 16
+    assert work["c"].shared_context_len == 0
+    assert all(w.shared_context_len == 0 for w in step_work(out).seqs)  # no block size given

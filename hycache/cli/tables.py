@@ -293,7 +293,8 @@ def fit_table(doc: dict[str, Any]) -> Table:
 
     skip = {"name", "description", "source", "memory_bytes"}
     for key in (k for k in PRESET_FIELDS if k not in skip):
-        t.add_row(key, f"{doc[key]:.4g}" if not isinstance(doc[key], bool) else str(doc[key]))
+        v = doc.get(key)
+        t.add_row(key, "unset" if v is None else str(v) if isinstance(v, bool) else f"{v:.4g}")
     t.add_row("rms error, fitted / held out", f"{cal['rms_error_fitted']:.1%} / "
               f"{cal['rms_error_held_out']:.1%}")  # fmt: skip
     for name, rms in cal["ablation_rms_error"].items():

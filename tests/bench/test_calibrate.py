@@ -324,9 +324,10 @@ def test_acceptance_rate_inverts_tokens_per_step() -> None:
     assert p == pytest.approx(0.5, abs=1e-9)
 
 
-def test_a_tiny_calibrate_run_produces_residuals() -> None:
-    """The engine side on the smallest grid (one thread, one repeat: a few seconds)."""
-    from hycache.bench.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe, calibrate
+def _tiny_calibration() -> Any:
+    """The smallest calibration grid (one thread, one repeat: a few seconds): every kind of
+    probe, and one held-out shape."""
+    from hycache.bench.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe
 
     grid = Grid(
         prefill=(PrefillProbe(64, (0, 64)),),
@@ -335,9 +336,16 @@ def test_a_tiny_calibrate_run_produces_residuals() -> None:
         state_writes=(2,),
     )
     held = Grid(prefill=(PrefillProbe(128, (0,)),), decode=(), copies=(), state_writes=())
-    opts = CalibrateOptions(
+    return CalibrateOptions(
         repeats=1, block_size=64, grid=grid, held_out=held, cache_memory_gb=0.05, clock="cpu"
     )
+
+
+def test_a_tiny_calibrate_run_produces_residuals() -> None:
+    """The engine side on the smallest grid."""
+    from hycache.bench.calibrate import calibrate
+
+    opts = _tiny_calibration()
     doc = calibrate(opts, lambda _msg: None, command="test")
     shapes = {r["shape"] for r in doc["residuals"]}
     assert {"prefill n=64 c=0 k=2", "prefill n=64 c=64 k=2", "decode b=1 c=64 k=2"} <= shapes
@@ -388,25 +396,19 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
     """`hycache bench --validate PROFILE --recalibrate` on smoke sizes: a calibration round
     before each engine repeat, pooled into the profile it then predicts with; the simulator's
     hit rates equal the engine's (the same scheduler and cache on both sides)."""
-    from hycache.bench.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe
     from hycache.bench.validate import ValidateOptions, validate
 
-    grid = Grid(
-        prefill=(PrefillProbe(64, (0, 64)),),
-        decode=(DecodeProbe(64, 2, (1, 2), mixed=((1, 64),)),),
-        copies=(2,),
-        state_writes=(2,),
-    )
-    held = Grid(prefill=(PrefillProbe(128, (0,)),), decode=(), copies=(), state_writes=())
-    cal = CalibrateOptions(repeats=1, block_size=64, grid=grid, held_out=held,
-                           cache_memory_gb=0.05, clock="cpu")  # fmt: skip
+    cal = _tiny_calibration()
     path = tmp_path / "profile.json"
-    opts = ValidateOptions(profile=str(path), quick=True, repeats=2, workloads=("family",))
+    opts = ValidateOptions(
+        profile=str(path), quick=True, repeats=2, workloads=("family",), isolate=False
+    )
     messages: list[str] = []
     doc = validate(opts, messages.append, recalibrate=cal)
     rounds = [m for m in messages if m.startswith("calibration round")]
-    assert rounds == ["calibration round 1/2", "calibration round 2/2"]
-    assert messages.index(rounds[1]) > messages.index("family · engine · limit · repeat 1/2")
+    assert rounds == [f"calibration round {i}/2 (this process)" for i in (1, 2)]
+    first_run = messages.index("family · engine · limit · repeat 1/2 (this process)")
+    assert messages.index(rounds[0]) < first_run < messages.index(rounds[1])
     profile = json.loads(path.read_text())
     assert profile["calibration"]["extra"]["rounds"] == 2
     assert profile["calibration"]["extra"]["repeats"] == 2
@@ -415,3 +417,27 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
     for p in ("lookahead", "limit"):
         hits = c[p]["token_hit_rate"]
         assert hits["measured"] == hits["predicted"] > 0
+
+
+def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
+    """The default: each calibration round and engine run in a spawned interpreter, its
+    measurements pickled back."""
+    from hycache.bench.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe
+    from hycache.bench.validate import ValidateOptions, validate
+
+    grid = Grid(prefill=(PrefillProbe(64, (0,)),), decode=(DecodeProbe(64, 2, (1,)),),
+                copies=(), state_writes=())  # fmt: skip
+    empty = Grid(prefill=(), decode=(), copies=(), state_writes=())
+    cal = CalibrateOptions(repeats=1, block_size=64, grid=grid, held_out=empty,
+                           cache_memory_gb=0.05)  # fmt: skip
+    path = tmp_path / "profile.json"
+    opts = ValidateOptions(profile=str(path), quick=True, workloads=("multi-turn",),
+                           policies=("limit",))  # fmt: skip
+    messages: list[str] = []
+    doc = validate(opts, messages.append, recalibrate=cal)
+    assert "calibration round 1/1 (a fresh process)" in messages
+    part = doc["workloads"]["multi-turn"]
+    assert part["measured"]["limit"]["requests"] == part["size"]
+    hits = part["comparison"]["limit"]["token_hit_rate"]
+    assert hits["measured"] == hits["predicted"] > 0
+    assert json.loads(path.read_text())["calibration"]["extra"]["rounds"] == 1

@@ -87,7 +87,8 @@ class Instance:
         self.cost = cost
         self.dry_step_s = dry_step_s
         self.sched = Scheduler(config, keep_finished=0)  # `update` returns each finish
-        self.block_size = config.cache.block_size
+        # shared context is counted only where the cost model prices it apart (hot path)
+        self.block_size = config.cache.block_size if cost and cost.prices_warm_context else None
         spec = config.speculative
         self.executor = DryRunExecutor(
             vocab_size=vocab_size,

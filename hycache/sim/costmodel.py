@@ -273,6 +273,12 @@ class CostModel:
         self._copy_rate = gpu.hbm_bandwidth * self.copy_efficiency
         self._state_rate = gpu.hbm_bandwidth * self.state_copy_efficiency
 
+    @property
+    def prices_warm_context(self) -> bool:
+        """Whether a decoding request's shared context costs other than its own
+        (`SeqWork.shared_context_len` matters to the step time)."""
+        return self.warm_kv_bytes_factor != self.decode_kv_bytes_factor
+
     def without_drafter(self) -> CostModel:
         """The same model, GPU and constants with speculative decoding off: no drafter passes,
         no drafter weights or KV in memory (so more cache pages fit)."""

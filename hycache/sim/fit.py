@@ -166,6 +166,10 @@ class Fit:
     warm_kv_bytes_factor: float | None = None  # None: decode_kv_bytes_factor
     decode_state_rewrites: float | None = None  # None: 0
 
+    def as_arguments(self) -> dict[str, Any]:
+        """Every field by name: each is a `CostModel` argument and a `GpuSpec` field."""
+        return asdict(self)
+
     def cost_model(
         self, model: ModelSpec, gpu: GpuSpec, k: int, *, block_size: int | None = None
     ) -> CostModel:
@@ -173,19 +177,7 @@ class Fit:
         return CostModel(
             model,
             gpu,
-            compute_efficiency=self.compute_efficiency,
-            bandwidth_efficiency=self.bandwidth_efficiency,
-            step_overhead_s=self.step_overhead_s,
-            draft_pass_overhead_s=self.draft_pass_overhead_s,
-            seq_overhead_s=self.seq_overhead_s,
-            kv_bytes_factor=self.kv_bytes_factor,
-            phase_overlap=self.phase_overlap,
-            padded_decode_attention=self.padded_decode_attention,
-            copy_efficiency=self.copy_efficiency,
-            state_copy_efficiency=self.state_copy_efficiency,
-            decode_kv_bytes_factor=self.decode_kv_bytes_factor,
-            warm_kv_bytes_factor=self.warm_kv_bytes_factor,
-            decode_state_rewrites=self.decode_state_rewrites,
+            **self.as_arguments(),
             speculative=k > 0,
             num_speculative_tokens=k,
             block_size=block_size,
@@ -629,22 +621,7 @@ def profile_dict(
     """A device profile: the GPU preset fields (efficiencies and overheads fitted), then
     `model` (the model preset the fit was done on), `residuals` (the fitted shapes),
     `held_out` (shapes the fit did not see) and `calibration` (conditions, the command)."""
-    spec = replace(
-        gpu,
-        compute_efficiency=values.compute_efficiency,
-        bandwidth_efficiency=values.bandwidth_efficiency,
-        step_overhead_s=values.step_overhead_s,
-        draft_pass_overhead_s=values.draft_pass_overhead_s,
-        seq_overhead_s=values.seq_overhead_s,
-        kv_bytes_factor=values.kv_bytes_factor,
-        decode_kv_bytes_factor=values.decode_kv_bytes_factor,
-        warm_kv_bytes_factor=values.warm_kv_bytes_factor,
-        decode_state_rewrites=values.decode_state_rewrites,
-        phase_overlap=values.phase_overlap,
-        padded_decode_attention=values.padded_decode_attention,
-        copy_efficiency=values.copy_efficiency,
-        state_copy_efficiency=values.state_copy_efficiency,
-    )
+    spec = replace(gpu, **values.as_arguments())
     doc = {k: getattr(spec, k) for k in PRESET_FIELDS if getattr(spec, k) not in (None, "")}
     doc["model"] = model
     doc["residuals"] = [dict(r) for r in fitted]

@@ -152,6 +152,7 @@ def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
         kv_store_gb=b.kv_store_gb,
         eviction=b.eviction,
         eviction_alpha=b.eviction_alpha,
+        warmup=True,  # as a server is before its first request
     )
     try:
         return _closed_loop(b, llm, prompts)

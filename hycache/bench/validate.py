@@ -215,8 +215,11 @@ def profile_clock(gpu: GpuSpec) -> str:
     return str(cal.get("calibration", {}).get("extra", {}).get("clock", "wall"))
 
 
-def _engine(o: ValidateOptions, arm: str, max_len: int, num_blocks: int | None = None) -> Any:
-    """The engine for one arm: a policy, or one with `-split` (no internal checkpoints)."""
+def _engine(
+    o: ValidateOptions, arm: str, max_len: int, num_blocks: int | None = None, warmup: bool = False
+) -> Any:
+    """The engine for one arm: a policy, or one with `-split` (no internal checkpoints);
+    `warmup`: warmed up as a server is before its first request (`LLM(warmup=True)`)."""
     from hycache.engine.engine import LLM
     from hycache.sim.compare import ARMS
 
@@ -233,6 +236,7 @@ def _engine(o: ValidateOptions, arm: str, max_len: int, num_blocks: int | None =
         max_num_seqs=o.concurrency,
         seed=o.seed,
         num_blocks=num_blocks,
+        warmup=warmup,
     )
 
 
@@ -339,7 +343,8 @@ def _engine_run(o: ValidateOptions, name: str, policy: str, clock: str) -> tuple
     import torch
 
     w = build_workload(name, o.seed, o.quick)
-    llm = _engine(o, policy, w.max_tokens_per_request() + 2 * o.num_speculative_tokens + 16)
+    max_len = w.max_tokens_per_request() + 2 * o.num_speculative_tokens + 16
+    llm = _engine(o, policy, max_len, warmup=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(o.threads)
     try:

@@ -16,7 +16,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = EngineArgs.from_cli_args(args)  # the store flags are refused before any model loads
     settings = ServerSettings.from_cli_args(args)
     try:
-        llm = engine.build()
+        llm = engine.build(warmup=not args.no_warmup)
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"hycache serve: {e}", file=sys.stderr)
         return 2

@@ -158,6 +158,7 @@ class LLM:
         eviction_alpha: float = DEFAULT_EVICTION_ALPHA,
         internal_checkpoints: bool = True,
         prebuilt: tuple[torch.nn.Module, HybridConfig] | None = None,
+        warmup: bool = False,
     ) -> None:
         """Cache memory: by default `cache_memory_gb` (speculative scratch included) is split
         into attention blocks and SSM state pages (`hycache.cache.layout`); `num_blocks` alone
@@ -174,7 +175,11 @@ class LLM:
         prefill at each (`CacheConfig.internal_checkpoints`).
 
         `prebuilt`: a (model, config) built by the caller (e.g. random weights made on the
-        device for a model too large to initialise on the host); `model` then only names it."""
+        device for a model too large to initialise on the host); `model` then only names it.
+
+        `warmup`: run one forward of `max_num_batched_tokens` positions before the first
+        request (`ModelRunner.warmup`), as a server does before it listens: the first
+        request's step then runs as fast as the ones after it."""
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if torch.device(dev).type == "cpu":
@@ -245,6 +250,8 @@ class LLM:
         )
         self.scheduler = Scheduler(self.config, keep_finished=0)  # `step` reports each finish
         self.runner = ModelRunner(self.model, self.config, drafter=drafter, seed=seed)
+        if warmup:
+            self.runner.warmup(min(max_num_batched_tokens, max_len))
         self.store: KVStore | None = None
         if kv_store is not None:
             seed_id = None if draft_model else draft_seed

@@ -77,6 +77,7 @@ FIT_GRID = Grid(
         PrefillProbe(1104, (0, 2208, 4416, 6624)),
         PrefillProbe(2208, (0, 4416)),
         PrefillProbe(4416, (0,)),
+        PrefillProbe(8192, (0,)),  # the validation workloads' largest chunk (8,002 tokens)
         PrefillProbe(1104, (0, 3312), k=0),
     ),
     decode=(

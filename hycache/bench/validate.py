@@ -34,7 +34,7 @@ import numpy as np
 from hycache.sim import build as sim_build
 from hycache.sim.build import DEFAULT_SHAPES, WorkloadSizes, WorkloadSpec
 from hycache.sim.compare import Workload
-from hycache.sim.costmodel import CostModel
+from hycache.sim.costmodel import CostModel, StepWork
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
 from hycache.sim.workloads import RequestSpec, SessionSpec
 
@@ -52,6 +52,57 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("TTFT p95 s", "ttft_p95_s"),
     ("token hit rate", "token_hit_rate"),  # the same scheduler on both sides: equal
 )
+
+
+STEP_KINDS: tuple[str, ...] = ("prefill", "mixed", "decode", "copies")
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """One engine step of a validation run: its work and its time on the run's clock."""
+
+    work: StepWork
+    seconds: float
+
+
+def step_kind(work: StepWork) -> str:
+    """`prefill` (prefill chunks only), `decode` (decoding or verifying requests only),
+    `mixed` (both), or `copies` (block copies and nothing else)."""
+    prefill = any(s.is_prefill for s in work.seqs)
+    decode = any(not s.is_prefill for s in work.seqs)
+    if prefill and decode:
+        return "mixed"
+    return "prefill" if prefill else "decode" if decode else "copies"
+
+
+def step_attribution(
+    runs: Sequence[Sequence[EngineStep]], makespans: Sequence[float], cost: CostModel
+) -> dict[str, Any]:
+    """Where a prediction's error comes from. The cost model prices the engine's own steps
+    (the same work, so a difference here is the cost model's), per step kind, as seconds per
+    run (the mean over `runs`); `outside_steps_s` is the run's time between its steps (the
+    client loop: admitting requests, reading events), which the simulator does not charge.
+    A tok/s error the kinds do not explain is the schedule's (the simulator's own steps)."""
+    n = len(runs)
+    out: dict[str, Any] = {}
+    for kind in STEP_KINDS:
+        rows = [st for run in runs for st in run if step_kind(st.work) == kind]
+        if not rows:
+            continue
+        measured = sum(st.seconds for st in rows) / n
+        predicted = sum(cost.step_time(st.work) for st in rows) / n
+        out[kind] = {"steps": len(rows) / n, "measured_s": measured, "predicted_s": predicted,
+                     "error": predicted / measured - 1.0 if measured else None}  # fmt: skip
+    measured = sum(v["measured_s"] for v in out.values())
+    predicted = sum(v["predicted_s"] for v in out.values())
+    out["all steps"] = {
+        "steps": sum(v["steps"] for v in out.values()),
+        "measured_s": measured,
+        "predicted_s": predicted,
+        "error": predicted / measured - 1.0 if measured else None,
+    }
+    out["outside_steps_s"] = statistics.mean(makespans) - measured if makespans else 0.0
+    return out
 
 
 @dataclass(frozen=True)
@@ -145,10 +196,16 @@ def _clocks() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def run_engine(llm: Any, w: Workload, concurrency: int, clock: str) -> dict[str, Any]:
-    """`w` closed loop on `llm` at `concurrency` in flight; metrics on both clocks."""
+def run_engine(
+    llm: Any, w: Workload, concurrency: int, clock: str, steps: list[EngineStep] | None = None
+) -> dict[str, Any]:
+    """`w` closed loop on `llm` at `concurrency` in flight; metrics on both clocks. `steps`:
+    each `llm.step()` is appended to it, its work as the simulator describes it and its time
+    on `clock` (what `step_attribution` prices)."""
     from hycache.request import SamplingParams
+    from hycache.sim.cluster import step_work
 
+    i = 0 if clock == "wall" else 1
     pending = _items(w)
     arrived: dict[str, tuple[float, float]] = {}
     first: dict[str, tuple[float, float]] = {}
@@ -162,8 +219,12 @@ def run_engine(llm: Any, w: Workload, concurrency: int, clock: str) -> dict[str,
             sp = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
             rid = llm.add_request(item.prompt, sp, request_id=item.key)
             arrived[rid], items[rid] = _clocks(), item
+        before = _clocks()
         events = llm.step()
         now = _clocks()
+        if steps is not None:
+            work = step_work(llm.last_schedule, llm.config.cache.block_size)
+            steps.append(EngineStep(work, now[i] - before[i]))
         for e in events:
             if e.new_token_ids:
                 first.setdefault(e.request_id, now)
@@ -174,7 +235,6 @@ def run_engine(llm: Any, w: Workload, concurrency: int, clock: str) -> dict[str,
                     pending.append(nxt)
     end = _clocks()
     tokens = sum(len(o.token_ids) for o in outputs)
-    i = 0 if clock == "wall" else 1
     ttft = [first[o.request_id][i] - arrived[o.request_id][i] for o in outputs]
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     return {
@@ -265,6 +325,9 @@ def validate(
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         name: {p: [] for p in o.policies} for name in workloads
     }
+    steps: dict[str, dict[str, list[list[EngineStep]]]] = {
+        name: {p: [] for p in o.policies} for name in workloads
+    }
     configs: dict[str, dict[str, Any]] = {name: {} for name in workloads}
     rounds: list[Any] = []
     k = o.num_speculative_tokens
@@ -277,8 +340,11 @@ def validate(
             order = list(o.policies) if rep % 2 == 0 else list(reversed(o.policies))
             for p in order:
                 progress(f"{name} · engine · {p} · repeat {rep + 1}/{o.repeats} ({where})")
-                configs[name][p], run = _run(o.isolate, _engine_run, o, name, p, clock)
+                configs[name][p], run, engine_steps = _run(
+                    o.isolate, _engine_run, o, name, p, clock
+                )
                 runs[name][p].append(run)
+                steps[name][p].append(engine_steps)
     if recalibrate is not None:
         _write_profile(o.profile, rounds, recalibrate, progress)
     gpu = load_gpu(o.profile)
@@ -294,9 +360,11 @@ def validate(
     )
     doc: dict[str, Any] = {"workloads": {}}
     for name, w in workloads.items():
-        part: dict[str, Any] = {"measured": {}, "predicted": {}}
+        part: dict[str, Any] = {"measured": {}, "predicted": {}, "steps": {}}
         for p in o.policies:
             part["measured"][p] = _median(runs[name][p])
+            spans = [r["makespan_s"] for r in runs[name][p]]
+            part["steps"][p] = step_attribution(steps[name][p], spans, cost)
             progress(f"{name} · simulator · {p}")
             cfg = configs[name][p]
             cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
@@ -338,8 +406,11 @@ def _calibration_round(cal: CalibrateOptions) -> Any:
     return measure(cal, lambda _msg: None)
 
 
-def _engine_run(o: ValidateOptions, name: str, policy: str, clock: str) -> tuple[Any, Any]:
-    """One engine run of workload `name` under `policy`: (the engine's config, metrics)."""
+def _engine_run(
+    o: ValidateOptions, name: str, policy: str, clock: str
+) -> tuple[Any, dict[str, Any], list[EngineStep]]:
+    """One engine run of workload `name` under `policy`: (the engine's config, metrics, its
+    steps)."""
     import torch
 
     w = build_workload(name, o.seed, o.quick)
@@ -348,7 +419,8 @@ def _engine_run(o: ValidateOptions, name: str, policy: str, clock: str) -> tuple
     threads = torch.get_num_threads()
     torch.set_num_threads(o.threads)
     try:
-        return llm.config, run_engine(llm, w, o.concurrency, clock)
+        steps: list[EngineStep] = []
+        return llm.config, run_engine(llm, w, o.concurrency, clock, steps), steps
     finally:
         torch.set_num_threads(threads)
 

@@ -14,6 +14,7 @@ from hycache.cli.tables import (
     fit_table,
     progress_reporter,
     residuals_table,
+    step_table,
     validation_table,
 )
 from hycache.files import check_writable, write_atomic
@@ -76,6 +77,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         console.print(fit_table(profile))
         console.print(f"wrote {args.validate}")
     console.print(validation_table(doc))
+    console.print(step_table(doc))
     miss = misses(doc)
     doc["misses"] = miss
     console.print(

@@ -331,6 +331,26 @@ def validation_table(doc: dict[str, Any]) -> Table:
     return t
 
 
+def step_table(doc: dict[str, Any]) -> Table:
+    """`--validate`: the cost model on the engine's own steps, per step kind (seconds per
+    run): an error here is the cost model's; a tok/s error it does not explain, the
+    schedule's."""
+    t = Table(title="the cost model on the engine's own steps (seconds per run)")
+    for col in ("workload", "policy", "steps", "count", "measured s", "cost model s", "error"):
+        t.add_column(col, justify="left" if col in ("workload", "policy", "steps") else "right")
+    for name, part in doc["workloads"].items():
+        for p, kinds in part.get("steps", {}).items():
+            for kind, v in kinds.items():
+                if kind == "outside_steps_s":
+                    continue
+                err = v["error"]
+                t.add_row(name, p, kind, f"{v['steps']:.0f}", f"{v['measured_s']:.2f}",
+                          f"{v['predicted_s']:.2f}", f"{err:+.1%}" if err is not None else "",
+                          style="bold" if kind == "all steps" else None)  # fmt: skip
+            t.add_row(name, p, "between steps", "", f"{kinds['outside_steps_s']:.2f}", "0", "")
+    return t
+
+
 def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any]) -> Table:
     """`hycache bench --engine-profile`: the CPU engine arm, measured beside predicted."""
     from hycache.bench.validate import METRICS

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hycache.bench.validate import compare, misses
+from hycache.bench.validate import STEP_KINDS, compare, misses
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
 from hycache.sim.fit import (
     Conditions,
@@ -417,6 +417,16 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
     for p in ("lookahead", "limit"):
         hits = c[p]["token_hit_rate"]
         assert hits["measured"] == hits["predicted"] > 0
+        # the engine's steps, priced: every step of a run is in one kind, and the kinds and
+        # the loop between them add up to the run's time
+        kinds = doc["workloads"]["family"]["steps"][p]
+        assert {"prefill", "decode", "all steps"} <= kinds.keys()
+        total = kinds["all steps"]
+        assert total["measured_s"] == pytest.approx(
+            sum(v["measured_s"] for k, v in kinds.items() if k in STEP_KINDS)
+        )
+        assert 0 <= kinds["outside_steps_s"] < total["measured_s"]
+        assert total["predicted_s"] > 0
 
 
 def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
@@ -441,3 +451,25 @@ def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
     hits = part["comparison"]["limit"]["token_hit_rate"]
     assert hits["measured"] == hits["predicted"] > 0
     assert json.loads(path.read_text())["calibration"]["extra"]["rounds"] == 1
+
+
+def test_step_kinds_and_their_attribution() -> None:
+    """`step_attribution` prices the engine's own steps with the cost model, per kind, as
+    seconds per run; a step measured 25% slower than priced shows as -20%."""
+    from hycache.bench.validate import EngineStep, step_attribution, step_kind
+
+    cost = CostModel(MODEL, load_gpu("h200"), speculative=True, num_speculative_tokens=2)
+    prefill = StepWork((SeqWork(512, 0, 0, True),))
+    decode = StepWork((SeqWork(3, 800, 2, False), SeqWork(3, 900, 2, False)))
+    mixed = StepWork((SeqWork(3, 800, 2, False), SeqWork(64, 0, 0, True)))
+    copies = StepWork((), num_block_copies=3)
+    kinds = [step_kind(w) for w in (prefill, decode, mixed, copies)]
+    assert kinds == ["prefill", "decode", "mixed", "copies"]
+    run = [EngineStep(w, 1.25 * cost.step_time(w)) for w in (prefill, decode, decode, mixed)]
+    out = step_attribution([run, run], [10.0, 12.0], cost)
+    assert set(out) == {"prefill", "decode", "mixed", "all steps", "outside_steps_s"}
+    assert out["decode"]["steps"] == 2
+    assert out["decode"]["predicted_s"] == pytest.approx(2 * cost.step_time(decode))
+    for kind in ("prefill", "decode", "mixed", "all steps"):
+        assert out[kind]["error"] == pytest.approx(-0.2)
+    assert out["outside_steps_s"] == pytest.approx(11.0 - out["all steps"]["measured_s"])

@@ -11,7 +11,7 @@ it predicts see the machine in the same states; the rounds are pooled (per shape
 of the rounds), fitted and written to OUT/cpu-profile.json, then the simulator predicts the
 engine's runs with it. Seeded: the same shapes, prompts and policy order in every run. On a
 quiet machine use `--clock wall`; on one shared with other work `--clock cpu` (process CPU
-time) is steadier. About 4 minutes per round on one core.
+time) is steadier. About 6 minutes per round on one core.
 """
 
 from __future__ import annotations

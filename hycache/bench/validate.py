@@ -84,23 +84,21 @@ def step_attribution(
     client loop: admitting requests, reading events), which the simulator does not charge.
     A tok/s error the kinds do not explain is the schedule's (the simulator's own steps)."""
     n = len(runs)
-    out: dict[str, Any] = {}
-    for kind in STEP_KINDS:
-        rows = [st for run in runs for st in run if step_kind(st.work) == kind]
-        if not rows:
-            continue
+
+    def priced(rows: Sequence[EngineStep]) -> dict[str, Any]:
         measured = sum(st.seconds for st in rows) / n
         predicted = sum(cost.step_time(st.work) for st in rows) / n
-        out[kind] = {"steps": len(rows) / n, "measured_s": measured, "predicted_s": predicted,
-                     "error": predicted / measured - 1.0 if measured else None}  # fmt: skip
-    measured = sum(v["measured_s"] for v in out.values())
-    predicted = sum(v["predicted_s"] for v in out.values())
-    out["all steps"] = {
-        "steps": sum(v["steps"] for v in out.values()),
-        "measured_s": measured,
-        "predicted_s": predicted,
-        "error": predicted / measured - 1.0 if measured else None,
-    }
+        return {"steps": len(rows) / n, "measured_s": measured, "predicted_s": predicted,
+                "error": predicted / measured - 1.0 if measured else None}  # fmt: skip
+
+    every = [st for run in runs for st in run]
+    out: dict[str, Any] = {}
+    for kind in STEP_KINDS:
+        rows = [st for st in every if step_kind(st.work) == kind]
+        if rows:
+            out[kind] = priced(rows)
+    out["all steps"] = priced(every)
+    measured = out["all steps"]["measured_s"]
     out["outside_steps_s"] = statistics.mean(makespans) - measured if makespans else 0.0
     return out
 

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         ["bench", "--validate", str(out / "cpu-profile.json"), "--recalibrate",
          "--calibration-repeats", str(args.repeats), "--engine-repeats", str(args.engine_repeats),
          "--json", str(out / "validate.json"), "--clock", args.clock, "--threads",
-         str(args.threads)]
+         str(args.threads), "--raw", str(out / "validate-raw.pkl")]
     )  # fmt: skip
 
 

@@ -32,15 +32,20 @@ def check_writable(path: str | Path | None, flag: str) -> None:
         raise ValueError(f"{flag}: cannot write {path}: {parent} is not writable")
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write the whole file or nothing: a failure leaves no partial output behind. The file
-    gets the usual permissions (0666 less the umask), not the temporary file's 0600."""
+def write_atomic(path: str | Path, text: str | bytes) -> None:
+    """Write the whole file (text, or bytes as they are) or nothing: a failure leaves no
+    partial output behind. The file gets the usual permissions (0666 less the umask), not
+    the temporary file's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        if isinstance(text, bytes):
+            with os.fdopen(fd, "wb") as f:
+                f.write(text)
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)

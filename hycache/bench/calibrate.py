@@ -13,7 +13,8 @@ its work read from `LLM.last_schedule` exactly as the simulator describes a step
 * decode (verify) steps: the largest batch's requests prefill a context of their own each
   (no shared blocks, as in a real batch), then decode together with `k` drafts (k = 0: no
   drafter); aborting requests shrinks the batch to each smaller size;
-* mixed steps: while a batch decodes, a fresh request's prefill chunk joins each step;
+* mixed steps: while a batch decodes, a fresh request's prefill chunk joins each step, or
+  (`turns`) a few next turns do, each a short chunk over its cached history;
 * block copies and SSM state writes, timed alone on the runner's caches.
 
 Each shape is repeated; its time is the median, with the process CPU time and the load
@@ -44,14 +45,18 @@ VOCAB = 512  # the tiny preset's vocabulary: every probe prompt is drawn below i
 class DecodeProbe:
     """Batches of each size in `batches`, one after another, decoding at `context` with `k`
     drafts; `mixed`: for each batch size, the chunk length of a fresh request joining each
-    step. `shared`: the requests are siblings of one prefix (all but their last 8 tokens),
-    else each has a context of its own."""
+    step; `turns`: for each batch size, `chunks` requests joining one step, each the next
+    turn of a decoding request (its prompt and `tokens` new ones: a short chunk at about
+    `context`, the rest a cache hit; multi-turn chat's steps). `shared`: the requests are
+    siblings of one prefix (all but their last 8 tokens), else each has a context of its
+    own."""
 
     context: int
     k: int
     batches: tuple[int, ...]
     mixed: tuple[tuple[int, int], ...] = ()  # (batch size, chunk tokens)
     shared: bool = False
+    turns: tuple[tuple[int, int, int], ...] = ()  # (batch size, chunks, tokens per chunk)
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ FIT_GRID = Grid(
         DecodeProbe(8000, 2, (2, 8), mixed=((4, 1104),)),
         DecodeProbe(4000, 2, (4, 8), shared=True),
         DecodeProbe(8000, 2, (8,), shared=True),
+        # multi-turn chat's steps: next turns (short chunks over a cached history) join decodes
+        DecodeProbe(2048, 2, (6,), turns=((6, 1, 128), (3, 3, 320))),
         DecodeProbe(2048, 0, (1, 8)),
         DecodeProbe(2048, 1, (4,)),
         DecodeProbe(2048, 3, (4,)),
@@ -97,7 +104,7 @@ FIT_GRID = Grid(
 HELD_OUT_GRID = Grid(
     prefill=(PrefillProbe(1656, (0, 3312)), PrefillProbe(3312, (3312,))),
     decode=(
-        DecodeProbe(1500, 2, (3, 6), mixed=((6, 2208),)),
+        DecodeProbe(1500, 2, (3, 6), mixed=((6, 2208),), turns=((3, 2, 200),)),
         DecodeProbe(6000, 2, (5,)),
         DecodeProbe(6000, 2, (6,), shared=True),
         DecodeProbe(3000, 1, (2,)),
@@ -108,7 +115,10 @@ HELD_OUT_GRID = Grid(
 
 QUICK_FIT = Grid(
     prefill=(PrefillProbe(128, (0, 256)), PrefillProbe(256, (0,))),
-    decode=(DecodeProbe(256, 2, (1, 3), mixed=((2, 128),)), DecodeProbe(256, 0, (2,))),
+    decode=(
+        DecodeProbe(256, 2, (1, 3), mixed=((2, 128),), turns=((2, 2, 32),)),
+        DecodeProbe(256, 0, (2,)),
+    ),
     copies=(4,),
     state_writes=(4,),
 )
@@ -325,14 +335,19 @@ def _decode(
     from hycache.request import SamplingParams
 
     mixed = dict(p.mixed)
-    sizes = sorted({*p.batches, *mixed}, reverse=True)
-    steps = sum(o.repeats + 1 + (o.repeats if b in mixed else 0) for b in sizes)
+    turns = {b: (n, t) for b, n, t in p.turns}
+    sizes = sorted({*p.batches, *mixed, *turns}, reverse=True)
+    steps = sum(
+        o.repeats + 1 + (o.repeats if b in mixed else 0) + (o.repeats if b in turns else 0)
+        for b in sizes
+    )
     n_out = steps * (p.k + 1) + 8
     longest = max(mixed.values(), default=0) + o.prefix_match_unit + 8
-    max_len = max(p.context + 8 * p.shared + n_out + 16, longest)
+    turn_len = p.context + 8 * p.shared + max((t for _, t in turns.values()), default=0)
+    max_len = max(p.context + 8 * p.shared + n_out + 16, longest, turn_len + 16)
     llm = _engine(
         o, p.k, max_len, max_num_batched_tokens=8192,
-        max_num_seqs=sizes[0] + 1,
+        max_num_seqs=sizes[0] + max([1, *(n for n, _ in turns.values())]),
     )  # fmt: skip
     timer = _Timer(llm)
     sched = llm.scheduler
@@ -381,9 +396,36 @@ def _decode(
             ]
             if runs:
                 out.append(_sample(mlabel, runs, p.k, "step"))
+        if b in turns:
+            out.extend(_turns(llm, timer, p, b, *turns[b], prompts, o, rng))
     for rid in ids:
         llm.abort(rid)
     return out
+
+
+def _turns(
+    llm: Any, timer: _Timer, p: DecodeProbe, b: int, chunks: int, tokens: int,
+    prompts: list[list[int]], o: CalibrateOptions, rng: random.Random,
+) -> list[Sample]:  # fmt: skip
+    """`chunks` next turns join one step of `b` decoding requests, each repeat: turn j's
+    prompt is a decoding request's own prompt and `tokens` new ones (its context a cache
+    hit, so a short chunk at about `p.context`)."""
+    from hycache.request import SamplingParams
+
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    label = f"turns b={b} c={p.context} + {chunks}x{tokens} k={p.k}"
+    for rep in range(o.repeats):
+        for j in range(chunks):
+            history = prompts[(rep * chunks + j) % b]
+            llm.add_request(history + _tokens(rng, tokens, o.vocab), one)
+        timer.step(label)
+    runs = [
+        r
+        for r in timer.steps.pop(label)
+        if len(r[0].seqs) == b + chunks
+        and all(s.is_prefill and s.context_len > 0 for s in r[0].seqs[b:])
+    ]
+    return [_sample(label, runs, p.k, "step")] if runs else []
 
 
 def _copies(o: CalibrateOptions, counts: Sequence[int], states: bool) -> list[Sample]:

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hycache.bench.steps import EngineStep, cross_fit, step_attribution
 from hycache.sim import build as sim_build
 from hycache.sim.build import DEFAULT_SHAPES, WorkloadSizes, WorkloadSpec
 from hycache.sim.compare import Workload
-from hycache.sim.costmodel import CostModel, StepWork
+from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
 from hycache.sim.workloads import RequestSpec, SessionSpec
 
@@ -52,55 +53,6 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("TTFT p95 s", "ttft_p95_s"),
     ("token hit rate", "token_hit_rate"),  # the same scheduler on both sides: equal
 )
-
-
-STEP_KINDS: tuple[str, ...] = ("prefill", "mixed", "decode", "copies")
-
-
-@dataclass(frozen=True)
-class EngineStep:
-    """One engine step of a validation run: its work and its time on the run's clock."""
-
-    work: StepWork
-    seconds: float
-
-
-def step_kind(work: StepWork) -> str:
-    """`prefill` (prefill chunks only), `decode` (decoding or verifying requests only),
-    `mixed` (both), or `copies` (block copies and nothing else)."""
-    prefill = any(s.is_prefill for s in work.seqs)
-    decode = any(not s.is_prefill for s in work.seqs)
-    if prefill and decode:
-        return "mixed"
-    return "prefill" if prefill else "decode" if decode else "copies"
-
-
-def step_attribution(
-    runs: Sequence[Sequence[EngineStep]], makespans: Sequence[float], cost: CostModel
-) -> dict[str, Any]:
-    """Where a prediction's error comes from. The cost model prices the engine's own steps
-    (the same work, so a difference here is the cost model's), per step kind, as seconds per
-    run (the mean over `runs`); `outside_steps_s` is the run's time between its steps (the
-    client loop: admitting requests, reading events), which the simulator does not charge.
-    A tok/s error the kinds do not explain is the schedule's (the simulator's own steps)."""
-    n = len(runs)
-
-    def priced(rows: Sequence[EngineStep]) -> dict[str, Any]:
-        measured = sum(st.seconds for st in rows) / n
-        predicted = sum(cost.step_time(st.work) for st in rows) / n
-        return {"steps": len(rows) / n, "measured_s": measured, "predicted_s": predicted,
-                "error": predicted / measured - 1.0 if measured else None}  # fmt: skip
-
-    every = [st for run in runs for st in run]
-    out: dict[str, Any] = {}
-    for kind in STEP_KINDS:
-        rows = [st for st in every if step_kind(st.work) == kind]
-        if rows:
-            out[kind] = priced(rows)
-    out["all steps"] = priced(every)
-    measured = out["all steps"]["measured_s"]
-    out["outside_steps_s"] = statistics.mean(makespans) - measured if makespans else 0.0
-    return out
 
 
 @dataclass(frozen=True)
@@ -125,6 +77,11 @@ class ValidateOptions:
     # each engine run and calibration round in a fresh (spawned) interpreter; False: in this
     # process, one after another (faster; what the smallest tests use)
     isolate: bool = True
+    # with recalibration: predict each workload with the probes and the other workloads'
+    # engine steps fitted (`hycache.bench.steps.cross_fit`); the probes-only prediction
+    # is kept beside it
+    cross_fit: bool = True
+    raw: str | None = None  # a pickle of the rounds and every engine step (to refit offline)
 
 
 # the validation workloads at the CPU engine's scale, and at a smoke-test size (`quick`)
@@ -343,36 +300,41 @@ def validate(
                 )
                 runs[name][p].append(run)
                 steps[name][p].append(engine_steps)
+    probes = None
     if recalibrate is not None:
-        _write_profile(o.profile, rounds, recalibrate, progress)
+        from hycache.bench.calibrate import pool
+
+        probes = pool(rounds)
+        _write_profile(o.profile, probes, recalibrate, progress)
+    if o.raw:
+        _write_raw(o.raw, rounds, runs, steps)
     gpu = load_gpu(o.profile)
     accept = o.acceptance_rate if o.acceptance_rate is not None else profile_acceptance(gpu, k)
     block = o.block_size if not o.quick else 64
-    cost = CostModel(
-        load_model_spec(gpu.fitted_on or o.model),
-        gpu,
-        speculative=k > 0,
-        num_speculative_tokens=k,
-        block_size=block,
-        pool_layout="separate",
-    )
+    model = gpu.fitted_on or o.model
+    crossed = probes is not None and o.cross_fit and len(workloads) > 1
     doc: dict[str, Any] = {"workloads": {}}
     for name, w in workloads.items():
-        part: dict[str, Any] = {"measured": {}, "predicted": {}, "steps": {}}
-        for p in o.policies:
-            part["measured"][p] = _median(runs[name][p])
-            spans = [r["makespan_s"] for r in runs[name][p]]
-            part["steps"][p] = step_attribution(steps[name][p], spans, cost)
-            progress(f"{name} · simulator · {p}")
-            cfg = configs[name][p]
-            cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
-            part["predicted"][p] = simulate(cfg, w, cost, o.concurrency, o.seed)
-        part["comparison"] = compare(part["measured"], part["predicted"], o.policies)
+        measured = {p: _median(runs[name][p]) for p in o.policies}
+        rec = _Recorded(runs[name], steps[name], configs[name])
+        part: dict[str, Any] = {"measured": measured}
+        part |= _predict(o, name, w, rec, _cost(gpu, model, k, block), accept, progress)
+        if crossed:
+            assert probes is not None
+            cf = cross_fit(probes, steps, name, model, k, gpu)
+            own = cf.doc["rms_error_own_steps"]
+            progress(f"{name} · refitted on the probes and the other workloads' runs "
+                     f"(rms {own:.1%} on its own steps)")  # fmt: skip
+            probes_only = {key: part.pop(key) for key in ("predicted", "steps", "comparison")}
+            part |= _predict(o, name, w, rec, _cost(cf.gpu, model, k, block), accept, progress,
+                             " (cross-fitted)")  # fmt: skip
+            part |= {"probes_only": probes_only, "cross_fit": cf.doc}
         part["size"] = w.size
         doc["workloads"][name] = part
     doc["inputs"] = {
         "profile": o.profile,
         "recalibrated": recalibrate is not None,
+        "cross_fitted": crossed,
         "model": gpu.fitted_on or o.model,
         "clock": clock,
         "acceptance_rate": accept,
@@ -386,6 +348,42 @@ def validate(
     }
     doc["wall_s"] = time.perf_counter() - t_start
     return doc
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """One workload's engine runs, per policy: metrics and steps per repeat, the config."""
+
+    runs: dict[str, list[dict[str, Any]]]
+    steps: dict[str, list[list[EngineStep]]]
+    configs: dict[str, Any]
+
+    def paired_ratio(self) -> float | None:
+        """limit / lookahead output tok/s: the median over repeats of each repeat's pair."""
+        if not {"limit", "lookahead"} <= set(self.runs):
+            return None
+        key = "output_tokens_per_s"
+        pairs = zip(self.runs["limit"], self.runs["lookahead"], strict=True)
+        return statistics.median(a[key] / b[key] for a, b in pairs)
+
+
+def _predict(
+    o: ValidateOptions, name: str, w: Workload, rec: _Recorded, cost: CostModel,
+    accept: float, progress: Progress, tag: str = "",
+) -> dict[str, Any]:  # fmt: skip
+    """The simulator's prediction of `w` with `cost`, per policy; the cost model on the
+    engine's own steps (`step_attribution`); the comparison with the measured medians."""
+    out: dict[str, Any] = {"predicted": {}, "steps": {}}
+    for p in o.policies:
+        spans = [r["makespan_s"] for r in rec.runs[p]]
+        out["steps"][p] = step_attribution(rec.steps[p], spans, cost)
+        progress(f"{name} · simulator{tag} · {p}")
+        cfg = rec.configs[p]
+        cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
+        out["predicted"][p] = simulate(cfg, w, cost, o.concurrency, o.seed)
+    measured = {p: _median(rec.runs[p]) for p in o.policies}
+    out["comparison"] = compare(measured, out["predicted"], o.policies, rec.paired_ratio())
+    return out
 
 
 def _run(isolate: bool, fn: Callable[..., Any], *args: Any) -> Any:
@@ -423,18 +421,35 @@ def _engine_run(
         torch.set_num_threads(threads)
 
 
-def _write_profile(
-    path: str, rounds: Sequence[Any], cal: CalibrateOptions, progress: Progress
-) -> None:
-    """Fit the pooled calibration rounds and write the profile to `path`."""
-    import json
+def _cost(gpu: GpuSpec, model: str, k: int, block: int) -> CostModel:
+    """The cost model of `gpu` for the engine's layout (separate pools)."""
+    return CostModel(
+        load_model_spec(model), gpu, speculative=k > 0, num_speculative_tokens=k,
+        block_size=block, pool_layout="separate",
+    )  # fmt: skip
 
-    from hycache.bench.calibrate import pool, profile_from
+
+def _write_raw(path: str, rounds: Sequence[Any], runs: Any, steps: Any) -> None:
+    """The calibration rounds, the engine runs' metrics and every step, pickled."""
+    import pickle
+
     from hycache.files import write_atomic
 
-    progress(f"fitting {len(rounds)} pooled calibration rounds")
+    blob = pickle.dumps({"rounds": list(rounds), "runs": runs, "steps": steps})
+    write_atomic(path, blob)
+
+
+def _write_profile(path: str, probes: Any, cal: CalibrateOptions, progress: Progress) -> None:
+    """Fit the pooled calibration rounds `probes` and write the profile to `path`."""
+    import json
+
+    from hycache.bench.calibrate import profile_from
+    from hycache.files import write_atomic
+
+    rounds = probes.conditions.extra.get("rounds", 1)
+    progress(f"fitting {rounds} pooled calibration rounds")
     command = f"hycache bench --validate {path} --recalibrate (rounds between the engine runs)"
-    doc = profile_from(pool(rounds), cal.model, progress, command)
+    doc = profile_from(probes, cal.model, progress, command)
     write_atomic(path, json.dumps(doc, indent=2) + "\n")
     progress(f"wrote {path}")
 
@@ -447,10 +462,13 @@ def compare(
     measured: dict[str, dict[str, Any]],
     predicted: dict[str, dict[str, Any]],
     policies: Sequence[str] = POLICIES,
+    paired: float | None = None,
 ) -> dict[str, Any]:
     """Per policy and metric: measured, predicted, relative error (predicted / measured - 1);
     and the `limit / lookahead` output tok/s ratio both ways with its error in percentage
-    points."""
+    points. `paired`: the measured ratio as the median over repeats of each repeat's two
+    runs (back to back, so a machine's drift over minutes cancels); else (and beside it,
+    `of_medians`) the ratio of the two policies' medians."""
     out: dict[str, Any] = {}
     for p in policies:
         out[p] = {}
@@ -459,9 +477,11 @@ def compare(
             out[p][key] = {"measured": m, "predicted": s, "error": s / m - 1.0 if m else None}
     if "limit" in policies and "lookahead" in policies:
         key = "output_tokens_per_s"
-        rm = measured["limit"][key] / measured["lookahead"][key]
+        medians = measured["limit"][key] / measured["lookahead"][key]
+        rm = paired if paired is not None else medians
         rp = predicted["limit"][key] / predicted["lookahead"][key]
-        out["ratio"] = {"measured": rm, "predicted": rp, "error_pp": 100.0 * (rp - rm)}
+        out["ratio"] = {"measured": rm, "predicted": rp, "error_pp": 100.0 * (rp - rm),
+                        "of_medians": medians, "paired": paired is not None}  # fmt: skip
     return out
 
 
@@ -503,10 +523,7 @@ def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
     )
     gpu = load_gpu(profile)
     k = o.num_speculative_tokens
-    cost = CostModel(
-        load_model_spec(gpu.fitted_on or o.model), gpu, speculative=k > 0,
-        num_speculative_tokens=k, block_size=o.block_size, pool_layout="separate",
-    )  # fmt: skip
+    cost = _cost(gpu, gpu.fitted_on or o.model, k, o.block_size)
     accept = profile_acceptance(gpu, k)
     max_len = bench.shared_prefix_tokens + bench.suffix_tokens + bench.output_tokens + 16
     out = {}

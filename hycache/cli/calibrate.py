@@ -11,6 +11,7 @@ import sys
 from hycache.cli.args import UserError, add_flag, positive_int
 from hycache.cli.tables import (
     console,
+    cross_fit_table,
     fit_table,
     progress_reporter,
     residuals_table,
@@ -51,6 +52,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from hycache.bench.validate import ValidateOptions, misses, validate
 
     check_writable(args.json, "--json")
+    if args.raw:
+        check_writable(args.raw, "--raw")
     recalibrate = None
     if args.recalibrate:
         check_writable(args.validate, "--validate")
@@ -66,6 +69,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         repeats=args.engine_repeats or 1,
         quick=args.quick,
         clock=args.clock,
+        cross_fit=not args.no_cross_fit,
+        raw=args.raw,
     )
     with progress_reporter("validating") as progress:
         doc = validate(opts, progress, recalibrate)
@@ -77,6 +82,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         console.print(fit_table(profile))
         console.print(f"wrote {args.validate}")
     console.print(validation_table(doc))
+    if doc["inputs"]["cross_fitted"]:
+        console.print(cross_fit_table(doc))
     console.print(step_table(doc))
     miss = misses(doc)
     doc["misses"] = miss
@@ -114,6 +121,19 @@ def add_validate_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=3,
         help="with --recalibrate: repeats per shape in each round (default 3)",
+    )
+    g.add_argument(
+        "--no-cross-fit",
+        action="store_true",
+        help="with --recalibrate: predict every workload with the probes' fit alone (by "
+        "default each is predicted with the probes and the other workloads' engine steps "
+        "fitted, the probes-only prediction beside it)",
+    )
+    g.add_argument(
+        "--raw",
+        default=None,
+        metavar="PATH",
+        help="validation: pickle the calibration rounds and every engine step here (to refit)",
     )
     g.add_argument("--threads", type=positive_int, default=1, help="torch threads (validation)")
     g.add_argument(

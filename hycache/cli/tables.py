@@ -331,6 +331,31 @@ def validation_table(doc: dict[str, Any]) -> Table:
     return t
 
 
+def cross_fit_table(doc: dict[str, Any]) -> Table:
+    """`--validate --recalibrate`: each workload's errors predicted from the probes alone
+    beside those with the probes and the other workloads' engine steps fitted."""
+    t = Table(title="probes only → cross-fitted (the probes and the other workloads' runs)")
+    for col in ("workload", "policy", "tok/s error", "TTFT p50 error", "own steps rms"):
+        t.add_column(col, justify="left" if col in ("workload", "policy") else "right")
+
+    def pct(e: float | None) -> str:
+        return f"{e:+.1%}" if e is not None else "-"
+
+    for name, part in doc["workloads"].items():
+        before, after = part["probes_only"]["comparison"], part["comparison"]
+        rms = f"{part['cross_fit']['rms_error_own_steps']:.1%}"
+        for p in (x for x in after if x != "ratio"):
+            cells = [
+                f"{pct(before[p][key]['error'])} → {pct(after[p][key]['error'])}"
+                for key in ("output_tokens_per_s", "ttft_p50_s")
+            ]
+            t.add_row(name, p, *cells, rms)
+        if "ratio" in after:
+            e0, e1 = before["ratio"]["error_pp"], after["ratio"]["error_pp"]
+            t.add_row(name, "limit/lookahead", f"{e0:+.1f} → {e1:+.1f} pp", "", "", style="bold")
+    return t
+
+
 def step_table(doc: dict[str, Any]) -> Table:
     """`--validate`: the cost model on the engine's own steps, per step kind (seconds per
     run): an error here is the cost model's; a tok/s error it does not explain, the

@@ -127,6 +127,9 @@ class Sample:
     spread: float = 0.0  # (max - min) / median of the repeats' wall times
     load: float = 0.0  # 1-minute load average while it ran
     kind: str = "step"
+    # more whole steps summed into this sample (`total`): `wall_s` and `cpu_s` are then the
+    # time of `work` and all of these together (the steps of one kind in an engine run)
+    more: tuple[StepWork, ...] = ()
 
     def __post_init__(self) -> None:
         if self.wall_s <= 0:
@@ -135,6 +138,24 @@ class Sample:
             raise ValueError(f"{self.label}: cpu_s must be >= 0, got {self.cpu_s}")
         if self.kind not in SAMPLE_KINDS:
             raise ValueError(f"{self.label}: kind must be one of {SAMPLE_KINDS}, got {self.kind!r}")
+        if self.more and self.kind != "step":
+            raise ValueError(f"{self.label}: only whole steps are summed, not {self.kind!r}")
+
+    @property
+    def works(self) -> tuple[StepWork, ...]:
+        """Every step this sample times: `work`, then `more`."""
+        return (self.work, *self.more)
+
+    @classmethod
+    def total(
+        cls, label: str, steps: Sequence[tuple[StepWork, float]], k: int, repeats: int = 1
+    ) -> Sample:
+        """The steps `(work, seconds)` as one sample: their summed time on both clocks."""
+        if not steps:
+            raise ValueError(f"{label}: no steps")
+        seconds = sum(t for _, t in steps)
+        works = [w for w, _ in steps]
+        return cls(label, works[0], k, seconds, seconds, repeats=repeats, more=tuple(works[1:]))
 
     def measured(self, clock: str) -> float:
         """The median on `clock`: ``"wall"``, or ``"cpu"`` (process CPU time: what a quiet
@@ -234,6 +255,20 @@ def _features(
     padded: bool = False,
     copies: CopyFit = CopyFit(),
 ) -> _Features:
+    if s.more:  # summed steps: each term added up over them (one phase: the linear form's)
+        each = [
+            _features(replace(s, work=w, more=()), model, gpu, block_size, padded, copies)
+            for w in s.works
+        ]
+
+        def total(name: str) -> tuple[float]:
+            return (sum(sum(getattr(f, name)) for f in each),)
+
+        counts = tuple(sum(f.counts[i] for f in each) for i in range(3))
+        return _Features(
+            *(total(n) for n in ("compute_s", "memory_s", "kv_s", "decode_kv_s", "warm_kv_s")),
+            counts, total("fixed_s"), sum(f.rewrite_s for f in each),  # type: ignore[arg-type]
+        )  # fmt: skip
     k = s.num_speculative_tokens
     unit = Fit(
         1.0, 1.0, padded_decode_attention=padded, decode_kv_bytes_factor=1.0,
@@ -476,6 +511,8 @@ def _fit(
     state_rewrites: bool = True,
     warm_kv: bool = True,
 ) -> tuple[Fit, float]:
+    if overlap and any(s.more for s in samples):
+        raise ValueError("fit: summed steps fit the linear form only (a roofline is per step)")
     cf = fit_copies(samples, model, gpu, block_size=block_size, clock=clock) if copies else None
     samples = [s for s in samples if s.kind == "step"]
     if not samples:
@@ -545,7 +582,7 @@ def predict(
         return _state_write_s(s, model, gpu) / cost.state_copy_efficiency
     if s.kind == "copies":
         return sum(p.time_s for p in cost.phases(s.work) if p.name == "block_copies")
-    return cost.step_time(s.work)
+    return sum(cost.step_time(w) for w in s.works)
 
 
 def residuals(
@@ -566,9 +603,10 @@ def residuals(
                 "shape": s.label,
                 "kind": s.kind,
                 "num_speculative_tokens": s.num_speculative_tokens,
-                "requests": len(s.work.seqs),
-                "tokens": s.work.num_tokens,
-                "block_copies": s.work.num_block_copies,
+                "steps": len(s.works),
+                "requests": sum(len(w.seqs) for w in s.works),
+                "tokens": sum(w.num_tokens for w in s.works),
+                "block_copies": sum(w.num_block_copies for w in s.works),
                 "measured_s": measured,
                 "wall_s": s.wall_s,
                 "cpu_s": s.cpu_s,

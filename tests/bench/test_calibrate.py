@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from hycache.bench.validate import STEP_KINDS, compare, misses
+from hycache.bench.steps import STEP_KINDS
+from hycache.bench.validate import compare, misses
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
 from hycache.sim.fit import (
     Conditions,
@@ -331,7 +332,7 @@ def _tiny_calibration() -> Any:
 
     grid = Grid(
         prefill=(PrefillProbe(64, (0, 64)),),
-        decode=(DecodeProbe(64, 2, (1, 2), mixed=((1, 64),)),),
+        decode=(DecodeProbe(64, 2, (1, 2), mixed=((1, 64),), turns=((2, 2, 16),)),),
         copies=(2,),
         state_writes=(2,),
     )
@@ -350,6 +351,8 @@ def test_a_tiny_calibrate_run_produces_residuals() -> None:
     shapes = {r["shape"] for r in doc["residuals"]}
     assert {"prefill n=64 c=0 k=2", "prefill n=64 c=64 k=2", "decode b=1 c=64 k=2"} <= shapes
     assert any(s.startswith("mixed b=1") for s in shapes)
+    (turns,) = (r for r in doc["residuals"] if r["shape"] == "turns b=2 c=64 + 2x16 k=2")
+    assert turns["requests"] == 4  # two decoding, two next turns in one step
     assert {r["kind"] for r in doc["residuals"]} == {"step", "copies", "state_writes"}
     assert [r["shape"] for r in doc["held_out"]] == ["prefill n=128 c=0 k=2"]
     for r in doc["residuals"] + doc["held_out"]:
@@ -395,14 +398,19 @@ def test_padded_decode_attention_reads_the_longest_context() -> None:
 def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
     """`hycache bench --validate PROFILE --recalibrate` on smoke sizes: a calibration round
     before each engine repeat, pooled into the profile it then predicts with; the simulator's
-    hit rates equal the engine's (the same scheduler and cache on both sides)."""
+    hit rates equal the engine's (the same scheduler and cache on both sides). Each workload
+    is predicted with the probes and the other workload's runs fitted, the probes alone
+    beside it; the raw rounds and steps are pickled."""
+    import pickle
+
     from hycache.bench.validate import ValidateOptions, validate
 
     cal = _tiny_calibration()
     path = tmp_path / "profile.json"
     opts = ValidateOptions(
-        profile=str(path), quick=True, repeats=2, workloads=("family",), isolate=False
-    )
+        profile=str(path), quick=True, repeats=2, workloads=("family", "multi-turn"),
+        isolate=False, raw=str(tmp_path / "raw.pkl"),
+    )  # fmt: skip
     messages: list[str] = []
     doc = validate(opts, messages.append, recalibrate=cal)
     rounds = [m for m in messages if m.startswith("calibration round")]
@@ -427,6 +435,19 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
         )
         assert 0 <= kinds["outside_steps_s"] < total["measured_s"]
         assert total["predicted_s"] > 0
+    assert doc["inputs"]["cross_fitted"] is True
+    for name, other in (("family", "multi-turn"), ("multi-turn", "family")):
+        part = doc["workloads"][name]
+        assert part["cross_fit"]["fitted_on"] == ["calibration probes", other]
+        assert {r["shape"].split(" · ")[0] for r in part["cross_fit"]["engine_steps"]} == {other}
+        assert {r["shape"].split(" · ")[0] for r in part["cross_fit"]["own_steps"]} == {name}
+        before = part["probes_only"]["comparison"]
+        assert before["limit"]["token_hit_rate"] == part["comparison"]["limit"]["token_hit_rate"]
+        # the measured side is the same; the measured ratio pairs each repeat's two runs
+        r = part["comparison"]["ratio"]
+        assert r["paired"] is True and r["measured"] == before["ratio"]["measured"]
+    raw = pickle.loads((tmp_path / "raw.pkl").read_bytes())
+    assert len(raw["rounds"]) == 2 and len(raw["steps"]["family"]["limit"]) == 2
 
 
 def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
@@ -456,7 +477,7 @@ def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
 def test_step_kinds_and_their_attribution() -> None:
     """`step_attribution` prices the engine's own steps with the cost model, per kind, as
     seconds per run; a step measured 25% slower than priced shows as -20%."""
-    from hycache.bench.validate import EngineStep, step_attribution, step_kind
+    from hycache.bench.steps import EngineStep, step_attribution, step_kind
 
     cost = CostModel(MODEL, load_gpu("h200"), speculative=True, num_speculative_tokens=2)
     prefill = StepWork((SeqWork(512, 0, 0, True),))

@@ -2,16 +2,19 @@
 rounds between the engine's runs, then predict those runs with it.
 
     .venv/bin/python benchmarks/bench_validate.py [--clock wall|cpu] [--repeats 3] \
-        [--engine-repeats 3] [--threads 1] [--out-dir out]
+        [--engine-repeats 3] [--round-every 1] [--threads 1] [--out-dir out]
 
 It is `hycache bench --validate OUT/cpu-profile.json --recalibrate --engine-repeats N
---json OUT/validate.json`: before each engine repeat a calibration round (`hycache
-calibrate`'s grid, `--repeats` per shape) is measured, so that the calibration and the runs
-it predicts see the machine in the same states; the rounds are pooled (per shape, the median
-of the rounds), fitted and written to OUT/cpu-profile.json, then the simulator predicts the
-engine's runs with it. Seeded: the same shapes, prompts and policy order in every run. On a
-quiet machine use `--clock wall`; on one shared with other work `--clock cpu` (process CPU
-time) is steadier. About 6 minutes per round on one core.
+--round-every R --json OUT/validate.json --raw OUT/validate-raw.pkl`: before every R-th
+engine repeat a calibration round (`hycache calibrate`'s grid, `--repeats` per shape, four
+times that per decode shape) is measured, so that the calibration and the runs it predicts
+see the machine in the same states; the rounds are pooled (per shape, the median of the
+rounds), fitted and written to OUT/cpu-profile.json. Each workload is then predicted twice:
+with the probes' fit alone, and with the probes and the other workloads' engine steps fitted
+(never its own). Seeded: the same shapes, prompts and policy order in every run. On a quiet
+machine use `--clock wall`; on one shared with other work `--clock cpu` (process CPU time)
+is steadier. About 4.5 minutes per round and 1.7 minutes per engine repeat on one core
+(`--engine-repeats 8 --round-every 2`: about 32 minutes).
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     p.add_argument("--repeats", type=int, default=3, help="calibration repeats per shape a round")
-    p.add_argument("--engine-repeats", type=int, default=3, help="rounds (engine repeats)")
+    p.add_argument("--engine-repeats", type=int, default=3, help="engine repeats")
+    p.add_argument(
+        "--round-every", type=int, default=1, help="a calibration round every N engine repeats"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (both parts)")
     p.add_argument("--out-dir", default="out")
     args = p.parse_args(argv)
@@ -36,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     return hycache(
         ["bench", "--validate", str(out / "cpu-profile.json"), "--recalibrate",
          "--calibration-repeats", str(args.repeats), "--engine-repeats", str(args.engine_repeats),
+         "--round-every", str(args.round_every),
          "--json", str(out / "validate.json"), "--clock", args.clock, "--threads",
          str(args.threads), "--raw", str(out / "validate-raw.pkl")]
     )  # fmt: skip

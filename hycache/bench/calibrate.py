@@ -148,6 +148,10 @@ class CalibrateOptions:
     held_out: Grid = HELD_OUT_GRID
     device: str = "cpu"
     cache_memory_gb: float = 0.5
+    # decode (verify) steps take `decode_repeats` x `repeats`: they last 10-60 ms on a CPU
+    # and spread 30-60% from one step to the next, while each costs little beside the
+    # prefill that sets it up
+    decode_repeats: int = 4
     vocab: int = VOCAB
     # a (model, config) made by the caller and reused by every probe (the GPU script's
     # random-weight Bamba-9B); None: `model` is loaded by name for each probe
@@ -337,8 +341,9 @@ def _decode(
     mixed = dict(p.mixed)
     turns = {b: (n, t) for b, n, t in p.turns}
     sizes = sorted({*p.batches, *mixed, *turns}, reverse=True)
+    decodes = o.repeats * o.decode_repeats
     steps = sum(
-        o.repeats + 1 + (o.repeats if b in mixed else 0) + (o.repeats if b in turns else 0)
+        decodes + 1 + (o.repeats if b in mixed else 0) + (o.repeats if b in turns else 0)
         for b in sizes
     )
     n_out = steps * (p.k + 1) + 8
@@ -368,7 +373,7 @@ def _decode(
         timer.step()  # the first step after a shrink settles the freed blocks
         label = f"decode b={b} c={p.context} k={p.k}" + (" shared" if p.shared else "")
         if b in p.batches:
-            for _ in range(o.repeats):
+            for _ in range(decodes):
                 events = timer.step(label)
                 if p.k:
                     tally = accepted.setdefault(p.k, [0, 0])
@@ -524,6 +529,8 @@ def measure(o: CalibrateOptions, progress: Progress) -> Measured:
 
     if o.repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {o.repeats}")
+    if o.decode_repeats < 1:
+        raise ValueError(f"decode_repeats must be >= 1, got {o.decode_repeats}")
     if o.threads < 1:
         raise ValueError(f"threads must be >= 1, got {o.threads}")
     fit_grid, held_grid = o.grids()
@@ -551,6 +558,7 @@ def measure(o: CalibrateOptions, progress: Progress) -> Measured:
             "block_size": o.block_size if not o.quick else 64,
             "prefix_match_unit": o.prefix_match_unit,
             "repeats": o.repeats,
+            "decode_repeats": o.repeats * o.decode_repeats,
             "cores": os.cpu_count() or 0,
             "clock": o.clock,
             # per k: the per-draft acceptance of the engine's drafter on the probes' random

@@ -81,6 +81,10 @@ class ValidateOptions:
     # engine steps fitted (`hycache.bench.steps.cross_fit`); the probes-only prediction
     # is kept beside it
     cross_fit: bool = True
+    # with recalibration: a calibration round before every `round_every`-th engine repeat
+    # (more engine repeats per round: the runs are short beside a round, and the measured
+    # medians and ratios need them on a machine whose speed drifts)
+    round_every: int = 1
     raw: str | None = None  # a pickle of the rounds and every engine step (to refit offline)
 
 
@@ -287,9 +291,12 @@ def validate(
     rounds: list[Any] = []
     k = o.num_speculative_tokens
     where = "a fresh process" if o.isolate else "this process"
+    if o.round_every < 1:
+        raise ValueError(f"round_every must be >= 1, got {o.round_every}")
+    num_rounds = -(-o.repeats // o.round_every)
     for rep in range(o.repeats):
-        if recalibrate is not None:
-            progress(f"calibration round {rep + 1}/{o.repeats} ({where})")
+        if recalibrate is not None and rep % o.round_every == 0:
+            progress(f"calibration round {rep // o.round_every + 1}/{num_rounds} ({where})")
             rounds.append(_run(o.isolate, _calibration_round, recalibrate))
         for name in workloads:
             order = list(o.policies) if rep % 2 == 0 else list(reversed(o.policies))

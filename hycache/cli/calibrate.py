@@ -70,6 +70,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         quick=args.quick,
         clock=args.clock,
         cross_fit=not args.no_cross_fit,
+        round_every=args.round_every,
         raw=args.raw,
     )
     with progress_reporter("validating") as progress:
@@ -121,6 +122,13 @@ def add_validate_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=3,
         help="with --recalibrate: repeats per shape in each round (default 3)",
+    )
+    g.add_argument(
+        "--round-every",
+        type=positive_int,
+        default=1,
+        help="with --recalibrate: a calibration round before every N-th engine repeat "
+        "(default 1: before each)",
     )
     g.add_argument(
         "--no-cross-fit",

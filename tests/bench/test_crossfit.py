@@ -4,6 +4,8 @@ fitted on its own runs. Synthetic times only (priced by a known cost model)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hycache.bench.calibrate import Measured
@@ -137,3 +139,32 @@ def test_the_paired_ratio_is_the_measured_ratio() -> None:
     assert c["ratio"]["error_pp"] == pytest.approx(100 * (1.2 - 1.25))
     c = compare(m, p)
     assert c["ratio"]["measured"] == pytest.approx(1.2) and c["ratio"]["paired"] is False
+
+
+def test_a_calibration_round_every_other_engine_repeat() -> None:
+    """`round_every=2`: two engine repeats per calibration round (the policy order still
+    alternating); a round_every below 1 is refused."""
+    from hycache.bench.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe
+    from hycache.bench.validate import ValidateOptions, validate
+
+    grid = Grid(prefill=(PrefillProbe(64, (0,)),), decode=(DecodeProbe(64, 2, (1,)),),
+                copies=(), state_writes=())  # fmt: skip
+    empty = Grid(prefill=(), decode=(), copies=(), state_writes=())
+    cal = CalibrateOptions(repeats=1, decode_repeats=2, block_size=64, grid=grid,
+                           held_out=empty, cache_memory_gb=0.05)  # fmt: skip
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        opts = ValidateOptions(profile=f"{d}/p.json", quick=True, workloads=("family",),
+                               repeats=2, round_every=2, isolate=False)  # fmt: skip
+        messages: list[str] = []
+        doc = validate(opts, messages.append, recalibrate=cal)
+        with pytest.raises(ValueError, match="round_every"):
+            validate(replace(opts, round_every=0), messages.append, recalibrate=cal)
+    rounds = [m for m in messages if m.startswith("calibration round")]
+    assert rounds == ["calibration round 1/1 (this process)"]
+    runs = [m for m in messages if " · engine · " in m]
+    assert runs == [f"family · engine · {p} · repeat {r}/2 (this process)"
+                    for r, p in ((1, "lookahead"), (1, "limit"), (2, "limit"),
+                                 (2, "lookahead"))]  # fmt: skip
+    assert doc["inputs"]["repeats"] == 2

@@ -92,7 +92,7 @@ FIT_GRID = Grid(
         DecodeProbe(4000, 2, (4, 8), shared=True),
         DecodeProbe(8000, 2, (8,), shared=True),
         # multi-turn chat's steps: next turns (short chunks over a cached history) join decodes
-        DecodeProbe(2048, 2, (6,), turns=((6, 1, 128), (3, 3, 320))),
+        DecodeProbe(2048, 2, (6,), turns=((6, 1, 128), (4, 1, 48), (3, 3, 320))),
         DecodeProbe(2048, 0, (1, 8)),
         DecodeProbe(2048, 1, (4,)),
         DecodeProbe(2048, 3, (4,)),

@@ -266,9 +266,13 @@ def validate(
     medians) and in the simulator; the comparison document (`comparison` per workload).
 
     `recalibrate`: instead of reading the profile `o.profile`, measure the calibration grid
-    (`hycache.bench.calibrate.measure`) once before each repeat, so that the calibration and
-    the runs it predicts see the machine in the same states; pool the rounds, fit them and
-    write the profile to `o.profile` before predicting.
+    (`hycache.bench.calibrate.measure`) before every `o.round_every`-th repeat, so that the
+    calibration and the runs it predicts see the machine in the same states; pool the
+    rounds, fit them and write the profile to `o.profile` before predicting. With
+    `o.cross_fit` (and two workloads or more) each workload's `comparison` is then the
+    prediction with the probes and the other workloads' engine steps fitted
+    (`hycache.bench.steps.cross_fit`; `cross_fit` per workload), and `probes_only` the
+    profile's own.
 
     With `o.isolate` every engine run and calibration round starts in a fresh interpreter,
     as a served engine does: none inherits the heap and caches of the runs before it (in one

@@ -417,15 +417,15 @@ def _engine_run(
     o: ValidateOptions, name: str, policy: str, clock: str
 ) -> tuple[Any, dict[str, Any], list[EngineStep]]:
     """One engine run of workload `name` under `policy`: (the engine's config, metrics, its
-    steps)."""
+    steps). The engine is built and warmed up on the run's `o.threads` torch threads."""
     import torch
 
     w = build_workload(name, o.seed, o.quick)
     max_len = w.max_tokens_per_request() + 2 * o.num_speculative_tokens + 16
-    llm = _engine(o, policy, max_len, warmup=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(o.threads)
     try:
+        llm = _engine(o, policy, max_len, warmup=True)
         steps: list[EngineStep] = []
         return llm.config, run_engine(llm, w, o.concurrency, clock, steps), steps
     finally:

@@ -34,6 +34,7 @@ from typing import Any
 
 from hycache.sim.costmodel import StepWork
 from hycache.sim.fit import Conditions, Fit, Sample, ablation, fit, profile_dict, residuals
+from hycache.sim.model_spec import ModelSpec
 from hycache.sim.presets import GpuSpec, load_model_spec
 
 Progress = Callable[[str], None]
@@ -522,6 +523,26 @@ class Measured:
     held_out: list[Sample]
     conditions: Conditions
 
+    @property
+    def block_size(self) -> int:
+        return int(self.conditions.extra["block_size"])
+
+    @property
+    def clock(self) -> str:
+        return str(self.conditions.extra.get("clock", "wall"))
+
+    def fit(self, model: ModelSpec, more: Sequence[Sample] = ()) -> Fit:
+        """The fitted shapes (and `more` samples) fitted at these probes' block size and
+        clock; the engine pads decode/verify attention to the step's longest context
+        (model/layers.py)."""
+        samples = [*self.fitted, *more]
+        return fit(samples, model, self.gpu, block_size=self.block_size, clock=self.clock,
+                   padded=True)  # fmt: skip
+
+    def residuals(self, samples: Sequence[Sample], values: Fit, model: ModelSpec) -> list[Any]:
+        """`samples` priced by `values` on these probes' block size and clock."""
+        return residuals(samples, values, model, self.gpu, self.block_size, self.clock)
+
 
 def measure(o: CalibrateOptions, progress: Progress) -> Measured:
     """Measure the device and both grids (on `o.threads` torch threads)."""
@@ -637,14 +658,10 @@ def calibrate(o: CalibrateOptions, progress: Progress, command: str = "") -> dic
 def profile_from(m: Measured, model_name: str, progress: Progress, command: str) -> dict[str, Any]:
     """Fit `m.fitted` and build the profile document, residuals of both grids included."""
     model = load_model_spec(model_name)
-    block = int(m.conditions.extra["block_size"])
-    clock = str(m.conditions.extra.get("clock", "wall"))
-    # the engine pads decode/verify attention to the step's longest context (model/layers.py)
-    values: Fit = fit(m.fitted, model, m.gpu, block_size=block, clock=clock, padded=True)
+    values = m.fit(model)
     progress("fitted; the ablation")
-    rows = residuals(m.fitted, values, model, m.gpu, block, clock)
-    held_rows = residuals(m.held_out, values, model, m.gpu, block, clock)
-    why = ablation(m.fitted, model, m.gpu, block_size=block, clock=clock, padded=True)
+    rows, held_rows = m.residuals(m.fitted, values, model), m.residuals(m.held_out, values, model)
+    why = ablation(m.fitted, model, m.gpu, block_size=m.block_size, clock=m.clock, padded=True)
     return profile_dict(
         m.gpu, values, model=model_name, fitted=rows, held_out=held_rows,
         conditions=m.conditions, command=command, ablation=why,

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hycache.sim.costmodel import CostModel, StepWork
-from hycache.sim.fit import Sample, fit, residuals, rms_error
+from hycache.sim.fit import Sample, rms_error
 from hycache.sim.presets import GpuSpec, load_model_spec
 
 if TYPE_CHECKING:
@@ -108,19 +108,14 @@ def cross_fit(
     `held_out`'s (`runs`); the fitted values replace `profile`'s. `doc` records what it was
     fitted on, the values and the residuals: of its samples, and of `held_out`'s own engine
     steps (out of sample: what the prediction of `held_out` is priced by)."""
-    extra = probes.conditions.extra
-    block, clock = int(extra["block_size"]), str(extra.get("clock", "wall"))
     others = [n for n in runs if n != held_out]
     engine = [s for n in others for s in engine_samples(n, runs[n], k)]
     spec = load_model_spec(model)
-    samples = [*probes.fitted, *engine]
-    values = fit(samples, spec, probes.gpu, block_size=block, clock=clock, padded=True)
+    values = probes.fit(spec, more=engine)
     own = engine_samples(held_out, runs[held_out], k) if held_out in runs else []
-
-    def rows(ss: Sequence[Sample]) -> list[dict[str, Any]]:
-        return residuals(ss, values, spec, probes.gpu, block, clock)
-
-    fitted_rows, engine_rows, own_rows = rows(probes.fitted), rows(engine), rows(own)
+    fitted_rows, engine_rows, own_rows = (
+        probes.residuals(ss, values, spec) for ss in (probes.fitted, engine, own)
+    )
     doc = {
         "held_out": held_out,
         "fitted_on": ["calibration probes", *others],

@@ -326,9 +326,8 @@ def validate(
     crossed = probes is not None and o.cross_fit and len(workloads) > 1
     doc: dict[str, Any] = {"workloads": {}}
     for name, w in workloads.items():
-        measured = {p: _median(runs[name][p]) for p in o.policies}
         rec = _Recorded(runs[name], steps[name], configs[name])
-        part: dict[str, Any] = {"measured": measured}
+        part: dict[str, Any] = {"measured": rec.medians()}
         part |= _predict(o, name, w, rec, _cost(gpu, model, k, block), accept, progress)
         if crossed:
             assert probes is not None
@@ -369,6 +368,10 @@ class _Recorded:
     steps: dict[str, list[list[EngineStep]]]
     configs: dict[str, Any]
 
+    def medians(self) -> dict[str, dict[str, Any]]:
+        """Per policy, each metric's median over the repeats."""
+        return {p: _median(runs) for p, runs in self.runs.items()}
+
     def paired_ratio(self) -> float | None:
         """limit / lookahead output tok/s: the median over repeats of each repeat's pair."""
         if not {"limit", "lookahead"} <= set(self.runs):
@@ -392,8 +395,7 @@ def _predict(
         cfg = rec.configs[p]
         cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
         out["predicted"][p] = simulate(cfg, w, cost, o.concurrency, o.seed)
-    measured = {p: _median(rec.runs[p]) for p in o.policies}
-    out["comparison"] = compare(measured, out["predicted"], o.policies, rec.paired_ratio())
+    out["comparison"] = compare(rec.medians(), out["predicted"], o.policies, rec.paired_ratio())
     return out
 
 

@@ -75,6 +75,26 @@ def step_attribution(
     return out
 
 
+def ttft_attribution(
+    runs: Sequence[Sequence[EngineStep]],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    cost: CostModel,
+) -> dict[str, Any]:
+    """TTFT p50 on the engine's own schedule: each request's TTFT as the steps it spans
+    (`ClosedLoop.spans`), timed and priced by the cost model (the median over repeats).
+    The schedule is the engine's, so an error here is the cost model's; where the
+    simulator's TTFT p50 misses by more, its own schedule put the requests in other steps
+    (a turn joining a different step, or a draft accepted elsewhere)."""
+    measured, priced = [], []
+    for run, run_spans in zip(runs, spans, strict=True):
+        price = [cost.step_time(st.work) for st in run]
+        measured.append(statistics.median(
+            sum(st.seconds for st in run[a : b + 1]) for a, b in run_spans))  # fmt: skip
+        priced.append(statistics.median(sum(price[a : b + 1]) for a, b in run_spans))
+    m, p = statistics.median(measured), statistics.median(priced)
+    return {"measured_s": m, "predicted_s": p, "error": p / m - 1.0 if m else None}
+
+
 def engine_samples(
     name: str, by_policy: Mapping[str, Sequence[Sequence[EngineStep]]], k: int
 ) -> list[Sample]:

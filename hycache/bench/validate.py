@@ -12,8 +12,10 @@ Workloads (vocabulary 512, the tiny model's), each closed loop at concurrency 8:
 * system prompt: `hycache bench`'s engine arm, 12 requests of 7,200 shared + 802 tokens, 32 out;
 * random families: 3 families of 3-5 requests, prefixes 1,500-6,000 tokens, suffixes 64-800,
   16-48 out;
-* multi-turn chat: 6 sessions of 2-4 turns behind a 1,500-token system prompt, user messages
-  32-400 tokens, answers 16-48.
+* multi-turn chat: 12 sessions of 2-4 turns (35 turns) behind a 1,500-token system prompt,
+  user messages 32-400 tokens, answers 16-48. (Six sessions gave 20 turns, and their TTFT
+  median fell between a one-step and a two-step cluster of next turns: one turn joining a
+  different step moved it 10-20%.)
 
 Both sides are timed by the profile's clock (`wall`: `time.perf_counter`; `cpu`: the
 process's CPU time, for a machine shared with other work; the engine runs one torch thread
@@ -24,20 +26,20 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hycache.bench.steps import EngineStep, cross_fit, step_attribution
+from hycache.bench.closed_loop import ClosedLoop, run_interleaved
+from hycache.bench.steps import EngineStep, cross_fit, step_attribution, ttft_attribution
 from hycache.sim import build as sim_build
 from hycache.sim.build import DEFAULT_SHAPES, WorkloadSizes, WorkloadSpec
 from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
-from hycache.sim.workloads import RequestSpec, SessionSpec
+from hycache.sim.workloads import RequestSpec
 
 if TYPE_CHECKING:
     from hycache.bench.calibrate import CalibrateOptions
@@ -85,6 +87,10 @@ class ValidateOptions:
     # (more engine repeats per round: the runs are short beside a round, and the measured
     # medians and ratios need them on a machine whose speed drifts)
     round_every: int = 1
+    # the policies' engines of one repeat in one run, their steps in turn (their ratio then
+    # sees the machine in the same states; `hycache.bench.closed_loop`); False: one run
+    # after the other
+    interleave: bool = True
     raw: str | None = None  # a pickle of the rounds and every engine step (to refit offline)
 
 
@@ -103,7 +109,7 @@ SIZES: dict[str, tuple[WorkloadSizes, WorkloadSizes]] = {
                       suffix_tokens=(16, 64), output_tokens=(4, 8)),
     ),
     "multi-turn": (
-        WorkloadSizes(sessions=6, turns=(2, 4), user_tokens=(32, 400), output_tokens=(16, 48),
+        WorkloadSizes(sessions=12, turns=(2, 4), user_tokens=(32, 400), output_tokens=(16, 48),
                       system_prompt_tokens=1_500),
         WorkloadSizes(sessions=2, turns=2, user_tokens=(16, 48), output_tokens=(4, 8),
                       system_prompt_tokens=200),
@@ -118,94 +124,6 @@ def build_workload(name: str, seed: int, quick: bool = False) -> Workload:
     sizes = SIZES[name][1 if quick else 0]
     shape = sizes.applied(DEFAULT_SHAPES[name])
     return sim_build.build_workload(WorkloadSpec(name, shape, seed=seed, vocab=VOCAB))
-
-
-@dataclass
-class _Item:
-    key: str
-    prompt: list[int]
-    max_tokens: int
-    session: SessionSpec | None = None
-    turn: int = 0
-    outputs: tuple[list[int], ...] = ()
-
-
-def _items(w: Workload) -> deque[_Item]:
-    """The simulator's admission order: the request stream, then each session's first turn
-    (later turns join the end of the queue as the turn before them finishes)."""
-    q: deque[_Item] = deque(
-        _Item(str(r.request_id), r.prompt_token_ids.tolist(), r.max_tokens) for r in w.requests
-    )
-    for s in w.sessions:
-        q.append(_Item(f"s{s.session_id}t0", s.user_messages[0].tolist(), s.output_tokens[0], s))
-    return q
-
-
-def _next_turn(item: _Item, output: list[int]) -> _Item | None:
-    s = item.session
-    if s is None or item.turn + 1 >= s.num_turns:
-        return None
-    outputs = (*item.outputs, output)
-    t = item.turn + 1
-    prompt = s.prompt_for_turn(t, [np.asarray(o) for o in outputs]).tolist()
-    return _Item(f"s{s.session_id}t{t}", prompt, s.output_tokens[t], s, t, outputs)
-
-
-def _clocks() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
-
-
-def run_engine(
-    llm: Any, w: Workload, concurrency: int, clock: str, steps: list[EngineStep] | None = None
-) -> dict[str, Any]:
-    """`w` closed loop on `llm` at `concurrency` in flight; metrics on both clocks. `steps`:
-    each `llm.step()` is appended to it, its work as the simulator describes it and its time
-    on `clock` (what `step_attribution` prices)."""
-    from hycache.request import SamplingParams
-    from hycache.sim.cluster import step_work
-
-    i = 0 if clock == "wall" else 1
-    pending = _items(w)
-    arrived: dict[str, tuple[float, float]] = {}
-    first: dict[str, tuple[float, float]] = {}
-    items: dict[str, _Item] = {}
-    outputs: list[Any] = []
-    total = w.size
-    t0 = _clocks()
-    while len(outputs) < total:
-        while pending and len(arrived) - len(outputs) < concurrency:
-            item = pending.popleft()
-            sp = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
-            rid = llm.add_request(item.prompt, sp, request_id=item.key)
-            arrived[rid], items[rid] = _clocks(), item
-        before = _clocks()
-        events = llm.step()
-        now = _clocks()
-        if steps is not None:
-            work = step_work(llm.last_schedule, llm.config.cache.block_size)
-            steps.append(EngineStep(work, now[i] - before[i]))
-        for e in events:
-            if e.new_token_ids:
-                first.setdefault(e.request_id, now)
-            if e.output is not None:
-                outputs.append(e.output)
-                nxt = _next_turn(items[e.request_id], list(e.output.token_ids))
-                if nxt is not None:
-                    pending.append(nxt)
-    end = _clocks()
-    tokens = sum(len(o.token_ids) for o in outputs)
-    ttft = [first[o.request_id][i] - arrived[o.request_id][i] for o in outputs]
-    prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    return {
-        "output_tokens_per_s": tokens / (end[i] - t0[i]),
-        "ttft_p50_s": float(np.percentile(ttft, 50)),
-        "ttft_p95_s": float(np.percentile(ttft, 95)),
-        "token_hit_rate": sum(o.hit_tokens for o in outputs) / prompt,
-        "makespan_s": end[i] - t0[i],
-        "other_clock_output_tokens_per_s": tokens / (end[1 - i] - t0[1 - i]),
-        "cpu_over_wall": (end[1] - t0[1]) / (end[0] - t0[0]),
-        "requests": len(outputs),
-    }
 
 
 def simulate(
@@ -263,7 +181,10 @@ def validate(
     o: ValidateOptions, progress: Progress, recalibrate: CalibrateOptions | None = None
 ) -> dict[str, Any]:
     """Every workload x policy on the engine (`o.repeats` times, the policy order alternating;
-    medians) and in the simulator; the comparison document (`comparison` per workload).
+    medians) and in the simulator; the comparison document (`comparison` per workload). With
+    `o.interleave` (the default) a repeat runs the policies' engines in one process, their
+    steps in turn, each timed on its own clock (`hycache.bench.closed_loop`), so their ratio
+    sees the machine in the same states; otherwise one run after the other.
 
     `recalibrate`: instead of reading the profile `o.profile`, measure the calibration grid
     (`hycache.bench.calibrate.measure`) before every `o.round_every`-th repeat, so that the
@@ -291,6 +212,9 @@ def validate(
     steps: dict[str, dict[str, list[list[EngineStep]]]] = {
         name: {p: [] for p in o.policies} for name in workloads
     }
+    spans: dict[str, dict[str, list[list[tuple[int, int]]]]] = {
+        name: {p: [] for p in o.policies} for name in workloads
+    }
     configs: dict[str, dict[str, Any]] = {name: {} for name in workloads}
     rounds: list[Any] = []
     k = o.num_speculative_tokens
@@ -303,14 +227,19 @@ def validate(
             progress(f"calibration round {rep // o.round_every + 1}/{num_rounds} ({where})")
             rounds.append(_run(o.isolate, _calibration_round, recalibrate))
         for name in workloads:
-            order = list(o.policies) if rep % 2 == 0 else list(reversed(o.policies))
-            for p in order:
-                progress(f"{name} · engine · {p} · repeat {rep + 1}/{o.repeats} ({where})")
-                configs[name][p], run, engine_steps = _run(
-                    o.isolate, _engine_run, o, name, p, clock
-                )
-                runs[name][p].append(run)
-                steps[name][p].append(engine_steps)
+            order = tuple(o.policies) if rep % 2 == 0 else tuple(reversed(o.policies))
+            # stepped in turn in one run, or one run after the other
+            batches = [order] if o.interleave else [(p,) for p in order]
+            for batch in batches:
+                arms = " + ".join(batch) + (" in turn" if len(batch) > 1 else "")
+                progress(f"{name} · engine · {arms} · repeat {rep + 1}/{o.repeats} ({where})")
+                for p, (config, run, engine_steps, ttft_spans) in zip(
+                    batch, _run(o.isolate, _engine_runs, o, name, batch, clock), strict=True
+                ):
+                    configs[name][p] = config
+                    runs[name][p].append(run)
+                    steps[name][p].append(engine_steps)
+                    spans[name][p].append(ttft_spans)
     probes = None
     if recalibrate is not None:
         from hycache.bench.calibrate import pool
@@ -318,7 +247,7 @@ def validate(
         probes = pool(rounds)
         _write_profile(o.profile, probes, recalibrate, progress)
     if o.raw:
-        _write_raw(o.raw, rounds, runs, steps)
+        _write_raw(o.raw, rounds, runs, steps, spans)
     gpu = load_gpu(o.profile)
     accept = o.acceptance_rate if o.acceptance_rate is not None else profile_acceptance(gpu, k)
     block = o.block_size if not o.quick else 64
@@ -326,7 +255,7 @@ def validate(
     crossed = probes is not None and o.cross_fit and len(workloads) > 1
     doc: dict[str, Any] = {"workloads": {}}
     for name, w in workloads.items():
-        rec = _Recorded(runs[name], steps[name], configs[name])
+        rec = _Recorded(runs[name], steps[name], spans[name], configs[name])
         part: dict[str, Any] = {"measured": rec.medians()}
         part |= _predict(o, name, w, rec, _cost(gpu, model, k, block), accept, progress)
         if crossed:
@@ -335,7 +264,8 @@ def validate(
             own = cf.doc["rms_error_own_steps"]
             progress(f"{name} · refitted on the probes and the other workloads' runs "
                      f"(rms {own:.1%} on its own steps)")  # fmt: skip
-            probes_only = {key: part.pop(key) for key in ("predicted", "steps", "comparison")}
+            keys = ("predicted", "steps", "ttft_steps", "comparison")
+            probes_only = {key: part.pop(key) for key in keys}
             part |= _predict(o, name, w, rec, _cost(cf.gpu, model, k, block), accept, progress,
                              " (cross-fitted)")  # fmt: skip
             part |= {"probes_only": probes_only, "cross_fit": cf.doc}
@@ -362,10 +292,12 @@ def validate(
 
 @dataclass(frozen=True)
 class _Recorded:
-    """One workload's engine runs, per policy: metrics and steps per repeat, the config."""
+    """One workload's engine runs, per policy: metrics, steps and TTFT spans per repeat,
+    the config."""
 
     runs: dict[str, list[dict[str, Any]]]
     steps: dict[str, list[list[EngineStep]]]
+    spans: dict[str, list[list[tuple[int, int]]]]
     configs: dict[str, Any]
 
     def medians(self) -> dict[str, dict[str, Any]]:
@@ -373,7 +305,8 @@ class _Recorded:
         return {p: _median(runs) for p, runs in self.runs.items()}
 
     def paired_ratio(self) -> float | None:
-        """limit / lookahead output tok/s: the median over repeats of each repeat's pair."""
+        """limit / lookahead output tok/s: the median over repeats of each repeat's pair
+        (stepped in turn, or back to back)."""
         if not {"limit", "lookahead"} <= set(self.runs):
             return None
         key = "output_tokens_per_s"
@@ -387,10 +320,11 @@ def _predict(
 ) -> dict[str, Any]:  # fmt: skip
     """The simulator's prediction of `w` with `cost`, per policy; the cost model on the
     engine's own steps (`step_attribution`); the comparison with the measured medians."""
-    out: dict[str, Any] = {"predicted": {}, "steps": {}}
+    out: dict[str, Any] = {"predicted": {}, "steps": {}, "ttft_steps": {}}
     for p in o.policies:
-        spans = [r["makespan_s"] for r in rec.runs[p]]
-        out["steps"][p] = step_attribution(rec.steps[p], spans, cost)
+        makespans = [r["makespan_s"] for r in rec.runs[p]]
+        out["steps"][p] = step_attribution(rec.steps[p], makespans, cost)
+        out["ttft_steps"][p] = ttft_attribution(rec.steps[p], rec.spans[p], cost)
         progress(f"{name} · simulator{tag} · {p}")
         cfg = rec.configs[p]
         cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
@@ -415,11 +349,13 @@ def _calibration_round(cal: CalibrateOptions) -> Any:
     return measure(cal, lambda _msg: None)
 
 
-def _engine_run(
-    o: ValidateOptions, name: str, policy: str, clock: str
-) -> tuple[Any, dict[str, Any], list[EngineStep]]:
-    """One engine run of workload `name` under `policy`: (the engine's config, metrics, its
-    steps). The engine is built and warmed up on the run's `o.threads` torch threads."""
+def _engine_runs(
+    o: ValidateOptions, name: str, policies: Sequence[str], clock: str
+) -> list[tuple[Any, dict[str, Any], list[EngineStep], list[tuple[int, int]]]]:
+    """Workload `name` under each of `policies`, one engine each, their loops stepped in turn
+    (`run_interleaved`; one policy: alone); per policy (the engine's config, metrics, its
+    steps, the steps each request's TTFT spans). The engines are built and warmed up on the
+    run's `o.threads` torch threads."""
     import torch
 
     w = build_workload(name, o.seed, o.quick)
@@ -427,9 +363,16 @@ def _engine_run(
     threads = torch.get_num_threads()
     torch.set_num_threads(o.threads)
     try:
-        llm = _engine(o, policy, max_len, warmup=True)
-        steps: list[EngineStep] = []
-        return llm.config, run_engine(llm, w, o.concurrency, clock, steps), steps
+        llms = [_engine(o, p, max_len, warmup=True) for p in policies]
+        steps: list[list[EngineStep]] = [[] for _ in policies]
+        loops = [
+            ClosedLoop(llm, w, o.concurrency, clock, s) for llm, s in zip(llms, steps, strict=True)
+        ]
+        metrics = run_interleaved(loops)
+        return [
+            (llm.config, m, s, loop.spans())
+            for llm, m, s, loop in zip(llms, metrics, steps, loops, strict=True)
+        ]
     finally:
         torch.set_num_threads(threads)
 
@@ -442,13 +385,13 @@ def _cost(gpu: GpuSpec, model: str, k: int, block: int) -> CostModel:
     )  # fmt: skip
 
 
-def _write_raw(path: str, rounds: Sequence[Any], runs: Any, steps: Any) -> None:
-    """The calibration rounds, the engine runs' metrics and every step, pickled."""
+def _write_raw(path: str, rounds: Sequence[Any], runs: Any, steps: Any, spans: Any) -> None:
+    """The calibration rounds, the engine runs' metrics, every step and TTFT span, pickled."""
     import pickle
 
     from hycache.files import write_atomic
 
-    blob = pickle.dumps({"rounds": list(rounds), "runs": runs, "steps": steps})
+    blob = pickle.dumps({"rounds": list(rounds), "runs": runs, "steps": steps, "spans": spans})
     write_atomic(path, blob)
 
 
@@ -480,7 +423,7 @@ def compare(
     """Per policy and metric: measured, predicted, relative error (predicted / measured - 1);
     and the `limit / lookahead` output tok/s ratio both ways with its error in percentage
     points. `paired`: the measured ratio as the median over repeats of each repeat's two
-    runs (back to back, so a machine's drift over minutes cancels); else (and beside it,
+    runs (stepped in turn or back to back, so the machine's drift cancels); else (and beside it,
     `of_medians`) the ratio of the two policies' medians."""
     out: dict[str, Any] = {}
     for p in policies:

@@ -16,6 +16,7 @@ from hycache.cli.tables import (
     progress_reporter,
     residuals_table,
     step_table,
+    ttft_step_table,
     validation_table,
 )
 from hycache.files import check_writable, write_atomic
@@ -86,6 +87,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if doc["inputs"]["cross_fitted"]:
         console.print(cross_fit_table(doc))
     console.print(step_table(doc))
+    console.print(ttft_step_table(doc))
     miss = misses(doc)
     doc["misses"] = miss
     console.print(

@@ -376,6 +376,25 @@ def step_table(doc: dict[str, Any]) -> Table:
     return t
 
 
+def ttft_step_table(doc: dict[str, Any]) -> Table:
+    """`--validate`: TTFT p50 priced on the engine's own schedule (the steps each request's
+    TTFT spans) beside the simulator's: the first error is the cost model's, what the
+    second adds is the simulator's schedule."""
+    t = Table(title="TTFT p50: the cost model on the engine's schedule, and the simulator's")
+    cols = ("workload", "policy", "measured s", "on its steps s", "cost model s", "error",
+            "simulator s", "error ")  # fmt: skip
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("workload", "policy") else "right")
+    for name, part in doc["workloads"].items():
+        for p, v in part.get("ttft_steps", {}).items():
+            c = part["comparison"][p]["ttft_p50_s"]
+            errs = [f"{e:+.1%}" if e is not None else "" for e in (v["error"], c["error"])]
+            seconds = (c["measured"], v["measured_s"], v["predicted_s"])
+            t.add_row(name, p, *(f"{x:.3f}" for x in seconds), errs[0],
+                      f"{c['predicted']:.3f}", errs[1])  # fmt: skip
+    return t
+
+
 def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any]) -> Table:
     """`hycache bench --engine-profile`: the CPU engine arm, measured beside predicted."""
     from hycache.bench.validate import METRICS

@@ -415,7 +415,9 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
     doc = validate(opts, messages.append, recalibrate=cal)
     rounds = [m for m in messages if m.startswith("calibration round")]
     assert rounds == [f"calibration round {i}/2 (this process)" for i in (1, 2)]
-    first_run = messages.index("family · engine · limit · repeat 1/2 (this process)")
+    first_run = messages.index(
+        "family · engine · lookahead + limit in turn · repeat 1/2 (this process)"
+    )
     assert messages.index(rounds[0]) < first_run < messages.index(rounds[1])
     profile = json.loads(path.read_text())
     assert profile["calibration"]["extra"]["rounds"] == 2
@@ -435,6 +437,10 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
         )
         assert 0 <= kinds["outside_steps_s"] < total["measured_s"]
         assert total["predicted_s"] > 0
+        # TTFT p50 on the engine's own schedule: timed steps a little under the TTFT
+        ttft = doc["workloads"]["family"]["ttft_steps"][p]
+        assert 0 < ttft["measured_s"] <= c[p]["ttft_p50_s"]["measured"]
+        assert ttft["predicted_s"] > 0
     assert doc["inputs"]["cross_fitted"] is True
     for name, other in (("family", "multi-turn"), ("multi-turn", "family")):
         part = doc["workloads"][name]
@@ -448,6 +454,7 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
         assert r["paired"] is True and r["measured"] == before["ratio"]["measured"]
     raw = pickle.loads((tmp_path / "raw.pkl").read_bytes())
     assert len(raw["rounds"]) == 2 and len(raw["steps"]["family"]["limit"]) == 2
+    assert len(raw["spans"]["family"]["limit"]) == 2
 
 
 def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
@@ -472,6 +479,24 @@ def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
     hits = part["comparison"]["limit"]["token_hit_rate"]
     assert hits["measured"] == hits["predicted"] > 0
     assert json.loads(path.read_text())["calibration"]["extra"]["rounds"] == 1
+
+
+def test_ttft_priced_on_the_engines_own_schedule() -> None:
+    """`ttft_attribution` sums the steps each request's TTFT spans, timed and priced, and
+    takes the median over requests, then over repeats: steps measured 25% slower than
+    priced show as -20%."""
+    from hycache.bench.steps import EngineStep, ttft_attribution
+
+    cost = CostModel(MODEL, load_gpu("h200"), speculative=True, num_speculative_tokens=2)
+    prefill = StepWork((SeqWork(512, 0, 0, True),))
+    decode = StepWork((SeqWork(3, 800, 2, False), SeqWork(3, 900, 2, False)))
+    run = [EngineStep(w, 1.25 * cost.step_time(w)) for w in (prefill, decode, decode)]
+    spans = [(0, 0), (0, 1), (1, 2)]  # the middle one: prefill + one decode
+    out = ttft_attribution([run, run], [spans, spans], cost)
+    priced = cost.step_time(prefill) + cost.step_time(decode)
+    assert out["predicted_s"] == pytest.approx(priced)
+    assert out["measured_s"] == pytest.approx(1.25 * priced)
+    assert out["error"] == pytest.approx(-0.2)
 
 
 def test_step_kinds_and_their_attribution() -> None:

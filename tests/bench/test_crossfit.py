@@ -164,7 +164,7 @@ def test_a_calibration_round_every_other_engine_repeat() -> None:
     rounds = [m for m in messages if m.startswith("calibration round")]
     assert rounds == ["calibration round 1/1 (this process)"]
     runs = [m for m in messages if " · engine · " in m]
-    assert runs == [f"family · engine · {p} · repeat {r}/2 (this process)"
-                    for r, p in ((1, "lookahead"), (1, "limit"), (2, "limit"),
-                                 (2, "lookahead"))]  # fmt: skip
+    pairs = ((1, "lookahead + limit"), (2, "limit + lookahead"))
+    assert runs == [f"family · engine · {a} in turn · repeat {r}/2 (this process)"
+                    for r, a in pairs]  # fmt: skip
     assert doc["inputs"]["repeats"] == 2

@@ -1,0 +1,122 @@
+"""The validation's client (hycache.bench.closed_loop): loops stepped in turn do exactly what
+they do alone, and each one's clock holds only its own iterations."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from hycache.bench.closed_loop import ClosedLoop, run_engine, run_interleaved
+from hycache.bench.steps import EngineStep
+from hycache.bench.validate import ValidateOptions, _engine, build_workload
+
+POLICIES = ("lookahead", "limit")
+
+
+def _llm(policy: str, name: str) -> Any:
+    o = ValidateOptions(profile="unused.json", quick=True)
+    w = build_workload(name, o.seed, quick=True)
+    return _engine(o, policy, w.max_tokens_per_request() + 2 * o.num_speculative_tokens + 16)
+
+
+def _work(steps: list[EngineStep]) -> list[Any]:
+    return [s.work for s in steps]
+
+
+@pytest.mark.parametrize("name", ["family", "multi-turn"])
+def test_loops_in_turn_do_what_each_does_alone(name: str) -> None:
+    """Stepped in turn, each engine schedules the same steps (the same work, in order),
+    returns the same tokens and hits the cache as much as alone: interleaving changes the
+    clock each one is timed on, nothing it does."""
+    w = build_workload(name, 0, quick=True)
+    alone: dict[str, tuple[dict[str, Any], list[EngineStep]]] = {}
+    for p in POLICIES:
+        steps: list[EngineStep] = []
+        alone[p] = run_engine(_llm(p, name), w, 8, "wall", steps), steps
+    steps_in_turn: list[list[EngineStep]] = [[], []]
+    loops = [
+        ClosedLoop(_llm(p, name), w, 8, "wall", s)
+        for p, s in zip(POLICIES, steps_in_turn, strict=True)
+    ]
+    got = run_interleaved(loops)
+    for p, m, s in zip(POLICIES, got, steps_in_turn, strict=True):
+        solo, solo_steps = alone[p]
+        assert _work(s) == _work(solo_steps)
+        assert m["requests"] == solo["requests"] == w.size
+        assert m["token_hit_rate"] == solo["token_hit_rate"]
+    # the two policies differ (else the test proves little): limit resumes deeper
+    assert got[1]["token_hit_rate"] >= got[0]["token_hit_rate"]
+    assert _work(steps_in_turn[0]) != _work(steps_in_turn[1])
+
+
+def test_each_loop_keeps_its_own_clock() -> None:
+    """Two loops stepped in turn: each one's makespan is its own steps plus its own client
+    work, and the two makespans add up to the wall time of the whole interleaved run (the
+    other loop's steps are on neither clock twice)."""
+    w = build_workload("family", 0, quick=True)
+    steps: list[list[EngineStep]] = [[], []]
+    loops = [
+        ClosedLoop(_llm(p, "family"), w, 8, "wall", s) for p, s in zip(POLICIES, steps, strict=True)
+    ]
+    t0 = time.perf_counter()
+    a, b = run_interleaved(loops)
+    wall = time.perf_counter() - t0
+    assert a["makespan_s"] + b["makespan_s"] == pytest.approx(wall, rel=0.05)
+    for m, s in ((a, steps[0]), (b, steps[1])):
+        in_steps = sum(x.seconds for x in s)
+        assert in_steps <= m["makespan_s"] <= in_steps + 0.25 * m["makespan_s"]
+        assert m["output_tokens_per_s"] == pytest.approx(
+            sum(r.max_tokens for r in w.requests) / m["makespan_s"]
+        )
+        # TTFTs are on the loop's own clock: none exceeds its makespan
+        assert 0 < m["ttft_p50_s"] <= m["ttft_p95_s"] <= m["makespan_s"]
+    for loop, s, m in zip(loops, steps, (a, b), strict=True):
+        # each request's TTFT spans the steps from its admission to its first token: those
+        # steps are most of it (the rest is the client's work between them)
+        spans = loop.spans()
+        assert len(spans) == w.size and all(0 <= i <= j < len(s) for i, j in spans)
+        in_spans = sorted(sum(x.seconds for x in s[i : j + 1]) for i, j in spans)
+        p50 = (in_spans[(len(spans) - 1) // 2] + in_spans[len(spans) // 2]) / 2
+        assert 0.7 * m["ttft_p50_s"] <= p50 <= m["ttft_p50_s"]
+
+
+def test_a_loop_refuses_an_unknown_clock_and_early_metrics() -> None:
+    w = build_workload("family", 0, quick=True)
+    with pytest.raises(ValueError, match="clock"):
+        ClosedLoop(None, w, 8, "tsc")
+    loop = ClosedLoop(_llm("limit", "family"), w, 8, "cpu")
+    loop.advance()
+    with pytest.raises(RuntimeError, match="left"):
+        loop.metrics()
+
+
+def test_validate_steps_the_policies_in_turn_unless_told_not_to(tmp_path: Any) -> None:
+    """By default each repeat runs both policies' engines in one run, their steps in turn
+    (the first policy alternating between repeats); `interleave=False` runs them one after
+    the other. Both measure every request of every arm."""
+    from hycache.bench.calibrate import CalibrateOptions, DecodeProbe, Grid, PrefillProbe
+    from hycache.bench.validate import validate
+
+    grid = Grid(prefill=(PrefillProbe(64, (0,)),), decode=(DecodeProbe(64, 2, (1,)),),
+                copies=(), state_writes=())  # fmt: skip
+    empty = Grid(prefill=(), decode=(), copies=(), state_writes=())
+    cal = CalibrateOptions(repeats=1, decode_repeats=1, block_size=64, grid=grid,
+                           held_out=empty, cache_memory_gb=0.05)  # fmt: skip
+    for interleave, expected in (
+        (True, ["lookahead + limit in turn", "limit + lookahead in turn"]),
+        (False, ["lookahead", "limit", "limit", "lookahead"]),
+    ):
+        opts = ValidateOptions(
+            profile=str(tmp_path / "p.json"), quick=True, repeats=2, workloads=("family",),
+            isolate=False, interleave=interleave,
+        )  # fmt: skip
+        messages: list[str] = []
+        doc = validate(opts, messages.append, recalibrate=cal)
+        runs = [m.split(" · ")[2] for m in messages if " · engine · " in m]
+        assert runs == expected
+        part = doc["workloads"]["family"]
+        for p in POLICIES:
+            assert part["measured"][p]["requests"] == part["size"]
+        assert part["comparison"]["ratio"]["paired"] is True

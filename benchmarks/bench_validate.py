@@ -11,10 +11,13 @@ times that per decode shape) is measured, so that the calibration and the runs i
 see the machine in the same states; the rounds are pooled (per shape, the median of the
 rounds), fitted and written to OUT/cpu-profile.json. Each workload is then predicted twice:
 with the probes' fit alone, and with the probes and the other workloads' engine steps fitted
-(never its own). Seeded: the same shapes, prompts and policy order in every run. On a quiet
-machine use `--clock wall`; on one shared with other work `--clock cpu` (process CPU time)
-is steadier. About 4.5 minutes per round and 1.7 minutes per engine repeat on one core
-(`--engine-repeats 8 --round-every 2`: about 32 minutes).
+(never its own). Each repeat runs the two policies' engines in one process, one step each
+in turn, each timed on its own clock (`hycache.bench.closed_loop`), so the measured ratio
+sees the machine in the same states. Seeded: the same shapes, prompts and policy order in
+every run. `--clock cpu` times the process CPU time instead of the wall clock (for a
+machine that takes time from the process; here CPU time moved with the wall clock, the
+drift is the machine's speed). About 4 minutes per round and 1.2 minutes per engine repeat
+on one core (`--engine-repeats 8 --round-every 2`: about 24 minutes).
 """
 
 from __future__ import annotations

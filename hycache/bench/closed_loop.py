@@ -93,6 +93,8 @@ class ClosedLoop:
         self._outputs: list[Any] = []
         self._elapsed = (0.0, 0.0)  # this loop's own iterations, on both clocks
         self._step = 0  # the index of the next engine step
+        self._accepted: dict[str, dict[int, int]] = {}  # per request: outputs before -> drafts
+        self._produced: dict[str, int] = {}
         self._span: dict[str, tuple[int, int]] = {}  # admitted before step i, first token in j
 
     @property
@@ -123,6 +125,10 @@ class ClosedLoop:
             work = step_work(self.llm.last_schedule, self.llm.config.cache.block_size)
             self.steps.append(EngineStep(work, after[self._i] - before[self._i]))
         for e in events:
+            if e.new_token_ids:
+                before = self._produced.get(e.request_id, 0)
+                self._accepted.setdefault(e.request_id, {})[before] = len(e.new_token_ids) - 1
+                self._produced[e.request_id] = before + len(e.new_token_ids)
             if e.new_token_ids and e.request_id not in self._first:
                 self._first[e.request_id] = after
                 self._span[e.request_id] = (self._span[e.request_id][0], self._step)
@@ -133,6 +139,11 @@ class ClosedLoop:
                     self._pending.append(nxt)
         self._step += 1
         self._elapsed = now()
+
+    def accepted(self) -> dict[str, dict[int, int]]:
+        """The drafts the engine accepted, per request and step (keyed by the request's
+        output tokens before the step): what `DryRunExecutor(accepted=...)` replays."""
+        return {rid: dict(steps) for rid, steps in self._accepted.items()}
 
     def spans(self) -> list[tuple[int, int]]:
         """Per finished request (in finishing order): the indices of the engine steps its

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,9 @@ class ValidateOptions:
     # sees the machine in the same states; `hycache.bench.closed_loop`); False: one run
     # after the other
     interleave: bool = True
+    # the simulator replays the drafts each engine run accepted ("replay"; the prediction
+    # drawn at the profile's rate beside it, `at_rate`), or draws them ("rate")
+    acceptance: str = "replay"
     raw: str | None = None  # a pickle of the rounds and every engine step (to refit offline)
 
 
@@ -127,12 +130,18 @@ def build_workload(name: str, seed: int, quick: bool = False) -> Workload:
 
 
 def simulate(
-    config: Any, w: Workload, cost: CostModel, concurrency: int, seed: int
+    config: Any,
+    w: Workload,
+    cost: CostModel,
+    concurrency: int,
+    seed: int,
+    accepted: Mapping[str, Mapping[int, int]] | None = None,
 ) -> dict[str, Any]:
-    """The simulator on the engine's own config (its acceptance rate set by the caller)."""
+    """The simulator on the engine's own config (its acceptance rate set by the caller);
+    `accepted`: the drafts an engine run accepted, replayed (else drawn at the rate)."""
     from hycache.sim.simulator import Simulator
 
-    sim = Simulator(config, cost=cost, seed=seed, vocab_size=VOCAB)
+    sim = Simulator(config, cost=cost, seed=seed, vocab_size=VOCAB, accepted=accepted)
     res = sim.run(w.requests, sessions=w.sessions, concurrency=concurrency)
     s = res.summary
     keys = ("output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "token_hit_rate", "makespan_s")
@@ -204,18 +213,13 @@ def validate(
         clock = o.clock or recalibrate.clock
     if clock not in ("wall", "cpu"):
         raise ValueError(f"clock must be wall or cpu, got {clock!r}")
+    if o.acceptance not in ("replay", "rate"):
+        raise ValueError(f"acceptance must be replay or rate, got {o.acceptance!r}")
     t_start = time.perf_counter()
     workloads = {name: build_workload(name, o.seed, o.quick) for name in o.workloads}
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+    recorded: dict[str, dict[str, list[EngineRun]]] = {
         name: {p: [] for p in o.policies} for name in workloads
     }
-    steps: dict[str, dict[str, list[list[EngineStep]]]] = {
-        name: {p: [] for p in o.policies} for name in workloads
-    }
-    spans: dict[str, dict[str, list[list[tuple[int, int]]]]] = {
-        name: {p: [] for p in o.policies} for name in workloads
-    }
-    configs: dict[str, dict[str, Any]] = {name: {} for name in workloads}
     rounds: list[Any] = []
     k = o.num_speculative_tokens
     where = "a fresh process" if o.isolate else "this process"
@@ -225,7 +229,7 @@ def validate(
     for rep in range(o.repeats):
         if recalibrate is not None and rep % o.round_every == 0:
             progress(f"calibration round {rep // o.round_every + 1}/{num_rounds} ({where})")
-            rounds.append(_run(o.isolate, _calibration_round, recalibrate))
+            rounds.append(run_isolated(_calibration_round, recalibrate, isolate=o.isolate))
         for name in workloads:
             order = tuple(o.policies) if rep % 2 == 0 else tuple(reversed(o.policies))
             # stepped in turn in one run, or one run after the other
@@ -233,13 +237,9 @@ def validate(
             for batch in batches:
                 arms = " + ".join(batch) + (" in turn" if len(batch) > 1 else "")
                 progress(f"{name} · engine · {arms} · repeat {rep + 1}/{o.repeats} ({where})")
-                for p, (config, run, engine_steps, ttft_spans) in zip(
-                    batch, _run(o.isolate, _engine_runs, o, name, batch, clock), strict=True
-                ):
-                    configs[name][p] = config
-                    runs[name][p].append(run)
-                    steps[name][p].append(engine_steps)
-                    spans[name][p].append(ttft_spans)
+                results = run_isolated(engine_runs, o, name, batch, clock, isolate=o.isolate)
+                for p, run in zip(batch, results, strict=True):
+                    recorded[name][p].append(run)
     probes = None
     if recalibrate is not None:
         from hycache.bench.calibrate import pool
@@ -247,15 +247,16 @@ def validate(
         probes = pool(rounds)
         _write_profile(o.profile, probes, recalibrate, progress)
     if o.raw:
-        _write_raw(o.raw, rounds, runs, steps, spans)
+        _write_raw(o.raw, rounds, recorded)
     gpu = load_gpu(o.profile)
     accept = o.acceptance_rate if o.acceptance_rate is not None else profile_acceptance(gpu, k)
     block = o.block_size if not o.quick else 64
     model = gpu.fitted_on or o.model
     crossed = probes is not None and o.cross_fit and len(workloads) > 1
     doc: dict[str, Any] = {"workloads": {}}
+    steps = {n: {p: [r.steps for r in rs] for p, rs in by.items()} for n, by in recorded.items()}
     for name, w in workloads.items():
-        rec = _Recorded(runs[name], steps[name], spans[name], configs[name])
+        rec = _Recorded(recorded[name])
         part: dict[str, Any] = {"measured": rec.medians()}
         part |= _predict(o, name, w, rec, _cost(gpu, model, k, block), accept, progress)
         if crossed:
@@ -264,7 +265,7 @@ def validate(
             own = cf.doc["rms_error_own_steps"]
             progress(f"{name} · refitted on the probes and the other workloads' runs "
                      f"(rms {own:.1%} on its own steps)")  # fmt: skip
-            keys = ("predicted", "steps", "ttft_steps", "comparison")
+            keys = ("predicted", "steps", "ttft_steps", "comparison", "at_rate")
             probes_only = {key: part.pop(key) for key in keys}
             part |= _predict(o, name, w, rec, _cost(cf.gpu, model, k, block), accept, progress,
                              " (cross-fitted)")  # fmt: skip
@@ -278,6 +279,10 @@ def validate(
         "model": gpu.fitted_on or o.model,
         "clock": clock,
         "acceptance_rate": accept,
+        "acceptance": o.acceptance,
+        "drafts_accepted": {
+            name: {p: _Recorded(by).drafts_accepted(p) for p in by} for name, by in recorded.items()
+        },
         "threads": o.threads,
         "repeats": o.repeats,
         "block_size": block,
@@ -291,18 +296,37 @@ def validate(
 
 
 @dataclass(frozen=True)
-class _Recorded:
-    """One workload's engine runs, per policy: metrics, steps and TTFT spans per repeat,
-    the config."""
+class EngineRun:
+    """One engine run of one policy: its config, metrics, steps (each timed), the steps each
+    request's TTFT spans (`ClosedLoop.spans`) and the drafts it accepted (`ClosedLoop.accepted`)."""
 
-    runs: dict[str, list[dict[str, Any]]]
-    steps: dict[str, list[list[EngineStep]]]
-    spans: dict[str, list[list[tuple[int, int]]]]
-    configs: dict[str, Any]
+    config: Any
+    metrics: dict[str, Any]
+    steps: list[EngineStep]
+    spans: list[tuple[int, int]]
+    accepted: dict[str, dict[int, int]]
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """One workload's engine runs, per policy, in repeat order."""
+
+    runs: dict[str, list[EngineRun]]
+
+    def metrics(self, p: str) -> list[dict[str, Any]]:
+        return [r.metrics for r in self.runs[p]]
+
+    def accepted(self, p: str) -> dict[str, dict[int, int]]:
+        """The drafts policy `p`'s engine accepted (every repeat runs the same tokens: the
+        first repeat's record)."""
+        return self.runs[p][0].accepted
+
+    def drafts_accepted(self, p: str) -> int:
+        return sum(sum(steps.values()) for steps in self.accepted(p).values())
 
     def medians(self) -> dict[str, dict[str, Any]]:
         """Per policy, each metric's median over the repeats."""
-        return {p: _median(runs) for p, runs in self.runs.items()}
+        return {p: _median(self.metrics(p)) for p in self.runs}
 
     def paired_ratio(self) -> float | None:
         """limit / lookahead output tok/s: the median over repeats of each repeat's pair
@@ -310,7 +334,7 @@ class _Recorded:
         if not {"limit", "lookahead"} <= set(self.runs):
             return None
         key = "output_tokens_per_s"
-        pairs = zip(self.runs["limit"], self.runs["lookahead"], strict=True)
+        pairs = zip(self.metrics("limit"), self.metrics("lookahead"), strict=True)
         return statistics.median(a[key] / b[key] for a, b in pairs)
 
 
@@ -318,22 +342,39 @@ def _predict(
     o: ValidateOptions, name: str, w: Workload, rec: _Recorded, cost: CostModel,
     accept: float, progress: Progress, tag: str = "",
 ) -> dict[str, Any]:  # fmt: skip
-    """The simulator's prediction of `w` with `cost`, per policy; the cost model on the
-    engine's own steps (`step_attribution`); the comparison with the measured medians."""
+    """The simulator's prediction of `w` with `cost`, per policy (with `o.acceptance`
+    "replay" the engine's accepted drafts replayed, and beside it, `at_rate`, drawn at the
+    profile's rate); the cost model on the engine's own steps (`step_attribution`) and on
+    the steps of each TTFT (`ttft_attribution`); the comparisons with the measured medians."""
     out: dict[str, Any] = {"predicted": {}, "steps": {}, "ttft_steps": {}}
+    at_rate: dict[str, Any] = {}
     for p in o.policies:
-        makespans = [r["makespan_s"] for r in rec.runs[p]]
-        out["steps"][p] = step_attribution(rec.steps[p], makespans, cost)
-        out["ttft_steps"][p] = ttft_attribution(rec.steps[p], rec.spans[p], cost)
+        runs = rec.runs[p]
+        makespans = [r.metrics["makespan_s"] for r in runs]
+        out["steps"][p] = step_attribution([r.steps for r in runs], makespans, cost)
+        out["ttft_steps"][p] = ttft_attribution(
+            [r.steps for r in runs], [r.spans for r in runs], cost
+        )
         progress(f"{name} · simulator{tag} · {p}")
-        cfg = rec.configs[p]
+        cfg = runs[-1].config
         cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
-        out["predicted"][p] = simulate(cfg, w, cost, o.concurrency, o.seed)
-    out["comparison"] = compare(rec.medians(), out["predicted"], o.policies, rec.paired_ratio())
+        at_rate[p] = simulate(cfg, w, cost, o.concurrency, o.seed)
+        out["predicted"][p] = (
+            simulate(cfg, w, cost, o.concurrency, o.seed, rec.accepted(p))
+            if o.acceptance == "replay"
+            else at_rate[p]
+        )
+    measured, paired = rec.medians(), rec.paired_ratio()
+    out["comparison"] = compare(measured, out["predicted"], o.policies, paired)
+    if o.acceptance == "replay":
+        out["at_rate"] = {
+            "predicted": at_rate,
+            "comparison": compare(measured, at_rate, o.policies, paired),
+        }
     return out
 
 
-def _run(isolate: bool, fn: Callable[..., Any], *args: Any) -> Any:
+def run_isolated(fn: Callable[..., Any], *args: Any, isolate: bool = True) -> Any:
     """`fn(*args)`, in a fresh spawned interpreter when `isolate` (its result pickled back)."""
     if not isolate:
         return fn(*args)
@@ -349,13 +390,12 @@ def _calibration_round(cal: CalibrateOptions) -> Any:
     return measure(cal, lambda _msg: None)
 
 
-def _engine_runs(
+def engine_runs(
     o: ValidateOptions, name: str, policies: Sequence[str], clock: str
-) -> list[tuple[Any, dict[str, Any], list[EngineStep], list[tuple[int, int]]]]:
+) -> list[EngineRun]:
     """Workload `name` under each of `policies`, one engine each, their loops stepped in turn
-    (`run_interleaved`; one policy: alone); per policy (the engine's config, metrics, its
-    steps, the steps each request's TTFT spans). The engines are built and warmed up on the
-    run's `o.threads` torch threads."""
+    (`run_interleaved`; one policy: alone); an `EngineRun` per policy. The engines are built
+    and warmed up on the run's `o.threads` torch threads."""
     import torch
 
     w = build_workload(name, o.seed, o.quick)
@@ -370,7 +410,7 @@ def _engine_runs(
         ]
         metrics = run_interleaved(loops)
         return [
-            (llm.config, m, s, loop.spans())
+            EngineRun(llm.config, m, s, loop.spans(), loop.accepted())
             for llm, m, s, loop in zip(llms, metrics, steps, loops, strict=True)
         ]
     finally:
@@ -385,13 +425,19 @@ def _cost(gpu: GpuSpec, model: str, k: int, block: int) -> CostModel:
     )  # fmt: skip
 
 
-def _write_raw(path: str, rounds: Sequence[Any], runs: Any, steps: Any, spans: Any) -> None:
-    """The calibration rounds, the engine runs' metrics, every step and TTFT span, pickled."""
+def _write_raw(path: str, rounds: Sequence[Any], recorded: Any) -> None:
+    """The calibration rounds and, per workload, policy and repeat, the engine runs'
+    metrics, steps, TTFT spans and accepted drafts, pickled."""
     import pickle
 
     from hycache.files import write_atomic
 
-    blob = pickle.dumps({"rounds": list(rounds), "runs": runs, "steps": steps, "spans": spans})
+    def each(field: str) -> dict[str, dict[str, list[Any]]]:
+        return {n: {p: [getattr(r, field) for r in rs] for p, rs in by.items()}
+                for n, by in recorded.items()}  # fmt: skip
+
+    blob = pickle.dumps({"rounds": list(rounds), "runs": each("metrics"), "steps": each("steps"),
+                         "spans": each("spans"), "accepted": each("accepted")})  # fmt: skip
     write_atomic(path, blob)
 
 

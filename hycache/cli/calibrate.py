@@ -14,6 +14,7 @@ from hycache.cli.tables import (
     cross_fit_table,
     fit_table,
     progress_reporter,
+    replay_table,
     residuals_table,
     step_table,
     ttft_step_table,
@@ -71,6 +72,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         quick=args.quick,
         clock=args.clock,
         cross_fit=not args.no_cross_fit,
+        interleave=not args.no_interleave,
+        acceptance=args.acceptance,
         round_every=args.round_every,
         raw=args.raw,
     )
@@ -86,6 +89,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     console.print(validation_table(doc))
     if doc["inputs"]["cross_fitted"]:
         console.print(cross_fit_table(doc))
+    if doc["inputs"]["acceptance"] == "replay":
+        console.print(replay_table(doc))
     console.print(step_table(doc))
     console.print(ttft_step_table(doc))
     miss = misses(doc)
@@ -138,6 +143,20 @@ def add_validate_flags(p: argparse.ArgumentParser) -> None:
         help="with --recalibrate: predict every workload with the probes' fit alone (by "
         "default each is predicted with the probes and the other workloads' engine steps "
         "fitted, the probes-only prediction beside it)",
+    )
+    g.add_argument(
+        "--no-interleave",
+        action="store_true",
+        help="run each repeat's policies one after the other (by default their engines run "
+        "in one process, one step each in turn, each timed on its own clock, so the ratio "
+        "sees the machine in the same states)",
+    )
+    g.add_argument(
+        "--acceptance",
+        choices=("replay", "rate"),
+        default="replay",
+        help="the simulator replays the drafts each engine run accepted (default; the "
+        "prediction drawing them at the profile's rate is shown beside it), or draws them",
     )
     g.add_argument(
         "--raw",

@@ -331,28 +331,47 @@ def validation_table(doc: dict[str, Any]) -> Table:
     return t
 
 
+def _transitions(
+    t: Table, name: str, before: dict[str, Any], after: dict[str, Any], extra: list[str]
+) -> None:
+    """Rows of a workload's errors, one comparison → another (tok/s, TTFT p50, the ratio)."""
+
+    def pct(e: float | None) -> str:
+        return f"{e:+.1%}" if e is not None else "-"
+
+    for p in (x for x in after if x != "ratio"):
+        cells = [
+            f"{pct(before[p][key]['error'])} → {pct(after[p][key]['error'])}"
+            for key in ("output_tokens_per_s", "ttft_p50_s")
+        ]
+        t.add_row(name, p, *cells, *extra)
+    if "ratio" in after:
+        e0, e1 = before["ratio"]["error_pp"], after["ratio"]["error_pp"]
+        blank = [""] * (1 + len(extra))
+        t.add_row(name, "limit/lookahead", f"{e0:+.1f} → {e1:+.1f} pp", *blank, style="bold")
+
+
 def cross_fit_table(doc: dict[str, Any]) -> Table:
     """`--validate --recalibrate`: each workload's errors predicted from the probes alone
     beside those with the probes and the other workloads' engine steps fitted."""
     t = Table(title="probes only → cross-fitted (the probes and the other workloads' runs)")
     for col in ("workload", "policy", "tok/s error", "TTFT p50 error", "own steps rms"):
         t.add_column(col, justify="left" if col in ("workload", "policy") else "right")
-
-    def pct(e: float | None) -> str:
-        return f"{e:+.1%}" if e is not None else "-"
-
     for name, part in doc["workloads"].items():
-        before, after = part["probes_only"]["comparison"], part["comparison"]
         rms = f"{part['cross_fit']['rms_error_own_steps']:.1%}"
-        for p in (x for x in after if x != "ratio"):
-            cells = [
-                f"{pct(before[p][key]['error'])} → {pct(after[p][key]['error'])}"
-                for key in ("output_tokens_per_s", "ttft_p50_s")
-            ]
-            t.add_row(name, p, *cells, rms)
-        if "ratio" in after:
-            e0, e1 = before["ratio"]["error_pp"], after["ratio"]["error_pp"]
-            t.add_row(name, "limit/lookahead", f"{e0:+.1f} → {e1:+.1f} pp", "", "", style="bold")
+        _transitions(t, name, part["probes_only"]["comparison"], part["comparison"], [rms])
+    return t
+
+
+def replay_table(doc: dict[str, Any]) -> Table:
+    """`--validate`: each workload's errors with the simulator drawing drafts at the
+    profile's rate beside those with the engine's accepted drafts replayed."""
+    t = Table(title="drafts drawn at the profile's rate → the engine's replayed")
+    for col in ("workload", "policy", "tok/s error", "TTFT p50 error"):
+        t.add_column(col, justify="left" if col in ("workload", "policy") else "right")
+    for name, part in doc["workloads"].items():
+        if "at_rate" in part:
+            _transitions(t, name, part["at_rate"]["comparison"], part["comparison"], [])
     return t
 
 

@@ -6,6 +6,7 @@ An executor runs one `SchedulerOutput` (block copies first, then the forward) an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import xxhash
@@ -24,6 +25,11 @@ class DryRunExecutor:
     preemption regenerates the same outputs. Each draft is accepted with probability
     `acceptance_rate`, in a row (the first rejection ends acceptance), drawn from a generator
     seeded by (seed, r, p): the same request gets the same acceptances in every run and policy.
+
+    `accepted`: acceptances a real engine recorded, replayed instead of drawn (a trace, as
+    output lengths are): per request id, the drafts accepted at the step that found the
+    request with that many output tokens (at most the drafts offered). A step with no record
+    draws at `acceptance_rate`.
     """
 
     def __init__(
@@ -34,12 +40,14 @@ class DryRunExecutor:
         acceptance_rate: float = 0.7,
         seed: int = 0,
         avoid_token: int | None = None,
+        accepted: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.k = num_speculative_tokens
         self.acceptance_rate = acceptance_rate
         self.seed = seed
         self.avoid_token = avoid_token
+        self.accepted = accepted or {}
         self.block_copies = 0
 
     def token(self, request_id: str, position: int) -> int:
@@ -66,7 +74,9 @@ class DryRunExecutor:
                 results[s.request.request_id] = StepResult([])
                 continue
             rid, end = s.request.request_id, s.end
-            j = self._accepted(rid, end, len(s.draft_token_ids))
+            n = len(s.draft_token_ids)
+            record = self.accepted.get(rid, {}).get(s.request.num_output_tokens)
+            j = min(record, n) if record is not None else self._accepted(rid, end, n)
             sampled = [self.token(rid, end + i) for i in range(j + 1)]
             nxt = end + j + 1
             drafts = [self.token(rid, nxt + i) for i in range(self.k)]

@@ -21,7 +21,7 @@ Routing (`Router`), decided when a request is released to the cluster:
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hycache.cache.block_pool import BlockEvent
@@ -82,6 +82,7 @@ class Instance:
         vocab_size: int,
         store: SimHostStore | None = None,
         link: StoreLink | None = None,
+        accepted: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:
         self.index = index
         self.cost = cost
@@ -95,6 +96,7 @@ class Instance:
             num_speculative_tokens=spec.num_speculative_tokens,
             acceptance_rate=spec.acceptance_rate,
             seed=seed,  # the same for every instance: a request's tokens do not depend on routing
+            accepted=accepted,
         )
         self.pages = SSMPageCounter(config, self.sched)
         self.store = store

@@ -18,7 +18,7 @@ store they all share. One instance without a store is the plain simulator, step 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,6 +258,7 @@ class Simulator:
         tier: TierConfig | None = None,
         instances: int = 1,
         routing: str = "round-robin",
+        accepted: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError(f"instances: must be >= 1, got {instances}")
@@ -270,6 +271,7 @@ class Simulator:
         self.vocab_size = vocab_size
         self.tier = tier
         self.num_instances = instances
+        self.accepted = accepted  # drafts accepted, replayed (`DryRunExecutor`); else drawn
         self.routing = routing
 
     def run(
@@ -303,6 +305,7 @@ class Simulator:
                 vocab_size=self.vocab_size,
                 store=store,
                 link=link,
+                accepted=self.accepted,
             )
             for i in range(self.num_instances)
         ]

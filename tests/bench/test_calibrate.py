@@ -437,6 +437,11 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
         )
         assert 0 <= kinds["outside_steps_s"] < total["measured_s"]
         assert total["predicted_s"] > 0
+        # the simulator replays the engine's drafts; drawn at the rate, beside it
+        at_rate = doc["workloads"]["family"]["at_rate"]["comparison"][p]
+        assert at_rate["token_hit_rate"]["measured"] == hits["measured"]
+        assert doc["inputs"]["acceptance"] == "replay"
+        assert doc["inputs"]["drafts_accepted"]["family"][p] >= 0
         # TTFT p50 on the engine's own schedule: timed steps a little under the TTFT
         ttft = doc["workloads"]["family"]["ttft_steps"][p]
         assert 0 < ttft["measured_s"] <= c[p]["ttft_p50_s"]["measured"]
@@ -455,6 +460,7 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
     raw = pickle.loads((tmp_path / "raw.pkl").read_bytes())
     assert len(raw["rounds"]) == 2 and len(raw["steps"]["family"]["limit"]) == 2
     assert len(raw["spans"]["family"]["limit"]) == 2
+    assert len(raw["accepted"]["family"]["limit"]) == 2
 
 
 def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:

@@ -120,3 +120,74 @@ def test_validate_steps_the_policies_in_turn_unless_told_not_to(tmp_path: Any) -
         for p in POLICIES:
             assert part["measured"][p]["requests"] == part["size"]
         assert part["comparison"]["ratio"]["paired"] is True
+
+
+def _shape(works: list[Any]) -> list[tuple[Any, ...]]:
+    """A step's work as both sides describe it (shared context aside: only a cost model
+    that prices it has the simulator count it)."""
+    return [
+        (w.num_block_copies, tuple((s.num_new_tokens, s.context_len, s.num_draft_tokens,
+                                    s.is_prefill) for s in w.seqs))
+        for w in works
+    ]  # fmt: skip
+
+
+class _Recording:
+    """A cost model that keeps every step's work the simulator prices."""
+
+    def __init__(self, cost: Any) -> None:
+        self.cost, self.works = cost, []
+
+    def step_time(self, work: Any) -> float:
+        self.works.append(work)
+        return float(self.cost.step_time(work))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cost, name)
+
+
+def test_replayed_drafts_make_the_simulators_steps_the_engines() -> None:
+    """An engine that accepts drafts (an oracle drafter accepting 2, 0, 1 ... in turn): its
+    loop records how many each step accepted, and the simulator replaying them schedules
+    the engine's steps, one for one; drawing them at a rate instead, it does not."""
+    from dataclasses import replace
+
+    from hycache.bench.validate import simulate
+    from hycache.engine.engine import LLM
+    from hycache.sim.costmodel import CostModel
+    from hycache.sim.presets import load_gpu, load_model_spec
+    from hycache.sim.simulator import Simulator
+    from tests.helpers import OracleDrafter, oracle_schedule
+
+    o = ValidateOptions(profile="unused.json", quick=True)
+    w = build_workload("family", 0, quick=True)
+    max_len = w.max_tokens_per_request() + 2 * o.num_speculative_tokens + 16
+    llm = _engine(o, "limit", max_len)
+    plain = LLM(o.model, block_size=64, max_model_len=max_len, num_speculative_tokens=0,
+                seed=o.seed, enable_prefix_caching=False)  # fmt: skip
+    oracle = OracleDrafter(llm, oracle_schedule(o.num_speculative_tokens), 512)
+    oracle.learn(plain, [r.prompt_token_ids.tolist() for r in w.requests],
+                 max(r.max_tokens for r in w.requests))  # fmt: skip
+    steps: list[EngineStep] = []
+    loop = ClosedLoop(llm, w, 8, "wall", steps)
+    while not loop.done:
+        loop.advance()
+    accepted = loop.accepted()
+    assert sum(sum(a.values()) for a in accepted.values()) > 0
+    assert set(accepted) == {str(r.request_id) for r in w.requests}
+
+    cost = CostModel(load_model_spec("tiny"), load_gpu("h200"), speculative=True,
+                     num_speculative_tokens=o.num_speculative_tokens, block_size=64)  # fmt: skip
+    shapes = {}
+    for mode, record in (("replay", accepted), ("rate", None)):
+        cfg = replace(llm.config, speculative=replace(llm.config.speculative, acceptance_rate=0.3))
+        rec = _Recording(cost)
+        Simulator(cfg, cost=rec, seed=0, vocab_size=512, accepted=record).run(  # type: ignore[arg-type]
+            w.requests, concurrency=8
+        )
+        shapes[mode] = _shape(rec.works)
+    assert shapes["replay"] == _shape([s.work for s in steps])
+    assert shapes["rate"] != shapes["replay"]
+    # the validation's own entry point passes the record through
+    got = simulate(llm.config, w, cost, 8, 0, accepted)
+    assert got["requests"] == w.size

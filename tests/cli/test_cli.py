@@ -642,3 +642,27 @@ def test_explain_backend_vllm_says_plainly_when_vllm_is_missing(
         main(["explain", *WORKED, "--backend", "vllm"])
     with pytest.raises(SystemExit, match="--policy applies to --backend hycache only"):
         main(["explain", *WORKED, "--backend", "vllm", "--policy", "limit"])
+
+
+def test_validate_flags_reach_its_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`bench --validate` steps the policies in turn unless `--no-interleave`; the other
+    validation flags land in `ValidateOptions` too."""
+    import hycache.bench.validate
+
+    seen: list[object] = []
+
+    def record(opts: object, progress: object, recalibrate: object = None) -> dict[str, object]:
+        seen.append(opts)
+        raise SystemExit(0)  # the options are what this test is about
+
+    monkeypatch.setattr(hycache.bench.validate, "validate", record)
+    profile = str(tmp_path / "p.json")
+    for extra, interleave in (([], True), (["--no-interleave", "--acceptance", "rate"], False)):
+        with pytest.raises(SystemExit):
+            main(["bench", "--validate", profile, "--engine-repeats", "4", "--round-every",
+                  "2", "--no-cross-fit", *extra])  # fmt: skip
+        opts = seen[-1]
+        assert opts.interleave is interleave  # type: ignore[attr-defined]
+        assert opts.repeats == 4 and opts.round_every == 2  # type: ignore[attr-defined]
+        assert opts.cross_fit is False  # type: ignore[attr-defined]
+        assert opts.acceptance == ("replay" if interleave else "rate")  # type: ignore[attr-defined]

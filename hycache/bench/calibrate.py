@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from hycache.sim.costmodel import StepWork
@@ -460,27 +461,54 @@ def _copies(o: CalibrateOptions, counts: Sequence[int], states: bool) -> list[Sa
     return out
 
 
-def measure_grid(
+def _probes(
+    o: CalibrateOptions, grid: Grid, accepted: dict[int, list[int]] | None = None
+) -> list[tuple[str, Callable[[], list[Sample]]]]:
+    """Every shape of `grid` as (what it is, how to measure it), in the grid's order; the
+    grid's prompts come from one generator seeded with `o.seed` (`accepted`: see
+    `_decode`)."""
+    rng = random.Random(o.seed)
+    tally = {} if accepted is None else accepted
+    out: list[tuple[str, Callable[[], list[Sample]]]] = [
+        (f"prefill chunks of {p.chunk} (k={p.k})", partial(_prefill, o, p, rng))
+        for p in grid.prefill
+    ]
+    out += [
+        (f"decode at {d.context} (k={d.k}, batches {d.batches})",
+         partial(_decode, o, d, rng, tally))
+        for d in grid.decode
+    ]  # fmt: skip
+    if grid.copies:
+        out.append(("block copies", partial(_copies, o, grid.copies, False)))
+    if grid.state_writes:
+        out.append(("state writes", partial(_copies, o, grid.state_writes, True)))
+    return out
+
+
+def measure_grids(
     o: CalibrateOptions,
-    grid: Grid,
+    fit_grid: Grid,
+    held_grid: Grid,
     progress: Progress,
     accepted: dict[int, list[int]] | None = None,
-) -> list[Sample]:
-    """Every shape of `grid`, in order (`accepted`: see `_decode`)."""
-    accepted = {} if accepted is None else accepted
-    rng = random.Random(o.seed)
-    out: list[Sample] = []
-    total = len(grid.prefill) + len(grid.decode) + 2
-    for i, p in enumerate(grid.prefill, 1):
-        progress(f"{i}/{total} prefill chunks of {p.chunk} (k={p.k})")
-        out.extend(_prefill(o, p, rng))
-    for i, d in enumerate(grid.decode, len(grid.prefill) + 1):
-        progress(f"{i}/{total} decode at {d.context} (k={d.k}, batches {d.batches})")
-        out.extend(_decode(o, d, rng, accepted))
-    progress(f"{total - 1}/{total} block copies")
-    out.extend(_copies(o, grid.copies, states=False))
-    progress(f"{total}/{total} state writes")
-    out.extend(_copies(o, grid.state_writes, states=True))
+) -> tuple[list[Sample], list[Sample]]:
+    """Both grids' shapes, the held-out ones spread evenly among the fitted ones (so a
+    machine whose speed drifts over the minutes a round takes drifts under both alike; one
+    after the other, the held-out block came last and ran up to 30% slower than the fitted
+    shapes around it had); (fitted samples, held-out samples). `accepted` counts the fitted
+    grid's drafts."""
+    fit, held = _probes(o, fit_grid, accepted), _probes(o, held_grid)
+    # merge by relative position: fitted shape i at (i + 0.5) / n, held-out j at (j + 0.5) / m
+    order = sorted(
+        [((i + 0.5) / len(fit), 0, i) for i in range(len(fit))]
+        + [((j + 0.5) / len(held), 1, j) for j in range(len(held))]
+    )
+    out: tuple[list[Sample], list[Sample]] = ([], [])
+    for _, which, i in order:
+        label, run = (fit, held)[which][i]
+        part = ("fitted", "held out")[which]
+        progress(f"{part} {i + 1}/{len((fit, held)[which])}: {label}")
+        out[which].extend(run())
     return out
 
 
@@ -562,9 +590,7 @@ def measure(o: CalibrateOptions, progress: Progress) -> Measured:
         dtype = "bfloat16" if o.device != "cpu" else "float32"
         gpu = measure_device(o.threads, o.device, dtype, o.clock)
         accepted: dict[int, list[int]] = {}
-        fitted = measure_grid(o, fit_grid, progress, accepted)
-        progress("held-out shapes")
-        held = measure_grid(o, held_grid, progress)
+        fitted, held = measure_grids(o, fit_grid, held_grid, progress, accepted)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     cond = Conditions(
         device=o.device,

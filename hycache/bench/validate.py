@@ -3,9 +3,13 @@
 The same workloads, at the CPU engine's scale, run on the real engine (`tiny` + a random
 EAGLE drafter) and in the simulator (hycache's scheduler and cache with the dry-run executor,
 its clock the cost model of a calibrated device profile, `hycache calibrate`), `lookahead`
-and `limit`, in one run. The simulator gets the engine's own cache config (block size, unit,
-the pools the engine sized, the scheduler budget) and the drafter acceptance the profile
-measured; nothing it is given comes from the run it predicts.
+and `limit`, in one run; each repeat steps both policies' engines in turn, each on its own
+clock (`hycache.bench.closed_loop`). The simulator gets the engine's own cache config (block
+size, unit, the pools the engine sized, the scheduler budget) and, by default, the drafts
+each engine run accepted, replayed step by step (which steps accepted a draft, never a time;
+its schedule is then the engine's, step for step); beside that prediction, one drawing
+drafts at the acceptance rate the profile measured (`at_rate`). No time it is given comes
+from the run it predicts.
 
 Workloads (vocabulary 512, the tiny model's), each closed loop at concurrency 8:
 

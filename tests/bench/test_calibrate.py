@@ -347,7 +347,17 @@ def test_a_tiny_calibrate_run_produces_residuals() -> None:
     from hycache.bench.calibrate import calibrate
 
     opts = _tiny_calibration()
-    doc = calibrate(opts, lambda _msg: None, command="test")
+    messages: list[str] = []
+    doc = calibrate(opts, messages.append, command="test")
+    # the held-out shape is measured in the middle of the fitted ones, not after them all
+    probes = [m for m in messages if m.startswith(("fitted ", "held out "))]
+    assert probes == [
+        "fitted 1/4: prefill chunks of 64 (k=2)",
+        "fitted 2/4: decode at 64 (k=2, batches (1, 2))",
+        "held out 1/1: prefill chunks of 128 (k=2)",
+        "fitted 3/4: block copies",
+        "fitted 4/4: state writes",
+    ]
     shapes = {r["shape"] for r in doc["residuals"]}
     assert {"prefill n=64 c=0 k=2", "prefill n=64 c=64 k=2", "decode b=1 c=64 k=2"} <= shapes
     assert any(s.startswith("mixed b=1") for s in shapes)

@@ -125,16 +125,17 @@ class ClosedLoop:
             work = step_work(self.llm.last_schedule, self.llm.config.cache.block_size)
             self.steps.append(EngineStep(work, after[self._i] - before[self._i]))
         for e in events:
-            if e.new_token_ids:
-                before = self._produced.get(e.request_id, 0)
-                self._accepted.setdefault(e.request_id, {})[before] = len(e.new_token_ids) - 1
-                self._produced[e.request_id] = before + len(e.new_token_ids)
-            if e.new_token_ids and e.request_id not in self._first:
-                self._first[e.request_id] = after
-                self._span[e.request_id] = (self._span[e.request_id][0], self._step)
+            rid, new = e.request_id, len(e.new_token_ids)
+            if new:
+                produced = self._produced.get(rid, 0)
+                self._accepted.setdefault(rid, {})[produced] = new - 1
+                self._produced[rid] = produced + new
+                if rid not in self._first:
+                    self._first[rid] = after
+                    self._span[rid] = (self._span[rid][0], self._step)
             if e.output is not None:
                 self._outputs.append(e.output)
-                nxt = _next_turn(self._items[e.request_id], list(e.output.token_ids))
+                nxt = _next_turn(self._items[rid], list(e.output.token_ids))
                 if nxt is not None:
                     self._pending.append(nxt)
         self._step += 1
@@ -172,19 +173,9 @@ class ClosedLoop:
         }
 
 
-def run_engine(
-    llm: Any, w: Workload, concurrency: int, clock: str, steps: list[EngineStep] | None = None
-) -> dict[str, Any]:
-    """`w` closed loop on `llm`, alone; its metrics (`ClosedLoop`)."""
-    loop = ClosedLoop(llm, w, concurrency, clock, steps)
-    while not loop.done:
-        loop.advance()
-    return loop.metrics()
-
-
 def run_interleaved(loops: Sequence[ClosedLoop]) -> list[dict[str, Any]]:
     """The loops stepped in turn (one iteration each, in the given order, until all are
-    done); each one's metrics on its own clock."""
+    done; one loop: alone); each one's metrics on its own clock."""
     while not all(loop.done for loop in loops):
         for loop in loops:
             if not loop.done:

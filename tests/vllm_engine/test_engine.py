@@ -104,3 +104,34 @@ def test_concurrent_batch_with_chunked_prefill(engines: dict[str, Any]) -> None:
     prompts = [shared + _tokens(rng, rng.randint(10, 200)) for _ in range(6)]
     results = {arm: _generate(engines[arm], prompts) for arm in ARMS}
     _same_tokens(results)
+
+
+def _with_abort(llm: Any, prompts: list[list[int]]) -> list[list[int]]:
+    """prompts[0] is aborted after its first step (mid-prefill); the others run beside it."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"abort{i}", {"prompt_token_ids": p}, sp)
+    engine.step()
+    engine.abort_request(["abort0"])
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = list(o.outputs[0].token_ids)
+    assert "abort0" not in done or len(done["abort0"]) < MAX_TOKENS
+    return [done[f"abort{i}"] for i in range(1, len(prompts))]
+
+
+def test_abort_leaves_the_others_identical(engines: dict[str, Any]) -> None:
+    rng = random.Random(5)
+    shared = _tokens(rng, 500)
+    prompts = [shared + _tokens(rng, 30) for _ in range(4)]
+    results = {arm: _with_abort(engines[arm], prompts) for arm in ARMS}
+    assert results["cache"] == results["nocache"] == results["hycache"]
+    # after the abort, the cache still serves the family
+    after = {arm: _generate(engines[arm], [shared + _tokens(random.Random(6), 30)]) for arm in ARMS}
+    assert after["cache"][0][1] == after["nocache"][0][1] == after["hycache"][0][1]
+    assert after["cache"][0][0] > 0

@@ -29,7 +29,7 @@ class Policy(StrEnum):
 
 POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in Policy)
 # the CPU engine benchmark's request shapes (`hycache.bench.suite.EngineBench.shape`)
-ENGINE_SHAPES: tuple[str, ...] = ("system", "family")
+ENGINE_SHAPES: tuple[str, ...] = ("system", "family", "none")
 
 
 def parse_policy(value: str | Policy) -> Policy:

@@ -43,7 +43,9 @@ from hycache.sim.compare import (
     DEFAULT_ARMS,
     HEADLINE,
     HEADLINE_SPLIT,
+    NO_CACHING,
     Workload,
+    caching_overhead,
     compare_policies,
     headline,
     policies_json,
@@ -57,6 +59,11 @@ from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape
 Progress = Callable[[str], None]
 
 ENGINE_ARMS: tuple[str, ...] = (BASELINE, HEADLINE, HEADLINE_SPLIT)
+
+
+def engine_arms(shape: str) -> tuple[str, ...]:
+    """The engine part's arms; with nothing shared, `no-caching` beside them."""
+    return (*ENGINE_ARMS, NO_CACHING) if shape == "none" else ENGINE_ARMS
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,10 @@ class EngineBench:
     eviction: str = "lru"
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     internal_checkpoints: bool = True  # for every arm but the `-split` ones
+    prefix_caching: bool = True  # False: every arm with prefix caching off
     # "system": every request is the shared prefix + its own suffix; "family": `families`
-    # prefixes of random lengths in [block_size, shared_prefix_tokens], requests interleaved
+    # prefixes of random lengths in [block_size, shared_prefix_tokens], requests interleaved;
+    # "none": nothing shared (each prompt shared_prefix_tokens + suffix_tokens random tokens)
     shape: str = "system"
     families: int = 3
 
@@ -98,6 +107,9 @@ class EngineBench:
     def prompts(self) -> list[list[int]]:
         """The requests' prompts, in arrival order (the same for every arm and repeat)."""
         rng = random.Random(self.seed)
+        if self.shape == "none":
+            n = self.shared_prefix_tokens + self.suffix_tokens
+            return [[rng.randrange(512) for _ in range(n)] for _ in range(self.num_requests)]
         if self.shape == "system":
             roots = [[rng.randrange(512) for _ in range(self.shared_prefix_tokens)]]
         else:
@@ -142,6 +154,7 @@ def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
         prefix_match_unit=b.prefix_match_unit,
         max_model_len=b.shared_prefix_tokens + b.suffix_tokens + b.output_tokens + 16,
         policy=arm.policy.value,
+        enable_prefix_caching=arm.caching and b.prefix_caching,
         internal_checkpoints=b.internal_checkpoints if arm.internal is None else arm.internal,
         num_speculative_tokens=b.num_speculative_tokens,
         max_num_batched_tokens=b.max_num_batched_tokens,
@@ -262,6 +275,7 @@ def engine_bench(b: EngineBench, policies: Sequence[str], progress: Progress) ->
         "policies": results,
         "runs": {p: [r["output_tokens_per_s"] for r in runs[p]] for p in policies},
         "headline": headline(results),
+        **({"caching_overhead": o} if (o := caching_overhead(results)) else {}),
     }
 
 
@@ -283,6 +297,13 @@ class SimBench:
     system_prompt: SystemPromptShape = field(default_factory=SystemPromptShape)
     family: FamilyShape = field(default_factory=FamilyShape)
     chat: ChatShape = field(default_factory=ChatShape)
+    # nothing shared (random 1,024-token prompts, 1,024 out): what caching costs when no one
+    # reuses anything, `limit` beside `no-caching`
+    no_sharing: SystemPromptShape = field(
+        default_factory=lambda: SystemPromptShape(
+            num_requests=256, shared_prefix_tokens=0, suffix_tokens=1_024, output_tokens=1_024
+        )
+    )
     trace_requests: int = 1_000
     trace_load: float = DEFAULT_LOAD
     curve_output_tokens: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)
@@ -292,6 +313,7 @@ class SimBench:
     eviction: str = "lru"
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     internal_checkpoints: bool = True  # for every arm but the `-split` ones
+    prefix_caching: bool = True  # False: every arm with prefix caching off
 
 
 def sim_cost(s: SimBench, pool_layout: PoolLayout = "shared") -> CostModel:
@@ -317,6 +339,7 @@ def sim_geometry(s: SimBench) -> SimGeometry:
         eviction=s.eviction,
         eviction_alpha=s.eviction_alpha,
         internal_checkpoints=s.internal_checkpoints,
+        prefix_caching=s.prefix_caching,
     )
 
 
@@ -334,6 +357,8 @@ def workload_spec(s: SimBench, name: str) -> WorkloadSpec:
     if name == "trace":
         records = generate_mooncake_like(num_requests=s.trace_requests, seed=s.seed)
         return WorkloadSpec(name, trace=TraceSource(records=records), seed=s.seed)
+    if name == NO_SHARING:
+        return WorkloadSpec("system-prompt", s.no_sharing, seed=s.seed, concurrency=s.concurrency)
     shapes = {"system-prompt": s.system_prompt, "family": s.family, "multi-turn": s.chat}
     if name not in shapes:
         raise ValueError(f"unknown bench workload {name!r}")
@@ -342,7 +367,9 @@ def workload_spec(s: SimBench, name: str) -> WorkloadSpec:
 
 def bench_workload(s: SimBench, name: str) -> Workload:
     """A bench workload (`hycache.sim.build.build_workload` of `workload_spec`)."""
-    return build_workload(workload_spec(s, name))
+    w = build_workload(workload_spec(s, name))
+    w.name = name
+    return w
 
 
 @dataclass(frozen=True)
@@ -400,11 +427,19 @@ def _inputs(s: SimBench, w: dict[str, Any], **extra: Any) -> dict[str, Any]:
     }
 
 
-TABLES: tuple[str, ...] = ("system-prompt", "family", "multi-turn", "trace")
+NO_SHARING = "no-sharing"
+TABLES: tuple[str, ...] = ("system-prompt", "family", "multi-turn", "trace", NO_SHARING)
+
+
+def table_arms(s: SimBench, name: str) -> tuple[str, ...]:
+    """The arms of one table: every bench arm; with nothing shared, `no-caching` beside them."""
+    if name == NO_SHARING and NO_CACHING not in s.arms:
+        return (*s.arms, NO_CACHING)
+    return s.arms
 
 
 def table_jobs(s: SimBench) -> list[SimJob]:
-    return [SimJob(s, name, s.arms, f"table · {name}") for name in TABLES]
+    return [SimJob(s, name, table_arms(s, name), f"table · {name}") for name in TABLES]
 
 
 def curve_jobs(s: SimBench) -> list[tuple[str, str, int, SimJob]]:
@@ -468,7 +503,8 @@ def simulated_bench(
     tables = table_jobs(s)
     points = curve_jobs(s) if curves else []
     # the trace (capacity, then five arms) is the longest job: start it first
-    jobs = [tables[-1], *tables[:-1], *(job for *_, job in points)]
+    first = [j for j in tables if j.workload == "trace"]
+    jobs = [*first, *(j for j in tables if j not in first), *(job for *_, job in points)]
     results = _run_all(jobs, workers, progress)
     by_job = dict(zip((id(j) for j in jobs), results, strict=True))
     simulated: dict[str, Any] = {}
@@ -480,12 +516,15 @@ def simulated_bench(
             "family": asdict(s.family),
             "multi-turn": asdict(s.chat),
             "trace": {"generator": "mooncake-like", "num_requests": s.trace_requests},
+            NO_SHARING: asdict(s.no_sharing),
         }[job.workload]
         simulated[job.workload] = {
             "inputs": _inputs(s, w, shape=shape, **r["extra"]),
             "policies": pol,
             "headline": headline(pol),
         }
+        if (overhead := caching_overhead(pol)) is not None:
+            simulated[job.workload]["caching_overhead"] = overhead
     if not curves:
         return simulated, None
     out: dict[str, Any] = {"output_tokens": {}, "concurrency": {}}
@@ -527,7 +566,7 @@ def bench(
     doc: dict[str, Any] = {}
     t0 = time.perf_counter()
     if engine is not None:
-        doc["engine"] = engine_bench(engine, ENGINE_ARMS, progress)
+        doc["engine"] = engine_bench(engine, engine_arms(engine.shape), progress)
         doc["engine"]["inputs"]["wall_s"] = time.perf_counter() - t0
     if sim is not None:
         t1 = time.perf_counter()

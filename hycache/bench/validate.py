@@ -181,6 +181,7 @@ def _engine(
         max_model_len=max_len,
         policy=a.policy.value,
         internal_checkpoints=a.internal is not False,
+        enable_prefix_caching=a.caching,
         num_speculative_tokens=o.num_speculative_tokens,
         max_num_batched_tokens=o.max_num_batched_tokens,
         max_num_seqs=o.concurrency,
@@ -511,7 +512,7 @@ def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
     """What the simulator with `profile` predicts for `hycache bench`'s CPU engine arm
     (`hycache.bench.suite.EngineBench`, the same prompts), per policy; the acceptance rate is the
     profile's measurement."""
-    from hycache.bench.suite import ENGINE_ARMS
+    from hycache.bench.suite import engine_arms
 
     requests = [
         RequestSpec(i, np.array(p), bench.output_tokens, None)
@@ -533,7 +534,7 @@ def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
     accept = profile_acceptance(gpu, k)
     max_len = bench.shared_prefix_tokens + bench.suffix_tokens + bench.output_tokens + 16
     out = {}
-    for p in ENGINE_ARMS:
+    for p in engine_arms(bench.shape):
         cfg = _engine(o, p, max_len, bench.num_blocks).config
         cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
         out[p] = simulate(cfg, w, cost, o.concurrency, o.seed)

@@ -155,6 +155,12 @@ FLAGS: dict[str, dict[str, Any]] = {
         "prefill chunk at each (as vLLM 0.33 does for Mamba2); --no-internal-checkpoints: a "
         "Mamba layer that cannot export",
     },
+    "--no-prefix-caching": {
+        "action": "store_true",
+        "default": False,
+        "help": "prefix caching off: nothing is kept for reuse and nothing hits (the control "
+        "that prices caching)",
+    },
     "--prefix-hint": {
         "type": int,
         "action": "append",
@@ -212,6 +218,7 @@ def add_cache_flags(p: argparse.ArgumentParser, *, block_size: int = 4416, unit:
     g.add_argument("--hash-seed", type=int, default=0)
     add_eviction_flags(g)
     add_flag(g, "--internal-checkpoints")
+    add_flag(g, "--no-prefix-caching")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -225,7 +232,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", default="limit", choices=POLICY_NAMES)
     add_flag(g, "--num-speculative-tokens", 0)
     g.add_argument("--draft-model", default=None, help="EAGLE head safetensors (else random)")
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    add_flag(g, "--no-prefix-caching")
     g.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     add_flag(g, "--max-num-seqs")
     add_flag(g, "--max-num-batched-tokens")
@@ -508,6 +515,7 @@ class CacheArgs:
             eviction=args.eviction,
             eviction_alpha=args.eviction_alpha,
             internal_checkpoints=args.internal_checkpoints,
+            prefix_caching=not args.no_prefix_caching,
         )
         return cls(geometry, args.eagle, args.num_speculative_tokens, args.num_blocks)
 

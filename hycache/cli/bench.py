@@ -49,6 +49,7 @@ def quick_bench(engine: Any, sim: Any) -> tuple[Any, Any]:
             system_prompt=replace(sim.system_prompt, num_requests=12),
             family=replace(sim.family, families=3),
             chat=replace(sim.chat, sessions=6, turns=(2, 3)),
+            no_sharing=replace(sim.no_sharing, num_requests=12, output_tokens=64),
             trace_requests=40,
             curve_output_tokens=(64, 256),
             curve_concurrency=(1, 8),
@@ -118,6 +119,7 @@ class BenchArgs:
             "eviction": args.eviction,
             "eviction_alpha": args.eviction_alpha,
             "internal_checkpoints": args.internal_checkpoints,
+            "prefix_caching": not args.no_prefix_caching,
         }
         engine = None if args.skip_engine else EngineBench(**ev)
         sim = None if args.skip_simulated else SimBench(**ev)
@@ -151,12 +153,23 @@ def engine_part(engine: Any, args: argparse.Namespace, store: StoreArgs) -> Any:
     return engine
 
 
+def print_overhead(part: dict[str, Any]) -> None:
+    """The price of caching on a stream that shares nothing, when the table has it."""
+    if (o := part.get("caching_overhead")) is not None:
+        console.print(
+            f"  caching when nothing is shared ({o['name']}): output tokens/s "
+            f"{o['output_tokens_per_s']:.3f}x, TTFT p50 {o['ttft_p50_s']:.3f}x"
+        )
+
+
 def print_engine(a: BenchArgs, doc: dict[str, Any]) -> None:
     """The engine part's table (and the calibrated profile's prediction beside it)."""
     e = doc["engine"]["inputs"]
     shared = f"{e['shared_prefix_tokens']:,} shared"
     if e.get("shape") == "family":
         shared = f"{e['families']} families sharing up to {e['shared_prefix_tokens']:,}"
+    elif e.get("shape") == "none":
+        shared = f"nothing shared: {e['shared_prefix_tokens']:,}"
     title = (
         f"CPU engine, tiny + EAGLE (k={e['num_speculative_tokens']}): "
         f"{e['num_requests']} requests, {shared} + "
@@ -166,6 +179,7 @@ def print_engine(a: BenchArgs, doc: dict[str, Any]) -> None:
     if e.get("kv_store"):
         title += f"; second tier {e['kv_store']} ({e['kv_store_gb']:g} GiB per arm)"
     console.print(policy_table(title, doc["engine"]["policies"]))
+    print_overhead(doc["engine"])
     if a.engine_profile:
         from hycache.bench.validate import predict_engine_bench
         from hycache.cli.tables import engine_prediction_table
@@ -193,6 +207,7 @@ def print_simulated(doc: dict[str, Any]) -> None:
         else:
             title += f", concurrency {i['concurrency']}"
         console.print(policy_table(title, part["policies"]))
+        print_overhead(part)
     if "curves" in doc:
         console.print(curves_table(doc["curves"]))
 
@@ -263,6 +278,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g = p.add_argument_group("eviction")
     add_eviction_flags(g)  # every arm of the tables, engine and simulated
     add_flag(g, "--internal-checkpoints")  # every arm but the `-split` ones, which turn them off
+    add_flag(g, "--no-prefix-caching")  # every arm: the whole bench with caching off
     g.add_argument(
         "--eviction-curves",
         action="store_true",

@@ -182,6 +182,7 @@ class SimGeometry:
     eviction: str = "lru"
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     internal_checkpoints: bool = True
+    prefix_caching: bool = True  # False: `--no-prefix-caching`
 
 
 def build_config(
@@ -207,6 +208,7 @@ def build_config(
             eviction=g.eviction,
             eviction_alpha=g.eviction_alpha,
             internal_checkpoints=g.internal_checkpoints,
+            enable_prefix_caching=g.prefix_caching,
         ),
         SpeculativeConfig(
             num_speculative_tokens=g.num_speculative_tokens, acceptance_rate=g.acceptance_rate

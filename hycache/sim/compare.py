@@ -6,7 +6,8 @@ This owns the comparison:
   `lookahead`, `limit`), the same with checkpoints made by splitting the prefill instead of
   writing them inside the forward (`limit-split`, ...: `--no-internal-checkpoints`), or
   `eagle-off` (`replay` with no drafter at all: no speculative decoding, no EAGLE drop, a cost
-  model without drafter passes, weights or KV);
+  model without drafter passes, weights or KV), or `no-caching` (prefix caching off, the
+  drafter on: the control that prices caching when nothing is shared);
 * one `Simulator` run per arm (same workload, same seed, same GPU and model), in
   `compare_policies`, the one function that runs arms side by side;
 * the summary per arm, the ratios to the baseline `lookahead` (vLLM 0.33's default EAGLE
@@ -27,6 +28,7 @@ from hycache.sim.tier import TierConfig
 from hycache.sim.workloads import RequestSpec, SessionSpec
 
 EAGLE_OFF = "eagle-off"
+NO_CACHING = "no-caching"  # prefix caching off (`--no-prefix-caching`), the drafter on
 BASELINE = "lookahead"  # vLLM 0.33's default EAGLE setup: the arm to beat
 HEADLINE = "limit"  # hycache's own policy; the headline ratio is HEADLINE / BASELINE
 SPLIT = "-split"  # suffix: the policy without internal checkpoints (it splits at each)
@@ -85,18 +87,21 @@ STORE_KEYS = (
 @dataclass(frozen=True)
 class Arm:
     """One column of a comparison: a checkpoint policy, with or without the drafter;
-    `internal`: checkpoints written inside the forward (None: as the config says)."""
+    `internal`: checkpoints written inside the forward (None: as the config says);
+    `caching`: False for the arm that runs with prefix caching off."""
 
     name: str
     policy: Policy
     drafter: bool
     internal: bool | None = None
+    caching: bool = True
 
 
 ARMS: dict[str, Arm] = {
     EAGLE_OFF: Arm(EAGLE_OFF, Policy.REPLAY, drafter=False),
     **{p: Arm(p, Policy(p), drafter=True) for p in POLICY_NAMES},
     **{p + SPLIT: Arm(p + SPLIT, Policy(p), drafter=True, internal=False) for p in POLICY_NAMES},
+    NO_CACHING: Arm(NO_CACHING, Policy.LIMIT, drafter=True, caching=False),
 }
 ARM_NAMES: tuple[str, ...] = tuple(ARMS)
 
@@ -117,11 +122,16 @@ def parse_arms(value: str | Sequence[str]) -> tuple[str, ...]:
 
 def arm_config(config: HycacheConfig, arm: Arm) -> HycacheConfig:
     """`config` with the arm's policy (and checkpoint writing, for a `-split` arm); `eagle-off`
-    also drops the drafter (k = 0)."""
+    also drops the drafter (k = 0), `no-caching` turns prefix caching off."""
     internal = config.cache.internal_checkpoints if arm.internal is None else arm.internal
-    cfg = replace(
-        config, cache=replace(config.cache, policy=arm.policy, internal_checkpoints=internal)
+    caching = config.cache.enable_prefix_caching and arm.caching
+    cache = replace(
+        config.cache,
+        policy=arm.policy,
+        internal_checkpoints=internal,
+        enable_prefix_caching=caching,
     )
+    cfg = replace(config, cache=cache)
     if not arm.drafter:
         spec = replace(config.speculative, num_speculative_tokens=0, eagle_drop=None)
         cfg = replace(cfg, speculative=spec)
@@ -177,6 +187,18 @@ def headline(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None
         "extra_ssm_pages_stored": h.get("ssm_pages_stored", 0) - b.get("ssm_pages_stored", 0),
         "extra_ssm_snapshot_pages": h.get("ssm_snapshot_pages", 0) - b.get("ssm_snapshot_pages", 0),
         "extra_ssm_pages_peak": h.get("ssm_pages_peak", 0) - b.get("ssm_pages_peak", 0),
+    }
+
+
+def caching_overhead(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What caching costs against `no-caching` (`limit / no-caching`: output tokens/s and TTFT),
+    or None when either arm is missing; on a stream that shares nothing this is the price."""
+    if HEADLINE not in policies or NO_CACHING not in policies:
+        return None
+    return {
+        "name": f"{HEADLINE}/{NO_CACHING}",
+        **{k: ratio(policies, k, HEADLINE, NO_CACHING) for k in ("output_tokens_per_s",
+                                                                 "ttft_p50_s", "ttft_p95_s")},
     }
 
 

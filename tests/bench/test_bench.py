@@ -56,6 +56,7 @@ def toy() -> tuple[EngineBench, SimBench]:
         system_prompt=SystemPromptShape(24, 3000, 400, 16),
         family=FamilyShape(4, (3, 5), (300, 3000), (20, 200), (4, 16)),
         chat=ChatShape(4, (2, 3), 700, (20, 200), (4, 16)),
+        no_sharing=SystemPromptShape(12, 0, 300, 16),
         trace_requests=40,
         curve_output_tokens=(8, 32),
         curve_concurrency=(1, 4),
@@ -97,9 +98,10 @@ def test_engine_part_alternates_lookahead_and_limit(doc: dict[str, Any]) -> None
 
 def test_simulated_tables_have_every_arm(doc: dict[str, Any]) -> None:
     simd = doc["simulated"]
-    assert list(simd) == ["system-prompt", "family", "multi-turn", "trace"]
+    assert list(simd) == ["system-prompt", "family", "multi-turn", "trace", "no-sharing"]
     for name, part in simd.items():
-        assert list(part["policies"]) == list(DEFAULT_ARMS), name
+        extra = ["no-caching"] if name == "no-sharing" else []
+        assert list(part["policies"]) == [*DEFAULT_ARMS, *extra], name
         for metrics in part["policies"].values():
             assert set(metrics) >= SIM_KEYS
         h = part["headline"]
@@ -113,6 +115,16 @@ def test_simulated_tables_have_every_arm(doc: dict[str, Any]) -> None:
     assert simd["family"]["inputs"]["shape"]["families"] == 4
     chat = simd["multi-turn"]["policies"]
     assert chat["limit"]["ssm_snapshot_pages"] > 0 == chat["lookahead"]["ssm_snapshot_pages"]
+    # nothing shared: no arm hits, and the price of caching is reported beside the table
+    none = simd["no-sharing"]
+    assert all(m["hit_tokens"] == 0 for m in none["policies"].values())
+    assert none["policies"]["no-caching"]["ssm_pages_stored"] == 0
+    assert none["caching_overhead"]["output_tokens_per_s"] == pytest.approx(
+        none["policies"]["limit"]["output_tokens_per_s"]
+        / none["policies"]["no-caching"]["output_tokens_per_s"]
+    )
+    assert none["inputs"]["shape"]["shared_prefix_tokens"] == 0
+    assert "caching_overhead" not in simd["family"]
     trace = simd["trace"]["inputs"]
     load = trace["offered_load"]
     assert trace["open_loop"] and load["load"] == 0.75
@@ -185,3 +197,22 @@ def test_no_internal_checkpoints_reaches_every_arm_but_the_split_ones() -> None:
     assert not sim_config(off, w, sim_cost(off)).cache.internal_checkpoints
     assert sim_config(sim, w, sim_cost(sim)).cache.internal_checkpoints
     assert replace(engine, internal_checkpoints=False).prompts() == engine.prompts()
+
+
+def test_no_prefix_caching_turns_caching_off_in_every_arm() -> None:
+    """`hycache bench --no-prefix-caching`: every simulated arm runs with caching off (the
+    engine arms too: `EngineBench.prefix_caching`)."""
+    from dataclasses import replace
+
+    from hycache.bench.suite import bench_workload, sim_config, sim_cost
+    from hycache.cli.bench import BenchArgs
+    from hycache.cli.main import make_parser
+
+    args = make_parser().parse_args(["bench", "--no-prefix-caching", "--quick"])
+    a = BenchArgs.from_cli_args(args)
+    assert a.engine.prefix_caching is False and a.sim.prefix_caching is False
+    _, sim = toy()
+    off = replace(sim, prefix_caching=False)
+    w = bench_workload(off, "family")
+    assert not sim_config(off, w, sim_cost(off)).cache.enable_prefix_caching
+    assert sim_config(sim, w, sim_cost(sim)).cache.enable_prefix_caching

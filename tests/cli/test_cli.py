@@ -666,3 +666,19 @@ def test_validate_flags_reach_its_options(monkeypatch: pytest.MonkeyPatch, tmp_p
         assert opts.repeats == 4 and opts.round_every == 2  # type: ignore[attr-defined]
         assert opts.cross_fit is False  # type: ignore[attr-defined]
         assert opts.acceptance == ("replay" if interleave else "rate")  # type: ignore[attr-defined]
+
+
+def test_simulate_no_prefix_caching_hits_nothing(tmp_path: Path) -> None:
+    """`--no-prefix-caching`: the same siblings that hit under `limit` hit nothing, in every arm."""
+    out = tmp_path / "nc.json"
+    base = ["simulate", "--workload", "system-prompt", "--num-requests", "6",
+            "--shared-prefix-tokens", "600", "--suffix-tokens", "40", "--output-tokens", "4",
+            "--block-size", "64", "--prefix-match-unit", "8", "--model", "tiny", "--gpu", "h100",
+            "--compare", "lookahead,limit", "--quiet", "--json"]  # fmt: skip
+    assert main([*base, str(out)]) == 0
+    on = json.loads(out.read_text())["policies"]
+    assert on["limit"]["hit_tokens"] > 0
+    assert main([*base, str(out), "--no-prefix-caching"]) == 0
+    off = json.loads(out.read_text())["policies"]
+    assert off["limit"]["hit_tokens"] == off["lookahead"]["hit_tokens"] == 0
+    assert off["limit"]["ssm_pages_stored"] == 0

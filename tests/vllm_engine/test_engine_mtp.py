@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,55 @@ def _llm(model: Path, arm: str) -> Any:
     )
 
 
+COPIES = {"precopy": 0, "postprocess": 0}  # state blocks the fix-3 stand-ins moved
+
+
+@contextmanager
+def _count_copies() -> Iterator[None]:
+    """Count the block copies each fix-3 stand-in makes while the module runs."""
+    from vllm.v1.worker import mamba_utils
+
+    from hycache.vllm import cpu_fixes
+
+    kernels = {
+        "precopy": mamba_utils.precopy_mamba_align_fused_kernel,
+        "postprocess": mamba_utils.postprocess_mamba_fused_kernel,
+    }
+    bodies = {k: v.body for k, v in kernels.items()}
+    copy_block = cpu_fixes._copy_state_block
+    current: list[str] = []
+
+    def counted(*a: Any, **k: Any) -> None:
+        COPIES[current[-1]] += 1
+        copy_block(*a, **k)
+
+    def wrap(kind: str) -> Any:
+        def body(*a: Any, **k: Any) -> None:
+            current.append(kind)
+            try:
+                bodies[kind](*a, **k)
+            finally:
+                current.pop()
+
+        return body
+
+    cpu_fixes._copy_state_block = counted
+    for kind, kernel in kernels.items():
+        kernel.body = wrap(kind)
+    try:
+        yield
+    finally:
+        cpu_fixes._copy_state_block = copy_block
+        for kind, kernel in kernels.items():
+            kernel.body = bodies[kind]
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     model = write(tmp_path_factory.mktemp("tiny-nemotron-h-mtp"), mtp=True)
-    yield {arm: _llm(model, arm) for arm in ARMS}
+    llms = {arm: _llm(model, arm) for arm in ARMS}  # the plugin's fixes are installed now
+    with _count_copies():
+        yield llms
 
 
 def _params(hint: int | None = None) -> Any:
@@ -189,3 +235,9 @@ def test_the_drafter_is_accepted_part_of_the_time(engines: dict[str, Any]) -> No
         drafted = counts["vllm:spec_decode_num_draft_tokens"]
         accepted = counts["vllm:spec_decode_num_accepted_tokens"]
         assert 0 < accepted < drafted, (arm, accepted, drafted)
+
+
+def test_the_align_copies_ran(engines: dict[str, Any]) -> None:
+    """The runs above moved states across block boundaries before forwards and saved
+    accepted states after them, through fix 3's stand-ins (then matched greedy decoding)."""
+    assert COPIES["precopy"] > 0 and COPIES["postprocess"] > 0, COPIES

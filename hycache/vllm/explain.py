@@ -24,7 +24,7 @@ MAMBA_GROUP = 1  # the harness's KV cache groups: attention, then Mamba
 
 def mamba_checkpoints(ref: ReferenceScheduler) -> list[int]:
     """Positions of the Mamba states keyed in vLLM's block pool now."""
-    from vllm.v1.core.kv_cache_utils import get_group_id
+    from hycache.vllm.compat import get_group_id
 
     pool = ref.scheduler.kv_cache_manager.block_pool
     return sorted(

@@ -1,4 +1,5 @@
-"""vLLM 0.33's real scheduler, driven on a sharing scenario: the reference hycache is held to.
+"""vLLM's real scheduler (0.33 or 0.34), driven on a sharing scenario: the reference hycache is
+held to.
 
 No model runs. vLLM's own `Scheduler` (its `KVCacheManager`, hybrid coordinator, Mamba manager
 and chunk split) schedules the requests; a scripted model-runner output samples each request's
@@ -12,7 +13,7 @@ lookahead count), so a hit here is a hit the engine gives.
 
 Two Mamba specs (`exporting`):
 
-    True   vLLM 0.33's `MambaMixer2.get_kv_cache_spec` (every Mamba2 model: Nemotron-H,
+    True   vLLM's `MambaMixer2.get_kv_cache_spec` (every Mamba2 model: Nemotron-H,
            Granite-4.0-H, Bamba): one checkpoint per forward exported from inside the pass
            (`num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1`).
     False  a Mamba layer that cannot export: the scheduler splits prefill at its checkpoints.
@@ -237,8 +238,10 @@ class ReferenceScheduler:
     def run(self, request_id: str, turn: Turn) -> RequestTrace:
         """Add one request and step the scheduler until nothing is left."""
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+        from vllm.v1.outputs import DraftTokenIds
         from vllm.v1.request import Request
+
+        from hycache.vllm.compat import model_runner_output
 
         extra = {"prefix_hints": list(turn.prefix_hints)} if turn.prefix_hints else None
         sp = SamplingParams(max_tokens=max(len(turn.answer), 1), ignore_eos=True, extra_args=extra)
@@ -266,10 +269,7 @@ class ReferenceScheduler:
             prefilling = req.num_computed_tokens - len(drafts) < req.num_tokens
             sampled = [] if prefilling else verify(answer, req.num_output_tokens, drafts)
             trace.output.extend(sampled)
-            mro = ModelRunnerOutput(
-                req_ids=[request_id], req_id_to_index={request_id: 0}, sampled_token_ids=[sampled]
-            )
-            s.update_from_output(out, mro)
+            s.update_from_output(out, model_runner_output([request_id], [sampled]))
             if sampled and accept and not req.is_finished():
                 good = accept[self._proposals % len(accept)]
                 self._proposals += 1

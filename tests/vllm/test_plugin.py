@@ -241,8 +241,9 @@ def drive_concurrently(
     """All turns at once in a pool too small for them (vLLM preempts), `abort` aborted
     mid-prefill; each step samples one token per request that finished its prompt."""
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
+
+    from hycache.vllm.compat import model_runner_output
 
     s = ref.scheduler
     reqs = [
@@ -268,9 +269,7 @@ def drive_concurrently(
         out = s.schedule()
         ids = list(out.num_scheduled_tokens)
         sampled = [[] if by_id[i].num_computed_tokens < by_id[i].num_tokens else [7] for i in ids]
-        index = {i: n for n, i in enumerate(ids)}
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=sampled)
-        s.update_from_output(out, mro)
+        s.update_from_output(out, model_runner_output(ids, sampled))
         if step == 3:
             s.finish_requests(abort, RequestStatus.FINISHED_ABORTED)
     assert not s.has_requests()
@@ -281,7 +280,9 @@ def drive_concurrently(
 def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
     from vllm.v1.request import RequestStatus
 
-    from hycache.vllm.managers import UnitKeyedAttention
+    from hycache.vllm.managers import manager_classes
+
+    unit_keyed, _ = manager_classes()
 
     ref = ReferenceScheduler(VllmSetup(64, 16, 256, num_blocks=24, scheduler_cls=cls))
     start = ref.num_free_blocks()
@@ -292,7 +293,7 @@ def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
     assert ref.num_free_blocks() == start
     for m in ref.scheduler.kv_cache_manager.coordinator.single_type_managers:
         assert not m.req_to_blocks
-        if isinstance(m, UnitKeyedAttention):
+        if isinstance(m, unit_keyed):
             assert not m._num_keyed_units
 
 

@@ -337,7 +337,9 @@ def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
     from tests.vllm.serve_command import readme_command
 
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(root)}
+    # the caller's PYTHONPATH after the root: `.vllm-0.34` when testing vLLM 0.34
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": path}
     proc = subprocess.run(
         [sys.executable, "-m", "tests.vllm.serve_command"],
         cwd=root,
@@ -358,3 +360,6 @@ def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
     assert got["num_hash_lookahead_tokens"] == 1  # vLLM's lookahead keys: the plugin is on
     assert got["hits_hint_0"] == [0, 0, 57_536, 57_536]
     assert got["hits_hint_57600"] == [0, 57_536, 57_536, 57_536]
+    import vllm
+
+    assert got["vllm"] == vllm.__version__  # the same vLLM as this process

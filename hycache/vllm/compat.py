@@ -276,6 +276,15 @@ def get_group_id(key: Any) -> int:
     return int(resolve(Internal(UTILS, "get_group_id"))(key))
 
 
+def has_cache_aware_admission() -> bool:
+    """Whether this vLLM's scheduler reorders its waiting queue by cached prefix (0.34)."""
+    try:
+        resolve(Internal(SCHED, "Scheduler._reorder_waiting_by_cached_prefix"))
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
 def model_runner_output(req_ids: list[str], sampled: list[list[int]]) -> Any:
     """vLLM's `ModelRunnerOutput` for one step: each request's sampled tokens, in `req_ids`'
     order (0.33 also takes the index map; 0.34 reads the order)."""

@@ -1,4 +1,5 @@
-"""`hycache.vllm.Scheduler` inside vLLM 0.33's real scheduler and KV cache manager.
+"""`hycache.vllm.Scheduler` inside vLLM's real scheduler and KV cache manager (0.33.0, or 0.34.0
+with `.vllm-0.34` first on `PYTHONPATH`: docs/vllm-plugin.md).
 
 Every run builds the scheduler as `vllm serve --scheduler-cls` does (`SchedulerConfig(
 scheduler_cls=...)`, then `get_scheduler_cls()`, in `hycache.vllm.reference`); stock is vLLM's

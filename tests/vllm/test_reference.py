@@ -1,4 +1,5 @@
-"""hycache against vLLM 0.33's real scheduler (`hycache.vllm.reference`).
+"""hycache against vLLM's real scheduler (`hycache.vllm.reference`; 0.33.0, or 0.34.0 with
+`.vllm-0.34` first on `PYTHONPATH`).
 
 `lookahead` is vLLM's default EAGLE/MTP setup: hit for hit, and chunk end for chunk end with a
 Mamba layer that cannot export its state from inside a forward. `replay` and `junction` never

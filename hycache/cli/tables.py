@@ -90,7 +90,9 @@ def explain_table(result: Mapping[str, Any]) -> Table:
     table.add_column("position")
     for name in policies:
         table.add_column(name, justify="right")
-    rows = [
+    # `--backend vllm` columns say which vLLM ran and whether the plugin was on
+    rows = [("scheduler", "scheduler")] if all("scheduler" in p for p in policies.values()) else []
+    rows += [
         ("replay boundary", "replay_boundary"),
         ("tail checkpoint", "tail_checkpoint"),
         ("producer checkpoints (observed)", "producer_checkpoints"),

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hycache.cache.coordinator import CacheHit
 from hycache.cache.manager import CacheManager, StepAllocation
 from hycache.config import HycacheConfig
 from hycache.request import CacheOutcome, Request, RequestStatus, SamplingParams, TokenLogprob
@@ -219,7 +220,7 @@ class Scheduler:
                 deferred.append(req)
                 continue
             start = hit.resume_point
-            req.junction_stops = self._extra_stops(req, hit.junction, start)
+            req.junction_stops = self._extra_stops(req, hit, start)
             req.num_computed_tokens = start
             end = self._chunk_end(req, start, budget, hit.junction)
             ahead = self._lookahead(req, end, [])
@@ -247,10 +248,15 @@ class Scheduler:
         self.cache.unstage()
         return budget
 
-    def _extra_stops(self, req: Request, junction: int, start: int) -> tuple[int, ...]:
-        """Stops (and checkpoints) for the observed junction and the request's prefix hints."""
+    def _extra_stops(self, req: Request, hit: CacheHit, start: int) -> tuple[int, ...]:
+        """Stops (and checkpoints) for the observed junction, the drop scheme's junction
+        (`limit` with internal checkpoints) and the request's prefix hints."""
         t = req.num_prompt_tokens
-        stops = self.bounds.junction_stops(junction, start, t)
+        stops = (
+            *self.bounds.junction_stops(hit.junction, start, t),
+            *self.bounds.drop_junction_stops(hit.attention_match, start, t),
+        )
+        stops = tuple(sorted(set(stops)))
         if req.prefix_hints and self.cache.config.enable_prefix_caching:
             stops = tuple(sorted({*stops, *self.bounds.hint_stops(req.prefix_hints, start, t)}))
         return stops

@@ -1,5 +1,6 @@
-"""hycache and vLLM: vLLM 0.33's real scheduler as the reference (`reference`), and hycache's
-`limit` policy as a vLLM scheduler class (`scheduler`): `--scheduler-cls hycache.vllm.Scheduler`.
+"""hycache and vLLM: vLLM's real scheduler (0.33 or 0.34) as the reference (`reference`), and
+hycache's `limit` policy as a vLLM scheduler class (`scheduler`): `--scheduler-cls
+hycache.vllm.Scheduler`. Every vLLM internal they use is named in `compat`, per release.
 
 `Scheduler` and `SyncScheduler` are imported on first use, so `import hycache` (and this
 package) never needs vllm.

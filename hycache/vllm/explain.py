@@ -1,10 +1,12 @@
-"""`hycache explain --backend vllm`: the `explain` table measured on vLLM 0.33's real scheduler.
+"""`hycache explain --backend vllm`: the `explain` table measured on vLLM's real scheduler
+(0.33 or 0.34, whichever is installed).
 
 Two columns: stock vLLM (its `Scheduler`) and `hycache.vllm.Scheduler`, each built as `vllm
 serve --scheduler-cls` builds it (`hycache.vllm.reference`), each running the same producer,
 three siblings and an identical resend as `hycache explain` does. The producer's Mamba
 checkpoints are read off vLLM's block pool after it finishes; each resume point is the hit
-vLLM's scheduler gave.
+vLLM's scheduler gave. The `scheduler` row says which vLLM ran, and whether the plugin was on
+or inert (and why: an unsupported release, a missing internal, the deployment).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
 from hycache.sim.explain import NUM_SIBLINGS, ExplainInputs
+from hycache.vllm import compat
 from hycache.vllm.reference import ReferenceScheduler, VllmSetup
 from hycache.vllm.scenario import Turn
 
@@ -24,14 +27,21 @@ MAMBA_GROUP = 1  # the harness's KV cache groups: attention, then Mamba
 
 def mamba_checkpoints(ref: ReferenceScheduler) -> list[int]:
     """Positions of the Mamba states keyed in vLLM's block pool now."""
-    from vllm.v1.core.kv_cache_utils import get_group_id
-
     pool = ref.scheduler.kv_cache_manager.block_pool
     return sorted(
         b.block_hash_num_tokens
         for b in pool.blocks
-        if b.block_hash is not None and get_group_id(b.block_hash) == MAMBA_GROUP
+        if b.block_hash is not None and compat.get_group_id(b.block_hash) == MAMBA_GROUP
     )
+
+
+def scheduler_status(ref: ReferenceScheduler) -> str:
+    """ "vLLM 0.34.0" for stock; the plugin adds "limit on" or "inert: <why>"."""
+    head = f"vLLM {compat.version()}"
+    if not hasattr(ref.scheduler, "hycache_inert_reason"):
+        return head
+    reason = ref.scheduler.hycache_inert_reason
+    return f"{head}, limit on" if reason is None else f"{head}, INERT: {reason}"
 
 
 def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[str, Any]:
@@ -65,6 +75,7 @@ def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[st
     resend = ref.run("resend", turn(producer_prompt))
     bounds = Boundaries(b, u, bool(k), Policy.LOOKAHEAD)
     return {
+        "scheduler": scheduler_status(ref),
         "replay_boundary": bounds.replay_boundary(t),
         "tail_checkpoint": bounds.tail_checkpoint(t),
         "producer_checkpoints": checkpoints,

@@ -1,8 +1,10 @@
-"""`limit`'s cache-side mechanisms inside vLLM 0.33's `KVCacheManager` (`hycache.vllm.Scheduler`).
+"""`limit`'s cache-side mechanisms inside vLLM's `KVCacheManager` (`hycache.vllm.Scheduler`).
 
 vLLM's scheduler builds its `KVCacheManager` inline, and its coordinator builds one manager per
 KV cache group. `install` re-classes the two managers of a hybrid model in place (their state is
-kept) as the subclasses below; the coordinator, block pool and lookup stay vLLM's own:
+kept) as the subclasses `manager_classes` builds over vLLM's own (taken from
+`hycache.vllm.compat` on first use, so this module imports without vLLM); the coordinator,
+block pool and lookup stay vLLM's own:
 
     FullAttentionManager ──▶ UnitKeyedAttention   keys on every unit of every block it caches
                                                   (the lookahead keys vLLM already computes),
@@ -25,12 +27,14 @@ the shorter ones as secondary keys: attention KV is append-only, so each still h
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
-from vllm.v1.request import Request
+from hycache.vllm import compat
+
+if TYPE_CHECKING:
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.request import Request
 
 STOPS_ATTR = "hycache_stops"  # set on each vLLM request by the scheduler
 
@@ -43,7 +47,7 @@ def stops_of(request: Request) -> tuple[int, ...]:
 def _key_unit(pool: BlockPool, request: Request, block: Any, pos: int, group: int) -> None:
     """Make `block` reachable from the unit key at `pos` without dropping its other keys."""
     unit_hash = request.block_hashes[pos // pool.hash_block_size - 1]
-    key = make_block_hash_with_group_id(unit_hash, group)
+    key = compat.make_block_hash_with_group_id(unit_hash, group)
     if block.block_hash == key or pool.cached_block_hash_to_block.contain(key, block.block_id):
         return
     if block.block_hash is None or (block.block_hash_num_tokens or 0) > pos:
@@ -56,95 +60,137 @@ def _key_unit(pool: BlockPool, request: Request, block: Any, pos: int, group: in
         pool._insert_block_hash(old, block, num_tokens=None)
 
 
-class UnitKeyedAttention(FullAttentionManager):
-    """vLLM's full-attention manager, plus a key on every unit of the tokens it caches."""
-
-    _num_keyed_units: dict[str, int]
-
-    def cache_blocks(
-        self,
-        request: Request,
-        num_tokens: int,
-        retention_interval: int | None = None,
-        *,
-        replay_boundaries: Sequence[int],
-    ) -> None:
-        rid = request.request_id
-        blocks_before = self.num_cached_block.get(rid, 0)
-        super().cache_blocks(
-            request,
-            num_tokens,
-            retention_interval=retention_interval,
-            replay_boundaries=replay_boundaries,
-        )
-        if not self.kv_cache_spec.prefix_cacheable or rid not in self.req_to_blocks:
-            return
-        u, b = self.block_pool.hash_block_size, self.block_size
-        hashed = min(num_tokens, len(request.block_hashes) * u) // u * u
-        blocks = self.req_to_blocks[rid]
-        keyed = self._num_keyed_units.get(rid)
-        if keyed is None:
-            # first call: units below the hit are keyed on the blocks the request hit
-            keyed = blocks_before * b // u
-        # a block promoted to full this call lost its unit keys (`cache_full_blocks`)
-        first = min(keyed * u, blocks_before * b)
-        for pos in range(first // u * u + u, hashed + 1, u):
-            if pos % b == 0:
-                continue
-            block = blocks[pos // b] if pos // b < len(blocks) else None
-            if block is not None and not block.is_null:
-                _key_unit(self.block_pool, request, block, pos, self.kv_cache_group_id)
-        self._num_keyed_units[rid] = max(keyed, hashed // u)
-
-    def pop_blocks_for_free(self, request_id: str) -> list[Any]:
-        self._num_keyed_units.pop(request_id, None)
-        return super().pop_blocks_for_free(request_id)
+def key_units(manager: Any, request: Request, num_tokens: int, blocks_before: int) -> None:
+    """After vLLM's attention manager cached `request`'s blocks up to `num_tokens` (it had
+    `blocks_before` cached): key every unit boundary not yet keyed that is not a block end."""
+    rid = request.request_id
+    if not manager.kv_cache_spec.prefix_cacheable or rid not in manager.req_to_blocks:
+        return
+    u, b = manager.block_pool.hash_block_size, manager.block_size
+    hashed = min(num_tokens, len(request.block_hashes) * u) // u * u
+    blocks = manager.req_to_blocks[rid]
+    keyed = manager._num_keyed_units.get(rid)
+    if keyed is None:
+        # first call: units below the hit are keyed on the blocks the request hit
+        keyed = blocks_before * b // u
+    # a block promoted to full this call lost its unit keys (`cache_full_blocks`)
+    first = min(keyed * u, blocks_before * b)
+    for pos in range(first // u * u + u, hashed + 1, u):
+        if pos % b == 0:
+            continue
+        block = blocks[pos // b] if pos // b < len(blocks) else None
+        if block is not None and not block.is_null:
+            _key_unit(manager.block_pool, request, block, pos, manager.kv_cache_group_id)
+    manager._num_keyed_units[rid] = max(keyed, hashed // u)
 
 
-class StopKeepingMamba(MambaManager):
-    """vLLM's Mamba manager (align mode), also keeping the states at the request's stops."""
+def block_grid_stops(request: Request, block_size: int) -> tuple[int, ...]:
+    """The request's stops on the block grid: more reachable boundaries for vLLM's sparse
+    retention mask."""
+    return tuple(s for s in stops_of(request) if s % block_size == 0)
 
-    def cache_blocks(
-        self,
-        request: Request,
-        num_tokens: int,
-        retention_interval: int | None = None,
-        *,
-        replay_boundaries: Sequence[int],
-    ) -> None:
-        # a block-grid stop is one more reachable boundary for vLLM's sparse retention mask
-        stops = tuple(s for s in stops_of(request) if s % self.block_size == 0)
-        super().cache_blocks(
-            request,
-            num_tokens,
-            retention_interval=retention_interval,
-            replay_boundaries=(*replay_boundaries, *stops),
-        )
 
-    def _cache_partial_tail_block(
-        self, request: Request, num_tokens: int, retention_interval: int | None
-    ) -> Any:
-        """A chunk that ended at a sub-block stop: key its state as vLLM keys a junction it
-        observed itself (`shared_prefix_checkpoint`), at that stop."""
-        if (
-            num_tokens % self.block_size == 0
-            or num_tokens not in stops_of(request)
-            or request.request_id in self._checkpoints
-        ):
-            return super()._cache_partial_tail_block(request, num_tokens, retention_interval)
-        saved = self.shared_prefix_checkpoint, request.shared_prefix_boundary
-        self.shared_prefix_checkpoint, request.shared_prefix_boundary = True, num_tokens
-        try:
-            return super()._cache_partial_tail_block(request, num_tokens, retention_interval)
-        finally:
-            self.shared_prefix_checkpoint, request.shared_prefix_boundary = saved
+def keys_a_sub_block_stop(manager: Any, request: Request, num_tokens: int) -> bool:
+    """Whether a chunk ending at `num_tokens` ended at one of the request's sub-block stops
+    (and vLLM exports no checkpoint of its own for the request this step)."""
+    return (
+        num_tokens % manager.block_size != 0
+        and num_tokens in stops_of(request)
+        and request.request_id not in manager._checkpoints
+    )
+
+
+@cache
+def manager_classes() -> tuple[type, type]:
+    """(UnitKeyedAttention, StopKeepingMamba): subclasses of the installed vLLM's
+    `FullAttentionManager` and `MambaManager`."""
+    attention, mamba = compat.manager_bases()
+
+    class UnitKeyedAttention(attention):  # type: ignore[misc,valid-type]
+        """vLLM's full-attention manager, plus a key on every unit of the tokens it caches."""
+
+        _num_keyed_units: dict[str, int]
+
+        def cache_blocks(
+            self,
+            request: Request,
+            num_tokens: int,
+            retention_interval: int | None = None,
+            *,
+            replay_boundaries: Sequence[int],
+        ) -> None:
+            blocks_before = self.num_cached_block.get(request.request_id, 0)
+            super().cache_blocks(
+                request,
+                num_tokens,
+                retention_interval=retention_interval,
+                replay_boundaries=replay_boundaries,
+            )
+            key_units(self, request, num_tokens, blocks_before)
+
+        def pop_blocks_for_free(self, request_id: str) -> list[Any]:
+            self._num_keyed_units.pop(request_id, None)
+            return super().pop_blocks_for_free(request_id)  # type: ignore[no-any-return]
+
+    class StopKeepingMamba(mamba):  # type: ignore[misc,valid-type]
+        """vLLM's Mamba manager (align mode), also keeping the states at the request's
+        stops."""
+
+        def cache_blocks(
+            self,
+            request: Request,
+            num_tokens: int,
+            retention_interval: int | None = None,
+            *,
+            replay_boundaries: Sequence[int],
+        ) -> None:
+            super().cache_blocks(
+                request,
+                num_tokens,
+                retention_interval=retention_interval,
+                replay_boundaries=(
+                    *replay_boundaries,
+                    *block_grid_stops(request, self.block_size),
+                ),
+            )
+
+        def _cache_partial_tail_block(
+            self, request: Request, num_tokens: int, retention_interval: int | None
+        ) -> Any:
+            """A chunk that ended at a sub-block stop: key its state as vLLM keys a junction
+            it observed itself (`shared_prefix_checkpoint`), at that stop."""
+            if not keys_a_sub_block_stop(self, request, num_tokens):
+                return super()._cache_partial_tail_block(request, num_tokens, retention_interval)
+            saved = self.shared_prefix_checkpoint, request.shared_prefix_boundary
+            self.shared_prefix_checkpoint, request.shared_prefix_boundary = True, num_tokens
+            try:
+                return super()._cache_partial_tail_block(request, num_tokens, retention_interval)
+            finally:
+                self.shared_prefix_checkpoint, request.shared_prefix_boundary = saved
+
+    for cls in (UnitKeyedAttention, StopKeepingMamba):
+        cls.__module__ = __name__
+        cls.__qualname__ = cls.__name__
+    return UnitKeyedAttention, StopKeepingMamba
+
+
+def hybrid_managers(kv_cache_manager: Any) -> tuple[Any, Any] | None:
+    """The (attention, Mamba) managers of a hybrid model's `KVCacheManager`, exactly vLLM's
+    classes; None for any other model."""
+    attention_cls, mamba_cls = compat.manager_bases()
+    found = {type(m): m for m in kv_cache_manager.coordinator.single_type_managers}
+    if attention_cls in found and mamba_cls in found:
+        return found[attention_cls], found[mamba_cls]
+    return None
 
 
 def install(kv_cache_manager: Any) -> None:
     """Re-class the attention and Mamba managers of a hybrid `KVCacheManager` in place."""
+    attention_cls, mamba_cls = compat.manager_bases()
+    unit_keyed, stop_keeping = manager_classes()
     for manager in kv_cache_manager.coordinator.single_type_managers:
-        if type(manager) is FullAttentionManager:
-            manager.__class__ = UnitKeyedAttention
+        if type(manager) is attention_cls:
+            manager.__class__ = unit_keyed
             manager._num_keyed_units = {}
-        elif type(manager) is MambaManager:
-            manager.__class__ = StopKeepingMamba
+        elif type(manager) is mamba_cls:
+            manager.__class__ = stop_keeping

@@ -1,4 +1,5 @@
-"""vLLM 0.33's real scheduler, driven on a sharing scenario: the reference hycache is held to.
+"""vLLM's real scheduler (0.33 or 0.34), driven on a sharing scenario: the reference hycache is
+held to.
 
 No model runs. vLLM's own `Scheduler` (its `KVCacheManager`, hybrid coordinator, Mamba manager
 and chunk split) schedules the requests; a scripted model-runner output samples each request's
@@ -12,7 +13,7 @@ lookahead count), so a hit here is a hit the engine gives.
 
 Two Mamba specs (`exporting`):
 
-    True   vLLM 0.33's `MambaMixer2.get_kv_cache_spec` (every Mamba2 model: Nemotron-H,
+    True   vLLM's `MambaMixer2.get_kv_cache_spec` (every Mamba2 model: Nemotron-H,
            Granite-4.0-H, Bamba): one checkpoint per forward exported from inside the pass
            (`num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1`).
     False  a Mamba layer that cannot export: the scheduler splits prefill at its checkpoints.
@@ -88,6 +89,10 @@ class VllmSetup:
     # (replay boundaries, junctions); None keeps every block-grid state; N also one per N
     retention: int | None = 0
     scheduler_cls: str | None = None  # qualified name; None: vLLM's `Scheduler`
+    # vLLM 0.34's cache-aware admission (`SchedulerConfig.cache_aware_admission_window`,
+    # `..._threshold`): 0 is its default (arrival order); > 0 needs a vLLM that has it
+    cache_aware_window: int = 0
+    cache_aware_threshold: float = 0.5
 
 
 class ReferenceScheduler:
@@ -139,6 +144,14 @@ class ReferenceScheduler:
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
             **({"scheduler_cls": setup.scheduler_cls} if setup.scheduler_cls else {}),
+            **(
+                {
+                    "cache_aware_admission_window": setup.cache_aware_window,
+                    "cache_aware_admission_threshold": setup.cache_aware_threshold,
+                }
+                if setup.cache_aware_window
+                else {}
+            ),
         )
         parallel = ParallelConfig()
         spec = (
@@ -237,8 +250,10 @@ class ReferenceScheduler:
     def run(self, request_id: str, turn: Turn) -> RequestTrace:
         """Add one request and step the scheduler until nothing is left."""
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+        from vllm.v1.outputs import DraftTokenIds
         from vllm.v1.request import Request
+
+        from hycache.vllm.compat import model_runner_output
 
         extra = {"prefix_hints": list(turn.prefix_hints)} if turn.prefix_hints else None
         sp = SamplingParams(max_tokens=max(len(turn.answer), 1), ignore_eos=True, extra_args=extra)
@@ -266,10 +281,7 @@ class ReferenceScheduler:
             prefilling = req.num_computed_tokens - len(drafts) < req.num_tokens
             sampled = [] if prefilling else verify(answer, req.num_output_tokens, drafts)
             trace.output.extend(sampled)
-            mro = ModelRunnerOutput(
-                req_ids=[request_id], req_id_to_index={request_id: 0}, sampled_token_ids=[sampled]
-            )
-            s.update_from_output(out, mro)
+            s.update_from_output(out, model_runner_output([request_id], [sampled]))
             if sampled and accept and not req.is_finished():
                 good = accept[self._proposals % len(accept)]
                 self._proposals += 1
@@ -279,6 +291,73 @@ class ReferenceScheduler:
 
     def run_all(self, turns: Sequence[Turn]) -> list[RequestTrace]:
         return [self.run(f"r{i}", t) for i, t in enumerate(turns)]
+
+    def run_concurrent(self, turns: Sequence[Turn], max_steps: int = 100_000) -> Concurrent:
+        """All turns arrive together, in this order; each step samples one token (its
+        answer's next) for every request past its prompt, no drafts. A request's hit is its
+        computed tokens when first scheduled; a preempted request's recompute counts as
+        prefill."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        from hycache.vllm.compat import model_runner_output
+
+        s = self.scheduler
+        reqs = {}
+        traces = {}
+        for i, turn in enumerate(turns):
+            rid = f"c{i}"
+            extra = {"prefix_hints": list(turn.prefix_hints)} if turn.prefix_hints else None
+            sp = SamplingParams(
+                max_tokens=max(len(turn.answer), 1), ignore_eos=True, extra_args=extra
+            )
+            reqs[rid] = Request(rid, list(turn.prompt), sp, None, block_hasher=self.hasher)
+            traces[rid] = RequestTrace(rid)
+            s.add_request(reqs[rid])
+        answers = {f"c{i}": list(t.answer) or [1] for i, t in enumerate(turns)}
+        result = Concurrent(list(traces.values()))
+        for _ in range(max_steps):
+            if not s.has_requests():
+                break
+            out = s.schedule()
+            ids = list(out.num_scheduled_tokens)
+            if not ids:
+                continue
+            result.passes += 1
+            sampled = []
+            for rid in ids:
+                req, trace, n = reqs[rid], traces[rid], out.num_scheduled_tokens[rid]
+                before = req.num_computed_tokens - n  # schedule() counted this step already
+                if trace.hit < 0:
+                    trace.hit = before
+                t = req.num_prompt_tokens
+                if before < t:
+                    result.prefill_tokens += min(before + n, t) - before
+                    trace.chunk_ends.append(min(req.num_computed_tokens, t))
+                done = req.num_computed_tokens >= req.num_tokens
+                token = answers[rid][req.num_output_tokens % len(answers[rid])]
+                sampled.append([token] if done else [])
+                trace.output.extend(sampled[-1])
+            s.update_from_output(out, model_runner_output(ids, sampled))
+        assert not s.has_requests(), "run_concurrent: requests left after max_steps"
+        result.preemptions = sum(r.num_preemptions for r in reqs.values())
+        return result
+
+
+@dataclass
+class Concurrent:
+    """`ReferenceScheduler.run_concurrent`'s result: per-request traces, forward passes
+    (steps that scheduled a token), prompt tokens computed (recomputes included), and
+    preemptions."""
+
+    traces: list[RequestTrace]
+    passes: int = 0
+    prefill_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(max(t.hit, 0) for t in self.traces)
 
 
 def run_reference(setup: VllmSetup, turns: Sequence[Turn]) -> list[RequestTrace]:

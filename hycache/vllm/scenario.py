@@ -5,7 +5,7 @@ each step's drafts verify. Both drivers sample the same answers and propose the 
 so the only difference between them is the scheduler and the cache:
 
     run_hycache(config, turns)          hycache's Scheduler + CacheManager
-    reference.run_reference(setup, ..)  vLLM 0.33's Scheduler + KVCacheManager
+    reference.run_reference(setup, ..)  vLLM's Scheduler + KVCacheManager (0.33/0.34)
 
 Each returns one `RequestTrace` per turn: where it resumed and where its prefill chunks ended.
 A follow-up chat turn is a turn whose prompt contains the previous prompt and its answer.

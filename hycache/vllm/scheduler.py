@@ -1,4 +1,4 @@
-"""`hycache.vllm.Scheduler`: hycache's `limit` policy inside vLLM 0.33 (`--scheduler-cls`).
+"""`hycache.vllm.Scheduler`: hycache's `limit` policy inside vLLM 0.33/0.34 (`--scheduler-cls`).
 
 `Scheduler` subclasses vLLM's `AsyncScheduler` (async scheduling kept), `SyncScheduler` its
 `Scheduler`. Both add `limit`'s prompt-side mechanisms to vLLM's own scheduling, and nothing
@@ -14,46 +14,48 @@ else:
     _mamba_block_aligned_split   ──▶ vLLM's split, then ended at the first of those stops
     Mamba manager                    keeps the state at each stop (`managers.StopKeepingMamba`)
 
-vLLM 0.33's in-forward export (one Mamba2 checkpoint per forward, `MambaMixer2`'s spec) stays
+vLLM's in-forward export (one Mamba2 checkpoint per forward, `MambaMixer2`'s spec) stays
 as it is: its position is derived on the worker from the chunk end (one unit below the prompt
 end, in the final chunk), so a scheduler cannot direct it to a junction. Each stop above is a
 chunk end, one forward pass each; the final chunk still exports the tail checkpoint. The
 replay boundary, where hycache's own scheduler also stops, gets no stop here: vLLM's final
 chunk spans it to export the tail, and the stop would cost every request two passes.
 
-Inert (exactly vLLM's scheduler, logged once with the reason) unless the model has a Mamba
-group in `mamba_cache_mode="align"`, prefix caching is on, `prefix_match_unit < block_size`
-with vLLM's sub-block hits, and an EAGLE/MTP drafter hashes with vLLM's lookahead keys.
+Inert (exactly vLLM's scheduler, one WARNING with the reason at startup) on a vLLM release
+`hycache.vllm.compat` does not list or one missing an internal it names, and unless the model
+has a Mamba group in `mamba_cache_mode="align"`, prefix caching is on, `prefix_match_unit <
+block_size` with vLLM's sub-block hits, and an EAGLE/MTP drafter hashes with vLLM's lookahead
+keys. vLLM is reached only through `compat`: this module imports on any vLLM that has a
+`Scheduler`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-import vllm
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
-from vllm.v1.request import Request
+from typing import TYPE_CHECKING, Any
 
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
-from hycache.vllm import managers
+from hycache.vllm import compat, managers
 from hycache.vllm.managers import STOPS_ATTR, stops_of
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
 
 logger = logging.getLogger("hycache.vllm")
 
 HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on the server)
 HINTS_ATTR = "hycache_hints"  # the parsed hints, set on each vLLM request
 
-
-SUPPORTED_VLLM = "0.33"  # the scheduler and cache-manager internals these classes extend
+AsyncBase, SyncBase = compat.scheduler_bases()
 
 
 def inert_reason(sched: Any) -> str | None:
-    """Why `limit` cannot apply to this vLLM scheduler, or None when it can."""
-    if not vllm.__version__.startswith(SUPPORTED_VLLM + "."):
-        return f"vLLM {vllm.__version__} is not {SUPPORTED_VLLM}.x"
+    """Why `limit` cannot apply to this vLLM scheduler, or None when it can: the vLLM
+    release or a missing internal (`compat`), then the deployment."""
+    why = compat.runtime_problem(sched)
+    if why is not None:
+        return why
     if not sched.cache_config.enable_prefix_caching:
         return "prefix caching is off"
     if not sched.need_mamba_block_aligned_split:
@@ -69,7 +71,10 @@ def inert_reason(sched: Any) -> str | None:
             "the drafter's keys do not cover one token past each unit "
             f"(num_hash_lookahead_tokens={sched.num_hash_lookahead_tokens})"
         )
-    return None
+    found = managers.hybrid_managers(sched.kv_cache_manager)
+    if found is None:
+        return "no attention + Mamba manager pair in vLLM's KV cache manager"
+    return compat.managers_problem(*found)
 
 
 def boundaries_for(sched: Any) -> Boundaries:
@@ -130,7 +135,7 @@ class _Limit:
         self.hycache_inert_reason = reason
         if reason is not None:
             self.hycache_bounds = None
-            logger.info(
+            logger.warning(
                 "hycache.vllm.%s is inert (%s): scheduling exactly as vLLM's %s",
                 type(self).__name__,
                 reason,
@@ -140,9 +145,10 @@ class _Limit:
         self.hycache_bounds = boundaries_for(self)
         managers.install(self.kv_cache_manager)  # type: ignore[attr-defined]
         logger.info(
-            "hycache.vllm.%s: limit on (block_size %d, unit %d): keys on every unit, junction "
-            "stops on the unit grid, prefix hints",
+            "hycache.vllm.%s: limit on (vLLM %s; block_size %d, unit %d): keys on every unit, "
+            "junction stops on the unit grid, prefix hints",
             type(self).__name__,
+            compat.version(),
             self.hycache_bounds.block_size,
             self.hycache_bounds.unit,
         )
@@ -166,33 +172,30 @@ class _Limit:
             setattr(request, STOPS_ATTR, self.hycache_stops(request, hit, junction))
         return out
 
-    def _mamba_block_aligned_split(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_local_computed_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-    ) -> int:
-        n: int = super()._mamba_block_aligned_split(  # type: ignore[misc]
-            request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
-        )
+    def _mamba_block_aligned_split(self, request: Request, *args: Any, **kwargs: Any) -> int:
+        # passed through as given: an inert scheduler is exactly vLLM's, whatever it takes
+        n: int = super()._mamba_block_aligned_split(request, *args, **kwargs)  # type: ignore[misc]
         stops = stops_of(request)
-        if not stops:
+        if not stops or self.hycache_bounds is None:
             return n
+        # the parameters `compat` checked: (num_new_tokens, num_new_local_computed_tokens=0,
+        # num_external_computed_tokens=0), positional or by name
+        names = ("num_new_local_computed_tokens", "num_external_computed_tokens")
+        given = dict(zip(names, args[1:], strict=False)) | kwargs
         start = (
             request.num_computed_tokens
-            + num_new_local_computed_tokens
-            + num_external_computed_tokens
+            + given.get("num_new_local_computed_tokens", 0)
+            + given.get("num_external_computed_tokens", 0)
         )
         end = min((s for s in stops if start < s < start + n), default=start + n)
         return end - start
 
 
-class Scheduler(_Limit, AsyncScheduler):
+class Scheduler(_Limit, AsyncBase):  # type: ignore[misc,valid-type]
     """vLLM's `AsyncScheduler` with hycache's `limit` (`--scheduler-cls hycache.vllm.Scheduler`)."""
 
     hycache_vllm_base = "AsyncScheduler"
 
 
-class SyncScheduler(_Limit, VllmScheduler):
+class SyncScheduler(_Limit, SyncBase):  # type: ignore[misc,valid-type]
     """vLLM's synchronous `Scheduler` with hycache's `limit`."""

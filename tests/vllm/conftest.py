@@ -1,4 +1,6 @@
-"""The vLLM reference tests need vllm 0.33 (`make setup` installs it); hypothesis profiles."""
+"""The vLLM reference tests need vLLM 0.33 or 0.34 (`make setup` installs both: 0.33 in the
+venv, 0.34 in `.vllm-0.34`, put first on `PYTHONPATH` by `make test-vllm-0.34`); hypothesis
+profiles; the vLLM version in pytest's header."""
 
 from __future__ import annotations
 
@@ -22,6 +24,15 @@ settings.register_profile(
 if not available():
     if os.environ.get("HYCACHE_SKIP_VLLM") != "1":
         raise pytest.UsageError(
-            "tests/vllm need vllm 0.33 (make setup installs it); HYCACHE_SKIP_VLLM=1 skips them"
+            "tests/vllm need vllm 0.33 or 0.34 (make setup installs them); HYCACHE_SKIP_VLLM=1 "
+            "skips them"
         )
     collect_ignore_glob = ["test_*.py"]
+
+
+def pytest_report_header() -> str:
+    if not available():
+        return "vllm: not installed (tests/vllm skipped)"
+    import vllm
+
+    return f"vllm: {vllm.__version__} ({os.path.dirname(vllm.__file__)})"

@@ -26,6 +26,7 @@ def readme_command() -> list[str]:
 
 
 def main() -> None:
+    import vllm.triton_utils
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -33,6 +34,10 @@ def main() -> None:
     from hycache.vllm.reference import ReferenceScheduler, VllmSetup, _model_dir
     from tests.vllm.test_plugin import family, hits
 
+    # vLLM 0.34's CPU platform refuses an x86 machine without triton-cpu while it checks the
+    # config (0.33 warns); nothing here runs a kernel, and that check is the flag's only use
+    # on x86 (`CpuPlatform.check_and_update_config`), so the config is built as with it
+    vllm.triton_utils.HAS_TRITON = True
     argv = readme_command()
     assert argv[:3] == ["vllm", "serve", "$MODEL"], argv[:3]
     flags = argv[3:]
@@ -53,7 +58,10 @@ def main() -> None:
         out["scheduler"] = f"{type(ref.scheduler).__module__}.{type(ref.scheduler).__name__}"
         out[f"hits_hint_{hint}"] = hits(ref.run_all(family(1, 57_600, 6_416, 4, hint=hint)))
         vc = EngineArgs.from_cli_args(args).create_engine_config()  # a fresh one per run
+    import vllm
+
     out.update(
+        vllm=vllm.__version__,
         scheduler_cls=sched.scheduler_cls,
         prefix_match_unit=cache.prefix_match_unit,
         mamba_cache_mode=cache.mamba_cache_mode,

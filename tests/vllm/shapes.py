@@ -1,10 +1,11 @@
 """Random sharing scenarios for the vLLM reference tests: families, resends, nested prefixes,
-chains, mid-block resumes and chat turns that contain the previous answer."""
+chains, mid-block resumes, forks (a sibling of a sibling) and chat turns that contain the
+previous answer."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hycache.config import HycacheConfig
 from hycache.vllm.reference import VllmSetup
@@ -16,7 +17,7 @@ GEOMETRIES = [(16, 4), (32, 8), (64, 16), (64, 8), (128, 8), (128, 32), (256, 64
 
 def scenario(rng: random.Random, b: int, u: int, k: int = 1, drafts: bool = False) -> list[Turn]:
     """3 to 6 turns of one random shape, all below 6 blocks."""
-    shape = rng.choice(["family", "resend", "nested", "chain", "midblock", "chat", "mixed"])
+    shape = rng.choice(["family", "resend", "nested", "chain", "midblock", "chat", "mixed", "fork"])
     n = rng.randint(3, 6)
     span = 6 * b
     accept = (lambda: [rng.randint(0, k) for _ in range(3)]) if drafts else (lambda: [])
@@ -26,6 +27,8 @@ def scenario(rng: random.Random, b: int, u: int, k: int = 1, drafts: bool = Fals
 
     prefix = tokens(rng, rng.randint(1, span // 2))
     turns: list[Turn] = []
+    if shape == "fork":
+        return fork(rng, b, u, accept, answer)
     if shape == "chat":
         p = prefix
         for _ in range(n):
@@ -52,6 +55,36 @@ def scenario(rng: random.Random, b: int, u: int, k: int = 1, drafts: bool = Fals
         else:
             p = prefix + tokens(rng, rng.randint(1, 2 * b))
         turns.append(Turn(p, answer(), accept()))
+    return turns
+
+
+def fork(
+    rng: random.Random,
+    b: int,
+    u: int,
+    accept: Callable[[], list[int]],
+    answer: Callable[[], list[int]],
+) -> list[Turn]:
+    """owner = S + a, f = S + x, then requests sharing S + x[:m] with f (the drop-setup case:
+    B=16, u=4, S8 + a4, S8 + b53, S8 + b8 + c40); S often ends on the unit grid, where the
+    EAGLE-drop scheme observes f's junction a unit above the lookahead keys."""
+    s = rng.randint(1, 3 * b)
+    if rng.random() < 0.5:
+        s = max(u, s // u * u)
+    prefix = tokens(rng, s)
+    x = tokens(rng, rng.randint(2 * u, 3 * b))
+    turns = [
+        # a short owner tail: the drop scheme keeps the owner's state at S (its tail T - u)
+        Turn(
+            prefix + tokens(rng, rng.choice([rng.randint(1, u), rng.randint(1, b)])),
+            answer(),
+            accept(),
+        ),
+        Turn(prefix + x, answer(), accept()),
+    ]
+    for _ in range(rng.randint(1, 3)):
+        m = rng.choice([u, 2 * u, rng.randint(1, len(x) - 1)])
+        turns.append(Turn(prefix + x[:m] + tokens(rng, rng.randint(1, 2 * b)), answer(), accept()))
     return turns
 
 

@@ -1,4 +1,5 @@
-"""`hycache.vllm.Scheduler` inside vLLM 0.33's real scheduler and KV cache manager.
+"""`hycache.vllm.Scheduler` inside vLLM's real scheduler and KV cache manager (0.33.0, or 0.34.0
+with `.vllm-0.34` first on `PYTHONPATH`: docs/vllm-plugin.md).
 
 Every run builds the scheduler as `vllm serve --scheduler-cls` does (`SchedulerConfig(
 scheduler_cls=...)`, then `get_scheduler_cls()`, in `hycache.vllm.reference`); stock is vLLM's
@@ -241,8 +242,9 @@ def drive_concurrently(
     """All turns at once in a pool too small for them (vLLM preempts), `abort` aborted
     mid-prefill; each step samples one token per request that finished its prompt."""
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
+
+    from hycache.vllm.compat import model_runner_output
 
     s = ref.scheduler
     reqs = [
@@ -268,9 +270,7 @@ def drive_concurrently(
         out = s.schedule()
         ids = list(out.num_scheduled_tokens)
         sampled = [[] if by_id[i].num_computed_tokens < by_id[i].num_tokens else [7] for i in ids]
-        index = {i: n for n, i in enumerate(ids)}
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=sampled)
-        s.update_from_output(out, mro)
+        s.update_from_output(out, model_runner_output(ids, sampled))
         if step == 3:
             s.finish_requests(abort, RequestStatus.FINISHED_ABORTED)
     assert not s.has_requests()
@@ -281,7 +281,9 @@ def drive_concurrently(
 def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
     from vllm.v1.request import RequestStatus
 
-    from hycache.vllm.managers import UnitKeyedAttention
+    from hycache.vllm.managers import manager_classes
+
+    unit_keyed, _ = manager_classes()
 
     ref = ReferenceScheduler(VllmSetup(64, 16, 256, num_blocks=24, scheduler_cls=cls))
     start = ref.num_free_blocks()
@@ -292,7 +294,7 @@ def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
     assert ref.num_free_blocks() == start
     for m in ref.scheduler.kv_cache_manager.coordinator.single_type_managers:
         assert not m.req_to_blocks
-        if isinstance(m, UnitKeyedAttention):
+        if isinstance(m, unit_keyed):
             assert not m._num_keyed_units
 
 
@@ -336,7 +338,9 @@ def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
     from tests.vllm.serve_command import readme_command
 
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(root)}
+    # the caller's PYTHONPATH after the root: `.vllm-0.34` when testing vLLM 0.34
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": path}
     proc = subprocess.run(
         [sys.executable, "-m", "tests.vllm.serve_command"],
         cwd=root,
@@ -357,3 +361,6 @@ def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
     assert got["num_hash_lookahead_tokens"] == 1  # vLLM's lookahead keys: the plugin is on
     assert got["hits_hint_0"] == [0, 0, 57_536, 57_536]
     assert got["hits_hint_57600"] == [0, 57_536, 57_536, 57_536]
+    import vllm
+
+    assert got["vllm"] == vllm.__version__  # the same vLLM as this process

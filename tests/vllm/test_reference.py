@@ -1,4 +1,5 @@
-"""hycache against vLLM 0.33's real scheduler (`hycache.vllm.reference`).
+"""hycache against vLLM's real scheduler (`hycache.vllm.reference`; 0.33.0, or 0.34.0 with
+`.vllm-0.34` first on `PYTHONPATH`).
 
 `lookahead` is vLLM's default EAGLE/MTP setup: hit for hit, and chunk end for chunk end with a
 Mamba layer that cannot export its state from inside a forward. `replay` and `junction` never
@@ -14,7 +15,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
@@ -135,6 +136,29 @@ def test_prefix_of_an_earlier_prompt(
     assert hits(split) == [0, 0]
 
 
+def drop_setup_case() -> list[Turn]:
+    """owner = S8 + a4, f1 = S8 + b53, g1 = S8 + b8 + c40 (B=16, u=4, budget 48)."""
+    s, a, b, c = seq(1, 8), seq(2, 4), seq(3, 53), seq(4, 40)
+    return [Turn(s + a, [5]), Turn(s + b, [5]), Turn(s + b[:8] + c, [5])]
+
+
+def test_limit_keeps_the_drop_setups_junction() -> None:
+    """B=16, u=4, budget 48, one output token each: owner = S8 + a4, f1 = S8 + b53, g1 = S8 +
+    b8 + c40. vLLM's EAGLE-drop setup observes f1's junction at 8 (its keys cover [0, n)) and
+    keeps that state, with or without the junction flag; g1, sharing 16 with f1, resumes at 8
+    there. Lookahead keys observe f1's junction at 4 (the limit): `limit` resumes f1 at 4 and,
+    writing the drop's junction 8 inside f1's forward too (no pass), g1 at 8."""
+    turns = drop_setup_case()
+    for spc in (False, True):
+        drop = VllmSetup(16, 4, 48, lookahead=False, shared_prefix_checkpoint=spc)
+        assert hits(run_reference(drop, turns)) == [0, 0, 8]
+    setup = VllmSetup(16, 4, 48)
+    assert hits(run_reference(setup, turns)) == [0, 0, 0]
+    limit = run_hycache(hycache_config(setup, "limit", turns), turns)
+    assert hits(limit) == [0, 4, 8]
+    assert limit[1].chunk_ends == [48, 61]  # 8 is written inside f1's first chunk: no pass
+
+
 def test_seed_shape_chunk_ends_without_export() -> None:
     """The seed's shape (57,600 shared + 6,416, B=4416, u=64, budget 8192): with a Mamba layer
     that cannot export, vLLM ends the producer's chunks at 57,408, 61,824, 64,000, 64,016, as
@@ -208,6 +232,7 @@ def test_lookahead_with_drafts_is_vllms_default(
 
 
 @given(case=deployments(drafts=True), exporting=st.booleans())
+@example(case=(VllmSetup(16, 4, 48), drop_setup_case()), exporting=True)
 def test_limit_and_the_drop_policies_never_below_vllm(
     case: tuple[VllmSetup, list[Turn]], exporting: bool
 ) -> None:

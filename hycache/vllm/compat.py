@@ -1,0 +1,302 @@
+"""Every vLLM internal `hycache.vllm` touches, per supported vLLM release (0.33.x, 0.34.x).
+
+The plugin (`scheduler`, `managers`) and its harness (`reference`, `explain`) reach vLLM only
+through this module; nothing else in them looks at a version. `problem()` says, once per
+process, why the installed vLLM cannot carry the plugin (a release not listed in `RELEASES`,
+a name below that is missing, or a method whose parameters the plugin passes by name changed),
+or None; `runtime_problem(sched)` does the same for the attributes a built scheduler, its
+managers, a request and a block must have. Either makes the plugin inert: exactly vLLM's own
+scheduler, with a WARNING naming the internal or the version.
+
+What changed between the two releases around what the plugin touches (read from the wheels):
+
+    BlockHashToBlockMap   0.33: key -> block, or {block_id: block}; 0.34: key -> block id,
+                          duplicates in `_dup_ids`. The plugin asks it `contain(key, id)` only
+                          (both), and keys blocks through `BlockPool._insert_block_hash` /
+                          `_remove_cached_block_hashes` (same arguments and meaning in both).
+    KVCacheBlock          `block_hash`/`block_hash_num_tokens`: properties over `_block_hash`
+                          (0.33), plain fields (0.34); read only, so the same to the plugin.
+    Scheduler             0.34 adds cache-aware admission (`_reorder_waiting_by_cached_prefix`,
+                          off unless `cache_aware_admission_window` > 0): it reorders the
+                          waiting queue by `KVCacheManager.get_num_cached_tokens` before a
+                          step admits. The plugin's stops are made when a request is admitted
+                          (`_get_local_prefix_cache_hit`), after the reorder, so they follow
+                          it. `_get_local_prefix_cache_hit` and `_mamba_block_aligned_split`
+                          keep their signatures.
+    ModelRunnerOutput     0.34 drops `req_id_to_index` (the scheduler reads the order of
+                          `req_ids`): the harness builds it with `model_runner_output`.
+    CacheConfig           `DEFAULT_BLOCK_SIZE` 16 -> 64, `gpu_memory_utilization` None by
+                          default: the harness sets the block size itself and sizes no memory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Internal:
+    """One vLLM name: `module`, then `path` inside it ("Class.method"), and the parameters
+    the plugin passes it by name (each must be in the signature)."""
+
+    module: str
+    path: str
+    params: tuple[str, ...] = ()
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.path}"
+
+
+SCHED = "vllm.v1.core.sched.scheduler"
+ASYNC = "vllm.v1.core.sched.async_scheduler"
+POOL = "vllm.v1.core.block_pool"
+UTILS = "vllm.v1.core.kv_cache_utils"
+MANAGERS = "vllm.v1.core.single_type_kv_cache_manager"
+CACHE_BLOCKS = ("request", "num_tokens", "retention_interval", "replay_boundaries")
+
+# the plugin's names: the same on 0.33 and 0.34 (see the module docstring for what moved
+# under them)
+PLUGIN: tuple[Internal, ...] = (
+    Internal(SCHED, "Scheduler"),
+    Internal(ASYNC, "AsyncScheduler"),
+    Internal(SCHED, "Scheduler._get_local_prefix_cache_hit", ("request",)),
+    Internal(
+        SCHED,
+        "Scheduler._mamba_block_aligned_split",
+        (
+            "request",
+            "num_new_tokens",
+            "num_new_local_computed_tokens",
+            "num_external_computed_tokens",
+        ),
+    ),
+    Internal("vllm.v1.request", "Request"),
+    Internal(POOL, "BlockPool._insert_block_hash", ("block", "num_tokens")),
+    Internal(POOL, "BlockPool._remove_cached_block_hashes", ("block",)),
+    Internal(POOL, "BlockHashToBlockMap.contain", ("key", "block_id")),
+    Internal(UTILS, "make_block_hash_with_group_id"),
+    Internal(UTILS, "KVCacheBlock"),
+    Internal(MANAGERS, "FullAttentionManager.cache_blocks", CACHE_BLOCKS),
+    Internal(MANAGERS, "FullAttentionManager.pop_blocks_for_free", ("request_id",)),
+    Internal(MANAGERS, "MambaManager.cache_blocks", CACHE_BLOCKS),
+    Internal(
+        MANAGERS,
+        "MambaManager._cache_partial_tail_block",
+        ("request", "num_tokens", "retention_interval"),
+    ),
+)
+
+# what the harness (`reference`, `explain`) drives vLLM's scheduler with, beyond the plugin
+HARNESS: tuple[Internal, ...] = (
+    Internal("vllm.v1.outputs", "ModelRunnerOutput"),
+    Internal("vllm.v1.outputs", "DraftTokenIds"),
+    Internal("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
+    Internal("vllm.v1.core.kv_cache_utils", "get_group_id"),
+)
+
+
+@dataclass(frozen=True)
+class Release:
+    """One supported vLLM release line: its internals, and how the harness reports a step."""
+
+    internals: tuple[Internal, ...]
+    runner_output_has_index: bool  # ModelRunnerOutput(req_id_to_index=...) (0.33) or not
+
+
+RELEASES: dict[str, Release] = {
+    "0.33": Release(PLUGIN + HARNESS, runner_output_has_index=True),
+    "0.34": Release(
+        PLUGIN + HARNESS + (Internal(SCHED, "Scheduler._reorder_waiting_by_cached_prefix"),),
+        runner_output_has_index=False,
+    ),
+}
+
+# attributes a built scheduler, its two managers, a request and a block must have (dotted:
+# read through); set in their constructors, so checked on the objects (`runtime_problem`)
+SCHEDULER_ATTRS = (
+    "cache_config.enable_prefix_caching",
+    "cache_config.block_size",
+    "kv_cache_config.prefix_cache_retention_interval",
+    "kv_cache_manager.coordinator.single_type_managers",
+    "need_mamba_block_aligned_split",
+    "hash_block_size",
+    "mamba_partial_cache_hit",
+    "num_spec_tokens",
+    "num_hash_lookahead_tokens",
+)
+ATTENTION_ATTRS = (
+    "num_cached_block",
+    "req_to_blocks",
+    "kv_cache_spec.prefix_cacheable",
+    "block_pool.hash_block_size",
+    "block_pool.cached_block_hash_to_block",
+    "block_size",
+    "kv_cache_group_id",
+)
+MAMBA_ATTRS = ("block_size", "_checkpoints", "shared_prefix_checkpoint")
+REQUEST_ATTRS = (
+    "request_id",
+    "block_hashes",
+    "num_prompt_tokens",
+    "num_computed_tokens",
+    "shared_prefix_boundary",
+    "sampling_params",
+)
+BLOCK_ATTRS = ("block_id", "block_hash", "block_hash_num_tokens", "is_null")
+
+
+def release_of(version: str) -> str | None:
+    """ "0.34" for "0.34.0", "0.34.1.dev3+g12ab"; None for a version string it cannot read."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def resolve(internal: Internal) -> Any:
+    """The object `internal` names; AttributeError/ImportError when it is not there."""
+    obj: Any = importlib.import_module(internal.module)
+    for part in internal.path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _internal_problem(internal: Internal) -> str | None:
+    try:
+        obj = resolve(internal)
+    except (ImportError, AttributeError):
+        return f"vLLM {version()} has no {internal.qualname}"
+    if internal.params:
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            return f"vLLM {version()}: cannot read the signature of {internal.qualname}"
+        lacking = [p for p in internal.params if p not in params]
+        if lacking:
+            return f"vLLM {version()}: {internal.qualname} has no parameter {', '.join(lacking)}"
+    return None
+
+
+@cache
+def problem() -> str | None:
+    """Why the installed vLLM cannot carry the plugin (its release, or the first missing or
+    changed internal), or None."""
+    found = version()
+    release = RELEASES.get(release_of(found) or "")
+    if release is None:
+        supported = ", ".join(f"{r}.x" for r in RELEASES)
+        return f"vLLM {found} is not a supported release ({supported})"
+    for internal in release.internals:
+        why = _internal_problem(internal)
+        if why is not None:
+            return why
+    return None
+
+
+def _missing(obj: Any, attrs: Sequence[str], owner: str) -> str | None:
+    for dotted in attrs:
+        cur = obj
+        for part in dotted.split("."):
+            if not hasattr(cur, part):
+                return f"vLLM {version()}: {owner} has no attribute {dotted}"
+            cur = getattr(cur, part)
+    return None
+
+
+def runtime_problem(sched: Any) -> str | None:
+    """`problem()`, then the attributes the plugin reads on this built scheduler, a request
+    and a block (`SCHEDULER_ATTRS`, `REQUEST_ATTRS`, `BLOCK_ATTRS`)."""
+    why = problem()
+    if why is not None:
+        return why
+    why = _missing(sched, SCHEDULER_ATTRS, "the scheduler")
+    if why is not None:
+        return why
+    try:
+        probe = probe_request()
+    except Exception as e:  # a changed constructor: report it, do not crash vLLM's start
+        return f"vLLM {version()}: cannot build a vllm.v1.request.Request ({e!r})"
+    return _missing(probe, REQUEST_ATTRS, "a Request") or _missing(
+        resolve(Internal(UTILS, "KVCacheBlock"))(0), BLOCK_ATTRS, "a KVCacheBlock"
+    )
+
+
+def managers_problem(attention: Any, mamba: Any) -> str | None:
+    """The attributes the plugin reads on a hybrid model's attention and Mamba managers."""
+    return _missing(attention, ATTENTION_ATTRS, "FullAttentionManager") or _missing(
+        mamba, MAMBA_ATTRS, "MambaManager"
+    )
+
+
+def probe_request() -> Any:
+    from vllm.sampling_params import SamplingParams
+
+    request_cls = resolve(Internal("vllm.v1.request", "Request"))
+    return request_cls("hycache-probe", [0], SamplingParams(max_tokens=1), None)
+
+
+# -- what the plugin and harness use, resolved -------------------------------------------------
+
+
+def scheduler_bases() -> tuple[type, type]:
+    """(vLLM's `AsyncScheduler`, its `Scheduler`): the plugin's bases. These two must import
+    for `--scheduler-cls` to mean anything; a vLLM without `AsyncScheduler` gets the
+    synchronous one for both (and `problem()` names it)."""
+    sync = resolve(Internal(SCHED, "Scheduler"))
+    try:
+        return resolve(Internal(ASYNC, "AsyncScheduler")), sync
+    except (ImportError, AttributeError):
+        return sync, sync
+
+
+def manager_bases() -> tuple[type, type]:
+    """(vLLM's `FullAttentionManager`, its `MambaManager`)."""
+    return (
+        resolve(Internal(MANAGERS, "FullAttentionManager")),
+        resolve(Internal(MANAGERS, "MambaManager")),
+    )
+
+
+def make_block_hash_with_group_id(block_hash: Any, group: int) -> Any:
+    return resolve(Internal(UTILS, "make_block_hash_with_group_id"))(block_hash, group)
+
+
+def get_group_id(key: Any) -> int:
+    return int(resolve(Internal(UTILS, "get_group_id"))(key))
+
+
+def has_cache_aware_admission() -> bool:
+    """Whether this vLLM's scheduler reorders its waiting queue by cached prefix (0.34)."""
+    try:
+        resolve(Internal(SCHED, "Scheduler._reorder_waiting_by_cached_prefix"))
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def model_runner_output(req_ids: list[str], sampled: list[list[int]]) -> Any:
+    """vLLM's `ModelRunnerOutput` for one step: each request's sampled tokens, in `req_ids`'
+    order (0.33 also takes the index map; 0.34 reads the order)."""
+    cls = resolve(Internal("vllm.v1.outputs", "ModelRunnerOutput"))
+    release = RELEASES.get(release_of(version()) or "")
+    # an unsupported release: whatever its constructor takes (the harness still drives it)
+    indexed = (
+        release.runner_output_has_index
+        if release is not None
+        else "req_id_to_index" in inspect.signature(cls).parameters
+    )
+    if indexed:
+        index = {rid: i for i, rid in enumerate(req_ids)}
+        return cls(req_ids=req_ids, req_id_to_index=index, sampled_token_ids=sampled)
+    return cls(req_ids=req_ids, sampled_token_ids=sampled)

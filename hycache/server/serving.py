@@ -18,6 +18,7 @@ requests -> a streamed or a whole response.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 import uuid
@@ -42,10 +43,19 @@ from hycache.server.protocol import (
     refuse_unsupported,
     validation_message,
 )
-from hycache.server.responses import Decode, LogprobFormatter, Tail, TextDelta, sse, usage
+from hycache.server.responses import (
+    Decode,
+    LogprobFormatter,
+    Tail,
+    TextDelta,
+    TokenBytes,
+    sse,
+    usage,
+)
 from hycache.server.worker import EngineWorker, Failed, Item, ServerClosed, fan_out
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body; a 128k-token prompt as JSON ids is about 1 MB
+PARSE_OFF_LOOP_BYTES = 256 * 2**10  # a body this large is parsed on a worker thread
 
 # the chunks to stream for one engine event of the choice with this index
 Chunks = Callable[[int, StreamEvent], list[dict[str, Any]]]
@@ -72,6 +82,10 @@ class ServerContext:
     def decode(self) -> Decode | None:
         return self.llm.decode if self.llm.tokenizer is not None else None
 
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes | None:
+        return TokenBytes(self.llm.tokenizer) if self.llm.tokenizer is not None else None
+
     @property
     def tiered(self) -> bool:
         """Usage carries `store_cached_tokens` (the engine has a second tier)."""
@@ -80,6 +94,29 @@ class ServerContext:
     @property
     def max_model_len(self) -> int:
         return self.llm.config.cache.max_model_len
+
+    def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """What the engine would refuse, refused here, in the handler (ValueError): a prompt
+        that cannot fit `max_model_len` with its `max_tokens` (checked by its length first, so a
+        huge one costs nothing more), ids outside the vocabulary (prompt, stop_token_ids,
+        logit_bias). The engine thread then never spends a moment on a refused request."""
+        max_len = self.max_model_len
+        vocab = self.llm.model_config.vocab_size
+        if not prompt:
+            raise ValueError("prompt: empty prompt")
+        if len(prompt) + params.max_tokens > max_len:
+            raise ValueError(
+                f"prompt: {len(prompt)} prompt tokens + max_tokens {params.max_tokens} exceed "
+                f"max_model_len {max_len}"
+            )
+        for what, ids in (
+            ("prompt", prompt),
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", [t for t, _ in params.logit_bias]),
+        ):
+            if ids and not (min(ids) >= 0 and max(ids) < vocab):
+                bad = next(t for t in ids if not 0 <= t < vocab)
+                raise ValueError(f"{what}: token id {bad} is outside the vocabulary [0, {vocab})")
 
 
 def context(request: Request) -> ServerContext:
@@ -114,19 +151,25 @@ M = TypeVar("M")
 async def parse_body(
     request: Request, fields: dict[str, Any], model: type[M], raw: bytes | None = None
 ) -> M | Response:
-    """The validated body (of `raw`, else read now), or an error response."""
+    """The validated body (of `raw`, else read now), or an error response. The JSON is parsed
+    once, by pydantic (which refuses nesting deeper than 200 and invalid UTF-8); a large body
+    is parsed on a worker thread."""
     if raw is None:
         read = await read_request(request)
         if isinstance(read, Response):
             return read
         raw = read
     try:
-        refuse_unsupported(raw, fields)
-        return model.model_validate_json(raw)  # type: ignore[attr-defined,no-any-return]
+        if len(raw) > PARSE_OFF_LOOP_BYTES:
+            body = await asyncio.to_thread(model.model_validate_json, raw)  # type: ignore[attr-defined]
+        else:
+            body = model.model_validate_json(raw)  # type: ignore[attr-defined]
+        refuse_unsupported(body.model_extra or {}, fields)
+        return body  # type: ignore[no-any-return]
     except ValidationError as e:
         return error_response(400, validation_message(e))
-    except ValueError as e:
-        return error_response(400, str(e))
+    except (ValueError, RecursionError) as e:
+        return error_response(400, str(e) if isinstance(e, ValueError) else "JSON nested too deep")
 
 
 async def read_body(request: Request, limit: int) -> bytes | None:
@@ -353,11 +396,13 @@ class OpenAIServing(ABC, Generic[B]):
         refused = self.unavailable()
         if refused is not None:
             return refused
+        ctx = self.ctx
         try:
             prepared = await self.prepare(body)
+            if not isinstance(prepared.prompt, str):
+                ctx.check_request(prepared.prompt, prepared.params)
         except ValueError as e:  # ChatTemplateError included
             return error_response(400, str(e))
-        ctx = self.ctx
         request_id = f"{route.id_prefix}-{uuid.uuid4().hex[:16]}-{next(ctx.counter)}"
         created = int(time.time())
         requests = fan_out(request_id, prepared.params, body.n)
@@ -370,7 +415,7 @@ class OpenAIServing(ABC, Generic[B]):
         if isinstance(items, Response):
             return items
         timer = ctx.metrics.timer(arrival)
-        reply = Reply(self, request_id, created, LogprobFormatter(ctx.decode))
+        reply = Reply(self, request_id, created, LogprobFormatter(ctx.decode, ctx.token_bytes))
         if body.stream:
             reply.start_stream(len(ids), stop)
             tail = reply.usage_tail if body.include_usage else None

@@ -1,6 +1,7 @@
 """A seeded sampling request's tokens depend on its seed alone (issue 34): speculative decoding,
-preemption (which drops a request's drafts) and the batch it runs in change nothing (the same tokens as plain decoding), because
-the token at output position j is drawn from a generator keyed by (seed, j)."""
+preemption (which drops a request's drafts) and the batch it runs in change nothing (the same
+tokens as plain decoding), because the token at output position j is drawn from a generator
+keyed by (seed, j)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ requests -> a streamed or a whole response.
 
 - `ServerContext`: what the routes share (the engine worker, prompt preparation, metrics, the
   served name), kept on `app.state.ctx`.
-- `read_body` / `parse_body`: the body, capped at `MAX_BODY_BYTES` (413) and validated against
+- `read_body` / `parse_body`: the body, capped at `ServerContext.max_body_bytes` (what a request
+  that fits `max_model_len` needs, at most `MAX_BODY_BYTES`; 413) and validated against
   its pydantic model and the OpenAI fields hycache refuses (400).
 - `RequestRunner` ties a handler to the `EngineWorker`: whenever the client goes away first
   (a hang-up while waiting, a closed stream, a cancelled handler), the unfinished engine
@@ -55,6 +56,9 @@ from hycache.server.responses import (
 from hycache.server.worker import EngineWorker, Failed, Item, ServerClosed, fan_out
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body; a 128k-token prompt as JSON ids is about 1 MB
+# beyond what the prompt needs, what a body may hold: sampling fields, 256 stop ids, 300
+# logit_bias entries, chat message framing
+BODY_BASE_BYTES = 256 * 2**10
 PARSE_OFF_LOOP_BYTES = 256 * 2**10  # a body this large is parsed on a worker thread
 
 # the chunks to stream for one engine event of the choice with this index
@@ -94,6 +98,16 @@ class ServerContext:
     @property
     def max_model_len(self) -> int:
         return self.llm.config.cache.max_model_len
+
+    @functools.cached_property
+    def max_body_bytes(self) -> int:
+        """The largest body any request that fits `max_model_len` needs: `BODY_BASE_BYTES` plus
+        the prompt written as JSON (16 bytes an id, or 6 bytes a character of the longest text
+        that could fit: a `\\uXXXX` escape), at most `MAX_BODY_BYTES`. Anything larger is
+        refused (413) by its `Content-Length`, before it is read or parsed: parsing megabytes
+        of ids holds the interpreter lock, which the engine thread needs too."""
+        prompt = max(16 * self.max_model_len, 6 * self.prep.max_chars)
+        return min(MAX_BODY_BYTES, BODY_BASE_BYTES + prompt)
 
     def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """What the engine would refuse, refused here, in the handler (ValueError): a prompt
@@ -135,13 +149,22 @@ async def snapshot(ctx: ServerContext) -> EngineSnapshot | JSONResponse:
 
 
 async def read_request(request: Request) -> bytes | Response:
-    """The raw body, or an error response (499: the client left; 413: too large)."""
+    """The raw body, or an error response (499: the client left; 413: larger than
+    `ServerContext.max_body_bytes`)."""
+    ctx = context(request)
+    limit = ctx.max_body_bytes
     try:
-        raw = await read_body(request, MAX_BODY_BYTES)
+        raw = await read_body(request, limit)
     except ClientDisconnect:  # gone mid-body (or closed for sending it too slowly)
         return Response(status_code=499)
     if raw is None:
-        return error_response(413, f"request body over {MAX_BODY_BYTES:,} bytes")
+        response = error_response(
+            413,
+            f"request body over {limit:,} bytes, more than any request that fits "
+            f"max_model_len {ctx.max_model_len} needs",
+        )
+        response.headers["connection"] = "close"  # the rest of the body is never read
+        return response
     return raw
 
 

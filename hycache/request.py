@@ -16,6 +16,11 @@ from hycache.cache.hashing import PrefixHashes
 
 MAX_LOGPROBS = 20  # the most alternatives per token a request may ask for (OpenAI's cap)
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's, vLLM's range)
+# repetition_penalty r divides or multiplies logits: within [1/100, 100] a float32 logit (|x| <
+# ~1e3) stays finite; vLLM asks only r > 0, and r = 1e-39 turned logits into inf and NaN
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
+MAX_STOP_TOKEN_IDS = 256  # per request; checked against each output token through a set
 
 
 class RequestStatus(StrEnum):
@@ -47,6 +52,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # `stop_token_ids` as a set: each output token is checked in O(1)
+    stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
 
     @property
     def adjusts_logits(self) -> bool:
@@ -63,9 +70,11 @@ class SamplingParams:
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:
                 raise ValueError(f"{name}: must lie in [-2, 2], got {value}")
-        if not 0 < self.repetition_penalty < float("inf"):
+        r = self.repetition_penalty
+        if not MIN_REPETITION_PENALTY <= r <= MAX_REPETITION_PENALTY:
             raise ValueError(
-                f"repetition_penalty: must be a finite number > 0, got {self.repetition_penalty}"
+                f"repetition_penalty: must lie in [{MIN_REPETITION_PENALTY:g}, "
+                f"{MAX_REPETITION_PENALTY:g}], got {r}"
             )
         self.logit_bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
         for token, bias in self.logit_bias:
@@ -81,7 +90,14 @@ class SamplingParams:
             raise ValueError(f"top_p: must lie in (0, 1], got {self.top_p}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs: must lie in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        self.stop_token_ids = tuple(self.stop_token_ids)
+        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS}, got {len(self.stop_token_ids)}"
+            )
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids: token ids must be >= 0")
+        self.stop_token_set = frozenset(self.stop_token_ids)
         self._check_penalties()
 
 
@@ -193,7 +209,7 @@ class Request:
         new: list[int] = []
         for t in token_ids[:room]:
             new.append(t)
-            if t in sp.stop_token_ids or (not sp.ignore_eos and t in self.eos_token_ids):
+            if t in sp.stop_token_set or (not sp.ignore_eos and t in self.eos_token_ids):
                 return new, RequestStatus.FINISHED_STOPPED
         if self.num_output_tokens + len(new) >= sp.max_tokens:
             return new, RequestStatus.FINISHED_LENGTH

@@ -20,6 +20,10 @@ drawn below `vocab`:
 Failures (connection refused, timeouts, HTTP errors, error events in a stream, a stream
 whose token count disagrees with its `usage`) are counted per request and never raised;
 only a server that cannot be reached before the run starts raises :class:`LoadgenError`.
+
+Nothing a server sends is buffered without bound: the reachability probe reads the status
+line and headers only, under one total deadline (`PROBE_TIMEOUT_S`); an error body is read up
+to `MAX_ERROR_BODY_BYTES`; a stream line longer than `MAX_LINE_BYTES` fails its request.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +50,10 @@ from hycache.sim.workloads import ChatShape, FamilyShape, SessionSpec, SystemPro
 
 if TYPE_CHECKING:
     import httpx
+
+PROBE_TIMEOUT_S = 10.0  # the reachability probe, connect to headers, in all
+MAX_ERROR_BODY_BYTES = 64 << 10  # of an error answer's body, the part read
+MAX_LINE_BYTES = 4 << 20  # one server-sent event line (a chunk with logprobs is ~kilobytes)
 
 __all__ = [
     "SERVE_SHAPES",
@@ -298,9 +306,40 @@ def _take_chunk(chunk: dict[str, Any], res: RequestResult, st: _Stream) -> None:
         res.cached_tokens = None if cached is None else int(cached)
 
 
+class StreamLineTooLong(ValueError):
+    """A server-sent event line exceeded `MAX_LINE_BYTES`."""
+
+
+async def _lines(resp: httpx.Response, limit: int = MAX_LINE_BYTES) -> AsyncIterator[str]:
+    """The response's lines (`\n`, `\r\n` or `\r` ends one), never holding more than
+    `limit` bytes of one line (StreamLineTooLong past it)."""
+    pending = b""
+    async for chunk in resp.aiter_bytes():
+        pending += chunk
+        *whole, pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        for line in whole:
+            if len(line) > limit:
+                raise StreamLineTooLong(f"a stream line over {limit:,} bytes")
+            yield line.decode("utf-8", errors="replace")
+        if len(pending) > limit:
+            raise StreamLineTooLong(f"a stream line over {limit:,} bytes")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
+async def _read_capped(resp: httpx.Response, limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
+    """At most the first `limit` bytes of the body (the rest is never read)."""
+    out = b""
+    async for chunk in resp.aiter_bytes():
+        out += chunk
+        if len(out) >= limit:
+            return out[:limit]
+    return out
+
+
 async def _read_stream(resp: httpx.Response, res: RequestResult, st: _Stream) -> None:
     """Read server-sent events up to `[DONE]`; an error event ends up in `res.error`."""
-    async for line in resp.aiter_lines():
+    async for line in _lines(resp):
         if not line.startswith("data:"):
             continue
         data = line[len("data:") :].strip()
@@ -355,7 +394,7 @@ async def send_one(
             client.stream("POST", endpoint, json=body) as resp,
         ):
             if resp.status_code != 200:
-                res.error = _http_error(resp.status_code, await resp.aread())
+                res.error = _http_error(resp.status_code, await _read_capped(resp))
                 return res
             await _read_stream(resp, res, st)
             if res.error is not None:
@@ -380,12 +419,18 @@ async def send_one(
     return res
 
 
-async def check_reachable(client: httpx.AsyncClient, endpoint: str) -> None:
-    """Raise LoadgenError when nothing answers at `endpoint` (any HTTP answer will do)."""
+async def check_reachable(
+    client: httpx.AsyncClient, endpoint: str, timeout: float = PROBE_TIMEOUT_S
+) -> None:
+    """Raise LoadgenError when nothing answers at `endpoint` within `timeout` seconds in all
+    (any HTTP status line will do: the body is never read)."""
     import httpx
 
     try:
-        await client.get(endpoint, timeout=10)
+        async with asyncio.timeout(timeout), client.stream("GET", endpoint, timeout=timeout):
+            pass  # the status line and headers have come: someone answers
+    except TimeoutError:
+        raise LoadgenError(f"cannot reach {endpoint}: no answer within {timeout:g} s") from None
     except httpx.HTTPError as exc:
         reason = str(exc) or type(exc).__name__
         raise LoadgenError(f"cannot reach {endpoint}: {_one_line(reason)}") from None

@@ -10,6 +10,7 @@ One step is schedule -> run -> update. Requests the model cannot take are refuse
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Iterator, Sequence
@@ -292,6 +293,11 @@ class LLM:
             raise ValueError(
                 f"logit_bias: token id {bad_bias[0]} is outside the vocabulary [0, {vocab})"
             )
+        bad_stop = [t for t in params.stop_token_ids if not t < vocab]
+        if bad_stop:
+            raise ValueError(
+                f"stop_token_ids: token id {bad_stop[0]} is outside the vocabulary [0, {vocab})"
+            )
         if len(ids) + params.max_tokens > max_len:
             raise ValueError(
                 f"prompt: {len(ids)} prompt tokens + max_tokens {params.max_tokens} exceed "
@@ -375,12 +381,13 @@ class LLM:
         finished = self.scheduler.update(out, results)
         self.stats.steps += 1
         events: list[StreamEvent] = []
+        before: dict[str, int] = {}  # output tokens streamed before this step
         done = {r.request_id for r in finished}
         for s in out.scheduled:
             req = s.request
             rid = req.request_id
             # a request re-admitted after a preemption replays its outputs: stream each once
-            n0 = self._streamed.get(rid, 0)
+            n0 = before[rid] = self._streamed.get(rid, 0)
             new = req.output_token_ids[n0:]
             self._streamed[rid] = req.num_output_tokens
             if new and n0 == 0:
@@ -398,7 +405,31 @@ class LLM:
             for e in events:
                 if e.request_id == req.request_id:
                     e.output = output
+        failed = self.runner.take_failed()
+        if failed:
+            reqs = {
+                s.request.request_id: (s.request, before[s.request.request_id])
+                for s in out.scheduled
+            }
+            events = [e for e in events if e.request_id not in failed]
+            for rid, why in failed.items():
+                req, n0 = reqs[rid]
+                events.append(self._fail(req, n0, why, counted=rid in done))
         return events
+
+    def _fail(self, req: Request, n0: int, why: str, counted: bool) -> StreamEvent:
+        """End `req`, whose sampling failed in this step, alone: its last event carries no new
+        token (the runner's stand-in is dropped; `n0` output tokens were streamed before) and
+        `error`; its output's finish reason is "error"."""
+        rid = req.request_id
+        self.stats.generated_tokens -= req.num_output_tokens - n0  # the stand-in
+        if not req.status.finished:
+            self.scheduler.finish(rid, RequestStatus.FINISHED_ABORTED)
+        self._forget(rid)
+        output = dataclasses.replace(self.request_output(req, n0), finish_reason="error")
+        if not counted:
+            self.stats.count(output)
+        return StreamEvent(rid, [], True, output, error=why)
 
     def snapshot(self) -> EngineSnapshot:
         """The scheduler, cache, store and engine counters now (`/v1/stats`, `/metrics`)."""

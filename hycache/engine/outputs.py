@@ -44,6 +44,9 @@ class StreamEvent:
     finished: bool
     output: RequestOutput | None = None  # set when finished
     new_logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when asked for
+    # set on the last event of a request whose sampling failed (NaN logits): it ended alone,
+    # with finish reason "error"
+    error: str | None = None
 
 
 @dataclass

@@ -24,7 +24,16 @@ import xxhash
 
 from hycache.cache.boundaries import Boundaries
 from hycache.config import GroupKind, HycacheConfig
-from hycache.engine.sampling import adjust_logits, pick, token_logprobs, verify
+from hycache.engine.sampling import (
+    SamplingError,
+    adjust_logits,
+    check_finite,
+    pick,
+    position_generator,
+    token_logprobs,
+    verify,
+    verify_seeded,
+)
 from hycache.model.eagle import EagleHead
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.paged import StepBatch
@@ -60,6 +69,9 @@ class ModelRunner:
         self.draft_kv = drafter.make_kv_cache(n, cache.block_size) if drafter else None
         self._draft_probs: dict[str, torch.Tensor | None] = {}
         self._gens: dict[str, torch.Generator] = {}
+        # requests whose sampling failed in the last step (request id -> why); the engine
+        # ends each of them alone (`take_failed`)
+        self.failed: dict[str, str] = {}
 
     # -- per-request state ---------------------------------------------------------------------
 
@@ -72,6 +84,15 @@ class ModelRunner:
             # on the model's device: torch.multinomial takes a generator of its tensor's device
             gen = self._gens[rid] = torch.Generator(self.model.device).manual_seed(seed)
         return gen
+
+    def _seeded_gen(self, params: SamplingParams, position: int) -> torch.Generator:
+        assert params.seed is not None
+        return position_generator(params.seed, position, self.model.device)
+
+    def take_failed(self) -> dict[str, str]:
+        """The requests whose sampling failed since the last call, and why."""
+        failed, self.failed = self.failed, {}
+        return failed
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's generator and draft distributions."""
@@ -142,14 +163,29 @@ class ModelRunner:
             n = len(s.draft_token_ids) + 1
             assert logits is not None
             params = s.request.sampling
-            gen = self._gen(rid, params)
             probs = self._draft_probs.pop(rid, None) if s.draft_token_ids else None
             req = s.request
-            rows = adjust_logits(
-                logits[at : at + n], params, req.prompt_token_ids, req.output_token_ids,
-                s.draft_token_ids,
-            )  # fmt: skip
-            toks = verify(rows, s.draft_token_ids, probs, params, gen)
+            try:
+                rows = adjust_logits(
+                    logits[at : at + n], params, req.prompt_token_ids, req.output_token_ids,
+                    s.draft_token_ids,
+                )  # fmt: skip
+                check_finite(rows)
+                if params.seed is not None:
+                    pos = req.num_output_tokens
+                    toks = verify_seeded(
+                        rows,
+                        s.draft_token_ids,
+                        params,
+                        lambda i, pos=pos, sp=params: self._seeded_gen(sp, pos + i),
+                    )
+                else:
+                    toks = verify(rows, s.draft_token_ids, probs, params, self._gen(rid, params))
+            except (SamplingError, RuntimeError) as e:
+                # this request alone fails: a stand-in token keeps the step consistent, and
+                # the engine ends the request after the step without showing it
+                self.failed[rid] = str(e)
+                toks = [int(logits[at].nan_to_num().argmax())]
             lps = None
             if params.logprobs is not None:  # row i predicted toks[i]
                 lps = token_logprobs(logits[at : at + n], toks, params.logprobs)
@@ -250,12 +286,17 @@ class ModelRunner:
         for step in range(self.k):
             logits = self.model.compute_logits(self.model.final_layernorm(prev_hidden))
             for n, i in enumerate(live):
-                s = sched[i]
-                tok, p = pick(
-                    logits[n],
-                    s.request.sampling,
-                    self._gen(s.request.request_id, s.request.sampling),
-                )
+                req = sched[i].request
+                sp = req.sampling
+                if sp.seed is not None:  # the drafts' own stream: never the tokens'
+                    gen = self._seeded_gen(sp, -1 - req.num_output_tokens - step)
+                else:
+                    gen = self._gen(req.request_id, sp)
+                try:
+                    tok, p = pick(logits[n], sp, gen)
+                except (SamplingError, RuntimeError) as e:
+                    self.failed.setdefault(req.request_id, str(e))
+                    tok, p = int(logits[n].nan_to_num().argmax()), None
                 drafts[n].append(tok)
                 if p is not None:
                     probs[n].append(p)

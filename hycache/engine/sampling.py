@@ -13,6 +13,15 @@ multiplies the negative ones of every token in the prompt or the output so far; 
 in the output, are subtracted. Each verified row is adjusted with the output it follows (the
 accepted tokens and the drafts before it), so speculative decoding still equals plain decoding.
 
+A request with a `seed` draws the token at output position j from a generator of its own,
+seeded by (seed, j) (`position_generator`), and verifies drafts by equality with that token
+(`verify_seeded`): its tokens are those of plain decoding with the same seed whatever drafts
+the step carried, so a preemption (which drops the drafts) or a different drafter changes
+nothing (at the price of accepting a draft only when it equals the sampled token).
+
+A row whose logits are NaN or +inf (a numerical failure in one request) raises
+`SamplingError`, which the runner turns into that request's failure alone.
+
 `token_logprobs` reports what a request asked for with `SamplingParams.logprobs`: the
 log_softmax of the raw logits (before penalties, temperature and top-p, vLLM's default), so the
 values do not depend on how the token was chosen.
@@ -20,11 +29,29 @@ values do not depend on how the token was chosen.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+import xxhash
 
 from hycache.request import SamplingParams, TokenLogprob
+
+
+class SamplingError(RuntimeError):
+    """One request's logits or distribution are not numbers: that request fails, no other."""
+
+
+def check_finite(logits: torch.Tensor) -> None:
+    """Raise SamplingError when any row of `logits` holds NaN or +inf (-inf is a banned
+    token, which sampling handles)."""
+    if bool(torch.isnan(logits).any()) or bool(torch.isposinf(logits).any()):
+        raise SamplingError("the logits of this request became NaN or infinite")
+
+
+def position_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
+    """The generator of a seeded request's output position `position` (its drafts' too)."""
+    key = xxhash.xxh64_intdigest(position.to_bytes(8, "little", signed=True), seed % 2**64) % 2**62
+    return torch.Generator(device).manual_seed(key)
 
 
 def adjust_logits(
@@ -75,6 +102,8 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
+    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
+        raise SamplingError("the sampling distribution of this request is not a distribution")
     return int(torch.multinomial(probs, 1, generator=gen).item())
 
 
@@ -121,6 +150,27 @@ def verify(
         total = residual.sum()
         return [*out, sample(residual / total if total > 0 else p[i], gen)]
     return [*out, sample(p[len(drafts)], gen)]
+
+
+def verify_seeded(
+    logits: torch.Tensor,
+    drafts: Sequence[int],
+    params: SamplingParams,
+    gen_at: Callable[[int], torch.Generator],
+) -> list[int]:
+    """A seeded request's drafts against (len(drafts) + 1, V) logits: row i's token is drawn
+    with `gen_at(i)` (the generator of its output position) exactly as plain decoding draws
+    it, and draft i is accepted when it equals that token."""
+    if params.temperature == 0:
+        return verify(logits, drafts, None, params, gen_at(0))
+    p = probabilities(logits, params)
+    out: list[int] = []
+    for i in range(len(drafts) + 1):
+        tok = sample(p[i], gen_at(i))
+        out.append(tok)
+        if i == len(drafts) or drafts[i] != tok:
+            break
+    return out
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], k: int) -> list[TokenLogprob]:

@@ -36,7 +36,8 @@ Both generation routes take, as OpenAI and vLLM do:
   `seed`, choice i uses seed + i); usage counts the prompt once and sums the choices'
   completion tokens; streamed chunks carry their choice's `index`.
 - `frequency_penalty`, `presence_penalty`, `repetition_penalty`, `logit_bias`, with vLLM's
-  semantics (`hycache.engine.sampling.adjust_logits`).
+  semantics (`hycache.engine.sampling.adjust_logits`). Every bound a request may ask for, and
+  the HTTP framing refused, are listed in docs/security.md.
 - logprobs (completions: `logprobs: k`; chat: `logprobs: true`, `top_logprobs: k`; k <= 20):
   each output token's log-probability and the k most likely alternatives, computed as
   log_softmax of the model's raw logits (vLLM's default: before temperature and top-p).

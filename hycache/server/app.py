@@ -18,7 +18,12 @@ from hycache.server.chat_template import ChatTemplate
 from hycache.server.metrics import ServerMetrics
 from hycache.server.prompts import PromptPrep
 from hycache.server.protocol import error_response
-from hycache.server.security import ApiKeyMiddleware, JsonBodyMiddleware, LoopbackGuardMiddleware
+from hycache.server.security import (
+    ApiKeyMiddleware,
+    JsonBodyMiddleware,
+    LoopbackGuardMiddleware,
+    StrictHttpMiddleware,
+)
 from hycache.server.serving import ServerContext
 from hycache.server.worker import EngineWorker
 
@@ -65,6 +70,7 @@ def create_app(
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     if loopback_only:
         app.add_middleware(LoopbackGuardMiddleware)
+    app.add_middleware(StrictHttpMiddleware)  # outermost: framing and duplicate headers
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     for module in (info, tokenize, completions, chat):
         app.include_router(module.router)

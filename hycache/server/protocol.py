@@ -7,14 +7,16 @@ refuses and the error shape.
   `logprobs` (at most `MAX_LOGPROBS` alternatives per token).
 - `UNSUPPORTED_FIELDS` / `CHAT_UNSUPPORTED_FIELDS` and `refuse_unsupported`: OpenAI fields
   hycache does not implement are refused (400) unless null, empty or at their unused value,
-  never answered with other semantics.
+  never answered with other semantics. Bodies keep unknown fields (`model_extra`) so that the
+  JSON is parsed once, by pydantic (depth-limited, strict UTF-8).
+- Bounds: `repetition_penalty` in [0.01, 100], at most `MAX_STOP_TOKEN_IDS` stop token ids,
+  `MAX_LOGIT_BIAS` logit_bias entries, chat roles from `CHAT_ROLES`.
 - `error_response`: OpenAI's `{"error": {"message", "type", "param", "code"}}`.
-- `TokenizeBody` / `TokenizeChatBody` / `DetokenizeBody`: vLLM's tokenizer routes.
+- `TokenizeBody` / `DetokenizeBody`: vLLM's tokenizer routes.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -27,13 +29,23 @@ from pydantic import (
     field_validator,
 )
 
-from hycache.request import MAX_LOGPROBS, SamplingParams
+from hycache.request import (
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP_TOKEN_IDS,
+    MIN_REPETITION_PENALTY,
+    SamplingParams,
+)
 
 MIN_TEMPERATURE = 1e-6  # below this (but > 0) softmax(logits / t) overflows to NaN
 MAX_SEED = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
 MAX_PREFIX_HINTS = 16  # per request; a prompt has few shared-prefix boundaries worth keeping
 MAX_N = 16  # choices per request: each is its own engine request
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
+MAX_LOGIT_BIAS = 300  # logit_bias entries per request, as OpenAI allows
+# chat roles a template may see; any other role is refused (it would be rendered verbatim
+# into the template's markup: a role `end|><|system` forges a turn)
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function", "ipython"})
 # OpenAI completions fields hycache does not implement, with the value that means "unused":
 # any other value is refused (400) instead of silently answered with other semantics
 UNSUPPORTED_FIELDS: dict[str, Any] = {
@@ -64,14 +76,14 @@ class GenerationBody(BaseModel):
     """The fields both generation routes share: sampling, choices, stop strings, streaming and
     the cache salt."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="allow")  # extras: see `refuse_unsupported`
 
     temperature: float = Field(0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, allow_inf_nan=False)
     seed: int | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -80,8 +92,11 @@ class GenerationBody(BaseModel):
     # vLLM's semantics (SamplingParams / hycache.engine.sampling.adjust_logits)
     presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
-    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None  # token id (a string, as JSON keys are) -> bias
+    repetition_penalty: float = Field(
+        1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False
+    )
+    # token id (a string, as JSON keys are) -> bias
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
 
     @field_validator("stop")
     @classmethod
@@ -124,15 +139,19 @@ class GenerationBody(BaseModel):
 
     def _logit_bias(self) -> tuple[tuple[int, float], ...]:
         """`logit_bias` as (token id, bias) pairs, each bias clamped to [-100, 100] as vLLM
-        (and OpenAI) do; a key that is no token id raises ValueError."""
-        out = []
+        (and OpenAI) do. Keys are read as vLLM reads them, `int(key)`: `"7"` and `"07"` name
+        one token, the later replacing the earlier. A key that is no decimal token id (ASCII
+        digits only: `int` would read `"²"` or `"٣"` otherwise) raises ValueError."""
+        out: dict[int, float] = {}
         for key, bias in (self.logit_bias or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"logit_bias: keys must be token ids, got {key!r}")
+            if not (key.isascii() and key.isdigit() and len(key) <= 20):
+                raise ValueError(
+                    f"logit_bias: keys must be token ids (decimal digits), got {key!r}"
+                )
             if bias != bias or abs(bias) == float("inf"):
                 raise ValueError(f"logit_bias: {key}: bias must be a finite number")
-            out.append((int(key), min(100.0, max(-100.0, bias))))
-        return tuple(out)
+            out[int(key)] = min(100.0, max(-100.0, bias))
+        return tuple(out.items())
 
 
 class CompletionBody(GenerationBody):
@@ -159,6 +178,13 @@ class ChatMessage(BaseModel):
 
     role: str = Field(min_length=1)
     content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _check_role(cls, role: str) -> str:
+        if role not in CHAT_ROLES:
+            raise ValueError(f"role must be one of {', '.join(sorted(CHAT_ROLES))}")
+        return role
 
     def as_template_input(self) -> dict[str, Any]:
         """The message as the template sees it: text parts joined into one string."""
@@ -199,7 +225,6 @@ class ChatBody(GenerationBody):
 # vLLM's /tokenize chat fields hycache does not implement, with their unused values
 TOKENIZE_CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
     "continue_final_message": False,
-    "add_special_tokens": False,
     "chat_template": None,
     "chat_template_kwargs": None,
     "tools": None,
@@ -208,23 +233,28 @@ TOKENIZE_CHAT_UNSUPPORTED_FIELDS: dict[str, Any] = {
 
 
 class TokenizeBody(BaseModel):
-    """vLLM's `POST /tokenize` body for a text prompt (`model` is ignored)."""
+    """vLLM's `POST /tokenize` body: a text `prompt`, or chat `messages` rendered as the chat
+    route does (`model` is ignored; other chat fields are checked by `refuse_unsupported`)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="allow")
 
-    prompt: str
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
-
-
-class TokenizeChatBody(BaseModel):
-    """vLLM's `POST /tokenize` body for chat messages, rendered as the chat route does."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    messages: list[ChatMessage] = Field(min_length=1)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None  # text: default True; chat: only False
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+
+    def checked(self) -> TokenizeBody:
+        """Self, or ValueError when it is neither shape."""
+        if self.messages is None and self.prompt is None:
+            raise ValueError("prompt: Field required (or messages)")
+        if self.messages is not None and self.add_special_tokens:
+            raise ValueError("add_special_tokens: not supported with messages; leave it out")
+        if self.messages is None:
+            refuse_unsupported(self.model_extra or {}, {})
+        else:
+            refuse_unsupported(self.model_extra or {}, TOKENIZE_CHAT_UNSUPPORTED_FIELDS)
+        return self
 
 
 class DetokenizeBody(BaseModel):
@@ -232,7 +262,7 @@ class DetokenizeBody(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    tokens: list[int]
+    tokens: list[int]  # at most max_model_len of them (checked by the route)
 
 
 def error_response(
@@ -254,25 +284,13 @@ def validation_message(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def has_field(raw: bytes, name: str) -> bool:
-    """Whether the JSON object in `raw` has the field `name` (False for anything else)."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and name in doc
-
-
-def refuse_unsupported(raw: bytes, fields: dict[str, Any] = UNSUPPORTED_FIELDS) -> None:
-    """Raise ValueError naming the first OpenAI field in `fields` set to something hycache does
-    not do (null, an empty value or the field's unused value pass)."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return  # the model validation reports malformed JSON
-    if not isinstance(doc, dict):
-        return
+def refuse_unsupported(extra: dict[str, Any], fields: dict[str, Any]) -> None:
+    """Raise ValueError naming the first OpenAI field in `fields` that a body's extra fields
+    (pydantic's `model_extra`: the body is parsed once) set to something hycache does not do
+    (null, an empty value or the field's unused value pass)."""
     for key, unused in fields.items():
-        value = doc.get(key, unused)
+        value = extra.get(key, unused)
         if value is not None and value != unused and value not in ([], {}, ""):
-            raise ValueError(f"{key}: not supported by hycache (got {value!r}); leave it out")
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise ValueError(f"{key}: not supported by hycache (got {shown}); leave it out")

@@ -9,13 +9,16 @@
 - `LogprobFormatter`: a choice's `TokenLogprob`s in the completions (legacy) shape
   `{tokens, token_logprobs, top_logprobs, text_offset}` or the chat shape
   `{content: [{token, logprob, bytes, top_logprobs}]}`. Values are the log_softmax of the raw
-  logits (before temperature and top-p), as vLLM reports by default.
+  logits (before temperature and top-p), as vLLM reports by default. A chat entry's `bytes`
+  are the token's own bytes (`TokenBytes`: a byte-level token's bytes, a `<0xNN>` byte
+  token's byte), so the bytes of a character split across tokens join back into it.
 - `sse`: one server-sent event.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -90,12 +93,67 @@ class TextDelta:
         return delta
 
 
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is spelt with, inverted."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: b for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _uses_byte_level(tokenizer: Any) -> bool:
+    """Whether a `tokenizers.Tokenizer` decodes with the byte-level decoder (GPT-2 style)."""
+    try:
+        doc = json.loads(tokenizer.to_str()).get("decoder") or {}
+    except (AttributeError, ValueError, TypeError):
+        return False
+    parts = doc.get("decoders", [doc]) if isinstance(doc, dict) else []
+    return any(isinstance(d, dict) and d.get("type") == "ByteLevel" for d in parts)
+
+
+class TokenBytes:
+    """A token id's own bytes: a byte-level vocabulary's token spelt back into bytes, a
+    `<0xNN>` byte-fallback token as that byte, else the token decoded alone (UTF-8)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.table = _byte_level_table() if _uses_byte_level(tokenizer) else None
+        self._cache: dict[int, bytes] = {}
+
+    def __call__(self, token_id: int) -> bytes | None:
+        got = self._cache.get(token_id)
+        if got is not None:
+            return got
+        piece = self.tokenizer.id_to_token(token_id)
+        if piece is None:
+            return None
+        byte = _BYTE_TOKEN.fullmatch(piece)
+        if byte is not None:
+            out = bytes([int(byte.group(1), 16)])
+        elif self.table is not None and all(c in self.table for c in piece):
+            out = bytes(self.table[c] for c in piece)
+        else:
+            out = self.tokenizer.decode([token_id]).encode()
+        self._cache[token_id] = out
+        return out
+
+
 class LogprobFormatter:
     """Formats `TokenLogprob`s for responses; token strings are each id decoded alone (or
     `token_id:N` without a tokenizer, as vLLM writes ids)."""
 
-    def __init__(self, decode: Decode | None) -> None:
+    def __init__(
+        self, decode: Decode | None, token_bytes: Callable[[int], bytes | None] | None = None
+    ) -> None:
         self.decode = decode
+        self.token_bytes = token_bytes
         self._texts: dict[int, str] = {}
 
     def token(self, token_id: int) -> str:
@@ -152,7 +210,8 @@ class LogprobFormatter:
 
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
             text = self.token(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            raw = self.token_bytes(token_id) if self.token_bytes is not None else None
+            return {"token": text, "logprob": logprob, "bytes": list(raw or text.encode())}
 
         return {
             "content": [

@@ -6,6 +6,11 @@
   rebinding) and `Origin`s (`null` too); `is_loopback` / `host_of` parse the headers.
 - `JsonBodyMiddleware`: every POST must be `application/json` (no simple cross-site request
   can send that).
+- `StrictHttpMiddleware` (outermost): what h11 lets through and a careful server refuses, each
+  answered and the connection closed: a request with both `Content-Length` and
+  `Transfer-Encoding` (request smuggling: the body's framing is ambiguous), an HTTP version
+  other than 1.0 or 1.1, and a `Host`, `Origin`, `Content-Length` or `Transfer-Encoding`
+  header sent twice (which one counts is anyone's guess).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hmac
 import ipaddress
 import re
 
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hycache.server.protocol import error_response
@@ -47,9 +53,13 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-_PORT = re.compile(r"[0-9]{1,5}")
+_PORT = re.compile(r"[0-9]{1,5}")  # and at most 65535 (`_port_ok`)
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")  # a DNS name or a dotted IPv4 address
+
+
+def _port_ok(port: str) -> bool:
+    return _PORT.fullmatch(port) is not None and int(port) <= 65535
 
 
 def host_of(value: str) -> str | None:
@@ -60,14 +70,14 @@ def host_of(value: str) -> str | None:
     if value.startswith("["):
         close = value.find("]")
         host, rest = value[1:close], value[close + 1 :]
-        if close < 0 or (rest and not (rest[0] == ":" and _PORT.fullmatch(rest[1:]))):
+        if close < 0 or (rest and not (rest[0] == ":" and _port_ok(rest[1:]))):
             return None
         try:
             return host if ipaddress.ip_address(host).version == 6 else None
         except ValueError:
             return None
     host, colon, port = value.partition(":")
-    if colon and not _PORT.fullmatch(port):
+    if colon and not _port_ok(port):
         return None
     return host if _NAME.fullmatch(host) else None
 
@@ -108,7 +118,7 @@ class LoopbackGuardMiddleware:
         if scope["type"] == "http":
             headers = {k: v.decode("latin-1") for k, v in scope.get("headers", [])}
             host = headers.get(b"host", "")
-            origin = headers.get(b"origin")
+            origin = headers.get(b"origin")  # sent twice: StrictHttpMiddleware refused it
             bad = None
             if not is_loopback(host):
                 bad = f"Host {host!r} is not a loopback name; this server serves this machine only"
@@ -146,3 +156,43 @@ class JsonBodyMiddleware:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+HTTP_VERSIONS = ("1.0", "1.1")
+SINGLE_HEADERS = (b"host", b"origin", b"content-length", b"transfer-encoding")
+
+
+def _refuse_and_close(status: int, message: str) -> JSONResponse:
+    response = error_response(status, message, "bad_http_request")
+    response.headers["connection"] = "close"  # h11 then closes after the answer
+    return response
+
+
+class StrictHttpMiddleware:
+    """Refuse, and close the connection after answering, what HTTP/1.1 servers should never
+    guess at (see the module docstring). Runs before every other check."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            bad = self.problem(scope)
+            if bad is not None:
+                status, message = bad
+                await _refuse_and_close(status, message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def problem(scope: Scope) -> tuple[int, str] | None:
+        version = str(scope.get("http_version", "1.1"))
+        if version not in HTTP_VERSIONS:
+            return 505, f"HTTP/{version} is not supported (HTTP/1.0 or HTTP/1.1)"
+        names = [k.lower() for k, _ in scope.get("headers", [])]
+        for name in SINGLE_HEADERS:
+            if names.count(name) > 1:
+                return 400, f"the {name.decode()} header is sent more than once"
+        if b"content-length" in names and b"transfer-encoding" in names:
+            return 400, "a request may not carry both Content-Length and Transfer-Encoding"
+        return None

@@ -3,7 +3,8 @@ requests -> a streamed or a whole response.
 
 - `ServerContext`: what the routes share (the engine worker, prompt preparation, metrics, the
   served name), kept on `app.state.ctx`.
-- `read_body` / `parse_body`: the body, capped at `MAX_BODY_BYTES` (413) and validated against
+- `read_body` / `parse_body`: the body, capped at `ServerContext.max_body_bytes` (what a request
+  that fits `max_model_len` needs, at most `MAX_BODY_BYTES`; 413) and validated against
   its pydantic model and the OpenAI fields hycache refuses (400).
 - `RequestRunner` ties a handler to the `EngineWorker`: whenever the client goes away first
   (a hang-up while waiting, a closed stream, a cancelled handler), the unfinished engine
@@ -18,6 +19,7 @@ requests -> a streamed or a whole response.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 import uuid
@@ -42,10 +44,22 @@ from hycache.server.protocol import (
     refuse_unsupported,
     validation_message,
 )
-from hycache.server.responses import Decode, LogprobFormatter, Tail, TextDelta, sse, usage
+from hycache.server.responses import (
+    Decode,
+    LogprobFormatter,
+    Tail,
+    TextDelta,
+    TokenBytes,
+    sse,
+    usage,
+)
 from hycache.server.worker import EngineWorker, Failed, Item, ServerClosed, fan_out
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body; a 128k-token prompt as JSON ids is about 1 MB
+# beyond what the prompt needs, what a body may hold: sampling fields, 256 stop ids, 300
+# logit_bias entries, chat message framing
+BODY_BASE_BYTES = 256 * 2**10
+PARSE_OFF_LOOP_BYTES = 256 * 2**10  # a body this large is parsed on a worker thread
 
 # the chunks to stream for one engine event of the choice with this index
 Chunks = Callable[[int, StreamEvent], list[dict[str, Any]]]
@@ -72,6 +86,10 @@ class ServerContext:
     def decode(self) -> Decode | None:
         return self.llm.decode if self.llm.tokenizer is not None else None
 
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes | None:
+        return TokenBytes(self.llm.tokenizer) if self.llm.tokenizer is not None else None
+
     @property
     def tiered(self) -> bool:
         """Usage carries `store_cached_tokens` (the engine has a second tier)."""
@@ -80,6 +98,39 @@ class ServerContext:
     @property
     def max_model_len(self) -> int:
         return self.llm.config.cache.max_model_len
+
+    @functools.cached_property
+    def max_body_bytes(self) -> int:
+        """The largest body any request that fits `max_model_len` needs: `BODY_BASE_BYTES` plus
+        the prompt written as JSON (16 bytes an id, or 6 bytes a character of the longest text
+        that could fit: a `\\uXXXX` escape), at most `MAX_BODY_BYTES`. Anything larger is
+        refused (413) by its `Content-Length`, before it is read or parsed: parsing megabytes
+        of ids holds the interpreter lock, which the engine thread needs too."""
+        prompt = max(16 * self.max_model_len, 6 * self.prep.max_chars)
+        return min(MAX_BODY_BYTES, BODY_BASE_BYTES + prompt)
+
+    def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """What the engine would refuse, refused here, in the handler (ValueError): a prompt
+        that cannot fit `max_model_len` with its `max_tokens` (checked by its length first, so a
+        huge one costs nothing more), ids outside the vocabulary (prompt, stop_token_ids,
+        logit_bias). The engine thread then never spends a moment on a refused request."""
+        max_len = self.max_model_len
+        vocab = self.llm.model_config.vocab_size
+        if not prompt:
+            raise ValueError("prompt: empty prompt")
+        if len(prompt) + params.max_tokens > max_len:
+            raise ValueError(
+                f"prompt: {len(prompt)} prompt tokens + max_tokens {params.max_tokens} exceed "
+                f"max_model_len {max_len}"
+            )
+        for what, ids in (
+            ("prompt", prompt),
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", [t for t, _ in params.logit_bias]),
+        ):
+            if ids and not (min(ids) >= 0 and max(ids) < vocab):
+                bad = next(t for t in ids if not 0 <= t < vocab)
+                raise ValueError(f"{what}: token id {bad} is outside the vocabulary [0, {vocab})")
 
 
 def context(request: Request) -> ServerContext:
@@ -98,13 +149,22 @@ async def snapshot(ctx: ServerContext) -> EngineSnapshot | JSONResponse:
 
 
 async def read_request(request: Request) -> bytes | Response:
-    """The raw body, or an error response (499: the client left; 413: too large)."""
+    """The raw body, or an error response (499: the client left; 413: larger than
+    `ServerContext.max_body_bytes`)."""
+    ctx = context(request)
+    limit = ctx.max_body_bytes
     try:
-        raw = await read_body(request, MAX_BODY_BYTES)
+        raw = await read_body(request, limit)
     except ClientDisconnect:  # gone mid-body (or closed for sending it too slowly)
         return Response(status_code=499)
     if raw is None:
-        return error_response(413, f"request body over {MAX_BODY_BYTES:,} bytes")
+        response = error_response(
+            413,
+            f"request body over {limit:,} bytes, more than any request that fits "
+            f"max_model_len {ctx.max_model_len} needs",
+        )
+        response.headers["connection"] = "close"  # the rest of the body is never read
+        return response
     return raw
 
 
@@ -114,19 +174,25 @@ M = TypeVar("M")
 async def parse_body(
     request: Request, fields: dict[str, Any], model: type[M], raw: bytes | None = None
 ) -> M | Response:
-    """The validated body (of `raw`, else read now), or an error response."""
+    """The validated body (of `raw`, else read now), or an error response. The JSON is parsed
+    once, by pydantic (which refuses nesting deeper than 200 and invalid UTF-8); a large body
+    is parsed on a worker thread."""
     if raw is None:
         read = await read_request(request)
         if isinstance(read, Response):
             return read
         raw = read
     try:
-        refuse_unsupported(raw, fields)
-        return model.model_validate_json(raw)  # type: ignore[attr-defined,no-any-return]
+        if len(raw) > PARSE_OFF_LOOP_BYTES:
+            body = await asyncio.to_thread(model.model_validate_json, raw)  # type: ignore[attr-defined]
+        else:
+            body = model.model_validate_json(raw)  # type: ignore[attr-defined]
+        refuse_unsupported(body.model_extra or {}, fields)
+        return body  # type: ignore[no-any-return]
     except ValidationError as e:
         return error_response(400, validation_message(e))
-    except ValueError as e:
-        return error_response(400, str(e))
+    except (ValueError, RecursionError) as e:
+        return error_response(400, str(e) if isinstance(e, ValueError) else "JSON nested too deep")
 
 
 async def read_body(request: Request, limit: int) -> bytes | None:
@@ -353,11 +419,13 @@ class OpenAIServing(ABC, Generic[B]):
         refused = self.unavailable()
         if refused is not None:
             return refused
+        ctx = self.ctx
         try:
             prepared = await self.prepare(body)
+            if not isinstance(prepared.prompt, str):
+                ctx.check_request(prepared.prompt, prepared.params)
         except ValueError as e:  # ChatTemplateError included
             return error_response(400, str(e))
-        ctx = self.ctx
         request_id = f"{route.id_prefix}-{uuid.uuid4().hex[:16]}-{next(ctx.counter)}"
         created = int(time.time())
         requests = fan_out(request_id, prepared.params, body.n)
@@ -370,7 +438,7 @@ class OpenAIServing(ABC, Generic[B]):
         if isinstance(items, Response):
             return items
         timer = ctx.metrics.timer(arrival)
-        reply = Reply(self, request_id, created, LogprobFormatter(ctx.decode))
+        reply = Reply(self, request_id, created, LogprobFormatter(ctx.decode, ctx.token_bytes))
         if body.stream:
             reply.start_stream(len(ids), stop)
             tail = reply.usage_tail if body.include_usage else None

@@ -9,15 +9,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from hycache.server.protocol import (
-    TOKENIZE_CHAT_UNSUPPORTED_FIELDS,
-    DetokenizeBody,
-    TokenizeBody,
-    TokenizeChatBody,
-    error_response,
-    has_field,
-)
-from hycache.server.serving import context, parse_body, read_request
+from hycache.server.protocol import DetokenizeBody, TokenizeBody, error_response
+from hycache.server.serving import context, parse_body
 
 router = APIRouter()
 
@@ -29,26 +22,26 @@ def _no_tokenizer() -> JSONResponse:
 @router.post("/tokenize", response_model=None)
 async def tokenize(request: Request) -> Response:
     ctx = context(request)
-    raw = await read_request(request)
-    if isinstance(raw, Response):
-        return raw
-    chat = has_field(raw, "messages")
-    fields = TOKENIZE_CHAT_UNSUPPORTED_FIELDS if chat else {}
-    model = TokenizeChatBody if chat else TokenizeBody
-    body = await parse_body(request, fields, model, raw)
+    body = await parse_body(request, {}, TokenizeBody)
     if isinstance(body, Response):
         return body
+    try:
+        body.checked()
+    except ValueError as e:
+        return error_response(400, str(e))
     tokenizer = ctx.llm.tokenizer
     if tokenizer is None:
         return _no_tokenizer()
-    if chat and ctx.prep.encoder is None:
+    if body.messages is not None and ctx.prep.encoder is None:
         return error_response(400, "this model has no chat template; pass --chat-template FILE")
     try:
-        if isinstance(body, TokenizeChatBody):
+        if body.messages is not None:
             messages = [m.as_template_input() for m in body.messages]
             ids, _ = await ctx.prep.chat(messages, body.add_generation_prompt)
         else:
-            ids = await ctx.prep.text(body.prompt, body.add_special_tokens)
+            assert body.prompt is not None
+            add = body.add_special_tokens is not False
+            ids = await ctx.prep.text(body.prompt, add)
     except ValueError as e:
         return error_response(400, str(e))
     strs = [tokenizer.id_to_token(t) for t in ids] if body.return_token_strs else None
@@ -65,6 +58,10 @@ async def detokenize(request: Request) -> Response:
         return body
     if ctx.llm.tokenizer is None:
         return _no_tokenizer()
+    if len(body.tokens) > ctx.max_model_len:
+        return error_response(
+            400, f"tokens: {len(body.tokens):,} ids, more than max_model_len {ctx.max_model_len}"
+        )
     vocab = ctx.llm.model_config.vocab_size
     bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
     if bad is not None:

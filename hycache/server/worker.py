@@ -345,6 +345,9 @@ class EngineWorker:
             channel = self._channels.get(rid)
             if channel is None:  # aborted by its handler in the meantime
                 continue
+            if event.error is not None:  # this request alone failed: end its siblings too
+                self._fail_channel(channel, f"engine error in this request: {event.error}")
+                continue
             stops = self._stops.get(rid)
             if stops is not None:
                 event = self._check_stop(event, stops)
@@ -376,6 +379,16 @@ class EngineWorker:
         return StreamEvent(
             rid, event.new_token_ids[:keep], True, output, lps[:keep] if lps is not None else None
         )
+
+    def _fail_channel(self, channel: _Channel, message: str) -> None:
+        """Fail one submission (its handler gets a 500), aborting its other choices; every
+        other request goes on."""
+        ids = [rid for rid, c in self._channels.items() if c is channel]
+        for rid in ids:
+            del self._channels[rid]
+            self._stops.pop(rid, None)
+            self._abort(rid)  # a no-op for the failed one, which the engine ended
+        channel.put(Failed(500, message))
 
     def _fail_all(self, status: int, message: str) -> None:
         ids = [*self._channels, *self.llm.scheduler.unfinished_ids()]

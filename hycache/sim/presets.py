@@ -16,6 +16,8 @@ from.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -367,10 +369,18 @@ def read_config_file(path: Path) -> Any:
     line naming the file, otherwise."""
     where = str(path)
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        # non-blocking, so a FIFO (or a device) is refused instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise ValueError(f"{where}: cannot read file: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+            raise ValueError(f"{where}: not a regular file (a pipe, socket or folder)")
+        try:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(f"{where}: cannot read file: {exc.strerror or exc}") from exc
     if len(raw) > MAX_CONFIG_BYTES:
         raise ValueError(f"{where}: over {MAX_CONFIG_BYTES >> 20} MiB; not a config file")
     try:

@@ -21,6 +21,13 @@ port probe cannot tell) thus costs one call's deadline; from then on every call 
 once, without touching the client, until the stuck call has returned and a probe call on that
 thread gets an answer again. A setup that never ends (something else listens on the port)
 leaves the store a miss for good, warned once; `serve` and `generate` carry on without it.
+
+A batch of puts (the mirror's flush at the end of an engine step) has its own deadline,
+`flush_timeout`, over all its calls: what is left when it passes is refused (a later flush
+writes what the store still lacks). A put whose transfer fails (a peer whose segment the
+master chose has died: each such put costs about a second of retries inside the client)
+skips the rest of its batch, so one dead peer costs one failed transfer per flush, never one
+per object.
 """
 
 from __future__ import annotations
@@ -45,6 +52,11 @@ from hycache.store.base import KVStore
 LOCAL_BUFFER_BYTES = 128 << 20  # the client's staging buffer: the largest object it moves
 RETRY_SECONDS = 2.0
 CALL_TIMEOUT_S = 2.0  # the longest a store call may hold the engine's step
+FLUSH_TIMEOUT_S = 2.0  # the longest one batch of puts (a flush) may hold it, all calls together
+# Mooncake's ErrorCode values that `put` returns
+NO_AVAILABLE_HANDLE = -200  # no segment has room: the store is full
+TRANSFER_FAIL = -800  # the transfer into the chosen segment failed: its owner may be gone
+RPC_FAIL = -900  # the master did not answer
 SETUP_TIMEOUT_S = 10.0  # joining the store (a live master answers in well under a second)
 PROBE_KEY = "hycache-probe"  # what a hung store asks until the master answers again
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -154,6 +166,7 @@ class MooncakeStore(KVStore):
         local_hostname: str | None = None,
         call_timeout: float = CALL_TIMEOUT_S,
         setup_timeout: float = SETUP_TIMEOUT_S,
+        flush_timeout: float = FLUSH_TIMEOUT_S,
     ) -> None:
         super().__init__()
         self.host, self.port = parse_url(url)
@@ -180,6 +193,7 @@ class MooncakeStore(KVStore):
         self._put_bytes = 0
         self.call_timeout = call_timeout
         self.setup_timeout = setup_timeout
+        self.flush_timeout = flush_timeout
         self._calls = _CallThread()
         self._hung = False  # a call overran its deadline: miss at once until one answers
         self._closed = False
@@ -351,7 +365,23 @@ class MooncakeStore(KVStore):
             self.stats.put_refused += len(items)
             return [False] * len(items)
         out: list[bool] = []
+        deadline = time.monotonic() + self.flush_timeout
+
+        def skip_rest(kind: str, message: str) -> None:
+            rest = len(items) - len(out)
+            self.stats.put_refused += rest
+            out.extend([False] * rest)
+            if message:
+                self.stats.warn_once(kind, message)
+
         for key, value in items:
+            if time.monotonic() > deadline:
+                skip_rest(
+                    "flush-deadline",
+                    f"mooncake store: a batch of puts overran its {self.flush_timeout:g} s "
+                    "deadline; the rest of it is skipped",
+                )
+                break
             if len(value) > LOCAL_BUFFER_BYTES:
                 self.stats.put_refused += 1
                 self.stats.warn_once(
@@ -362,9 +392,7 @@ class MooncakeStore(KVStore):
             client = self._client
             answered, rc = self._call(lambda c=client, k=key, v=value: c.put(k, v))
             if not answered:  # hung: this put and every one after it are refused
-                rest = len(items) - len(out)
-                self.stats.put_refused += rest
-                out.extend([False] * rest)
+                skip_rest("", "")
                 break
             if rc == 0:
                 self.stats.puts += 1
@@ -372,14 +400,23 @@ class MooncakeStore(KVStore):
                 self._put_bytes += len(value)
                 out.append(True)
                 continue
-            self.stats.put_refused += 1
-            if rc == -900:  # RPC_FAIL: the master is gone
+            if rc == RPC_FAIL:  # the master is gone
                 self._failed(rc)
-                rest = len(items) - len(out)  # this item and every one after it
-                self.stats.put_refused += rest - 1
-                out.extend([False] * rest)
+                skip_rest("", "")
                 break
-            self.stats.warn_once("refused", f"mooncake store refused a put ({rc}): store full?")
+            if rc == TRANSFER_FAIL:
+                self.stats.errors += 1
+                skip_rest(
+                    "transfer",
+                    f"mooncake store: a put's transfer failed ({rc}): the peer holding the "
+                    "segment it was given may be gone; the rest of that batch is skipped",
+                )
+                break
+            self.stats.put_refused += 1
+            if rc == NO_AVAILABLE_HANDLE:
+                self.stats.warn_once("full", f"mooncake store is full ({rc}); a put is refused")
+            else:
+                self.stats.warn_once("refused", f"mooncake store refused a put ({rc})")
             out.append(False)
         return out
 

@@ -113,3 +113,39 @@ def test_trace_gen_makes_no_folder_it_was_not_given(
     assert "does not exist" in err and not missing.exists()
     assert main(["trace-gen", "--out", str(tmp_path / "t.jsonl"), "--num-requests", "4"]) == 0
     assert (tmp_path / "t.jsonl").is_file()
+
+
+def test_model_config_integers_are_integers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`256.0` for an integer field is refused, as the README says (issue 34)."""
+    doc = json.loads((PRESETS / "tiny.json").read_text())
+    doc["hidden_size"] = float(doc["hidden_size"])
+    path = tmp_path / "float.json"
+    path.write_text(json.dumps(doc))
+    err = one_line_error([*QUICK, "--model-config", str(path)], capsys)
+    assert "hidden_size" in err and "integer" in err
+
+
+@pytest.mark.parametrize("flag", ["--model-config", "--gpu-config"])
+def test_a_fifo_config_is_refused_not_waited_on(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO with no writer would block `open` for ever: it is refused at once (the run is
+    bounded by a thread join, so a regression fails instead of hanging the suite)."""
+    import os
+    import threading
+
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    codes: list[int] = []
+    run = threading.Thread(target=lambda: codes.append(main([*QUICK, flag, str(fifo)])))
+    run.daemon = True
+    run.start()
+    run.join(60)
+    if run.is_alive():  # unblock the reader so the thread ends, then fail
+        with open(fifo, "w"):
+            pass
+        pytest.fail("--model-config waited on a FIFO")
+    assert codes == [2]
+    assert "not a regular file" in capsys.readouterr().err

@@ -190,9 +190,12 @@ def test_huge_and_slow_prompts_stall_no_one() -> None:
         assert ready.wait(30)
         t = time.monotonic()
         r = httpx.post(f"{url}/v1/completions", json={"prompt": huge}, headers=auth(), timeout=30)
-        assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
+        assert r.status_code == 413 and "max_model_len" in r.json()["error"]["message"]
         chat = {"messages": [{"role": "user", "content": huge}], "max_tokens": 1}
         r = httpx.post(f"{url}/v1/chat/completions", json=chat, headers=auth(), timeout=30)
+        assert r.status_code == 413 and "max_model_len" in r.json()["error"]["message"]
+        fits_body = {"prompt": "w1 " * 2000, "max_tokens": 1}  # within the body cap, too long
+        r = httpx.post(f"{url}/v1/completions", json=fits_body, headers=auth(), timeout=30)
         assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
         refused = time.monotonic() - t
 

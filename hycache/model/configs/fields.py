@@ -174,9 +174,7 @@ class FieldReader:
         v = self.get(key, required)
         if v is None:
             return None
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        problem = type_problem("int", v)
+        problem = type_problem("int", v)  # 256.0 too: integers are written as integers
         if problem:
             raise self.fail(key, problem)
         if v < 0:

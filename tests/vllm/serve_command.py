@@ -1,4 +1,4 @@
-"""The README's `vllm serve` command, read by vLLM's own parser and built into vLLM's config.
+"""The docs' `vllm serve` command (docs/vllm-plugin.md), read by vLLM's own parser and built into vLLM's config.
 
 Run as `python -m tests.vllm.serve_command` with `VLLM_TARGET_DEVICE=cpu` (vLLM's config needs a
 platform, picked once per process): prints, as JSON, what the flags configured and the seed
@@ -13,15 +13,13 @@ import re
 import shlex
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "vllm-plugin.md"
 
 
-def readme_command() -> list[str]:
-    """The `vllm serve` command of the README's "Use it in vLLM" section, as argv."""
-    text = README.read_text()
-    section = text[text.index("## Use it in vLLM") :]
-    match = re.search(r"^vllm serve .*?(?<!\\)$", section, re.M | re.S)
-    assert match, "no `vllm serve` command in the README's Use it in vLLM section"
+def docs_command() -> list[str]:
+    """The first `vllm serve` command of docs/vllm-plugin.md, as argv."""
+    match = re.search(r"^vllm serve .*?(?<!\\)$", PAGE.read_text(), re.M | re.S)
+    assert match, f"no `vllm serve` command in {PAGE}"
     return shlex.split(match.group(0).replace("\\\n", " "))
 
 
@@ -38,7 +36,7 @@ def main() -> None:
     # config (0.33 warns); nothing here runs a kernel, and that check is the flag's only use
     # on x86 (`CpuPlatform.check_and_update_config`), so the config is built as with it
     vllm.triton_utils.HAS_TRITON = True
-    argv = readme_command()
+    argv = docs_command()
     assert argv[:3] == ["vllm", "serve", "$MODEL"], argv[:3]
     flags = argv[3:]
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())

@@ -323,11 +323,11 @@ def test_explain_backend_vllm_on_the_seed_shape(capsys: pytest.CaptureFixture[st
     assert "57,536 / 57,536 / 57,536" in table and "0 / 57,408 / 57,408" in table
 
 
-# -- the README's command ---------------------------------------------------------------------
+# -- the docs command ------------------------------------------------------------------------
 
 
-def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
-    """The README's `vllm serve` flags, flag for flag, through vLLM's parser and config
+def test_the_docs_command_builds_the_plugin_and_its_figures() -> None:
+    """docs/vllm-plugin.md's `vllm serve` flags, flag for flag, through vLLM's parser and config
     (`tests/vllm/serve_command.py`, in a process with vLLM's CPU platform)."""
     import json
     import os
@@ -335,7 +335,7 @@ def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
     import sys
     from pathlib import Path
 
-    from tests.vllm.serve_command import readme_command
+    from tests.vllm.serve_command import docs_command
 
     root = Path(__file__).resolve().parents[2]
     # the caller's PYTHONPATH after the root: `.vllm-0.34` when testing vLLM 0.34
@@ -352,7 +352,7 @@ def test_the_readme_command_builds_the_plugin_and_its_figures() -> None:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     got = json.loads(lines[-1].removeprefix("RESULT "))
-    assert got["flags"] == readme_command()[3:]
+    assert got["flags"] == docs_command()[3:]
     assert got["scheduler_cls"] == PLUGIN
     assert got["scheduler"] == "hycache.vllm.scheduler.Scheduler"  # what PLUGIN names
     assert got["mamba_cache_mode"] == "align" and got["enable_prefix_caching"]

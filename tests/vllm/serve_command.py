@@ -1,4 +1,4 @@
-"""The docs' `vllm serve` command (docs/vllm-plugin.md), read by vLLM's own parser and built into vLLM's config.
+"""The `vllm serve` command of docs/vllm-plugin.md, read by vLLM's parser and built into its config.
 
 Run as `python -m tests.vllm.serve_command` with `VLLM_TARGET_DEVICE=cpu` (vLLM's config needs a
 platform, picked once per process): prints, as JSON, what the flags configured and the seed

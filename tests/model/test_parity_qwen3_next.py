@@ -94,6 +94,13 @@ def draw_config(arch: str, seed: int) -> dict[str, Any]:
     return kw
 
 
+CASES = {arch: arch for arch in ARCHS}  # the engine checks' interface (test_hybrid_architectures)
+
+
+def _hf_model(case: str, seed: int) -> Any:
+    return hf_model(case, seed)
+
+
 def hf_model(arch: str, seed: int) -> Any:
     """A random transformers model of `arch` (norms, dt_bias perturbed: every weight matters)."""
     torch.manual_seed(seed)

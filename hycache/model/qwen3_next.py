@@ -140,16 +140,29 @@ class SparseMoE(nn.Module):
 class Qwen3NextDecoderLayer(nn.Module):
     """norm -> (GDN | gated attention) -> residual; norm -> (MLP | sparse MoE) -> residual."""
 
-    def __init__(self, config: Qwen3NextConfig, layer_idx: int) -> None:
+    def __init__(
+        self,
+        config: Qwen3NextConfig,
+        layer_idx: int,
+        *,
+        attention: bool | None = None,
+        moe: bool | None = None,
+    ) -> None:
+        """`attention` / `moe`: the mixer and MLP kinds (default: layer `layer_idx`'s in the
+        config; the MTP layer sets them)."""
         super().__init__()
         self.linear_attn: GatedDeltaNet | None = None
         self.self_attn: GatedAttention | None = None
-        if config.is_attention_layer(layer_idx):
+        if attention is None:
+            attention = config.is_attention_layer(layer_idx)
+        if moe is None:
+            moe = config.is_moe_layer(layer_idx)
+        if attention:
             self.self_attn = GatedAttention(config)
         else:
             self.linear_attn = GatedDeltaNet(config)
         self.mlp: nn.Module
-        if config.is_moe_layer(layer_idx):
+        if moe:
             self.mlp = SparseMoE(config)
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size, bias=False)

@@ -230,10 +230,12 @@ def test_bad_batches_rejected(model: HybridForCausalLM) -> None:
         model(StepBatch(ids, torch.arange(3), [3], [0], [[0]], [-1], [[(3, 0)]]), wrong, states)
 
 
-def test_bf16_forward_close_to_float32() -> None:
-    cfg = small_config()
-    m32 = BambaForCausalLM.random(cfg, seed=1)
-    m16 = BambaForCausalLM.random(cfg, seed=1, dtype=torch.bfloat16)
+@pytest.mark.parametrize("arch", ["mamba2", "gdn"])
+def test_bf16_forward_close_to_float32(arch: str) -> None:
+    cls: type[HybridForCausalLM] = Qwen3NextForCausalLM if arch == "gdn" else BambaForCausalLM
+    cfg = small_gdn_config() if arch == "gdn" else small_config()
+    m32 = cls.random(cfg, seed=1)
+    m16 = cls.random(cfg, seed=1, dtype=torch.bfloat16)
     tokens = _tokens(30, 1)
     l32 = m32.compute_logits(full_hidden(m32, tokens))
     l16 = m16.compute_logits(full_hidden(m16, tokens))

@@ -128,7 +128,7 @@ class BenchArgs:
             "prefix_caching": not args.no_prefix_caching,
         }
         engine = None if args.skip_engine else EngineBench(**ev)
-        sim = None if args.skip_simulated else SimBench(**ev)
+        sim = None if args.skip_simulated else SimBench(model=args.model, gpu=args.gpu, **ev)
         if args.quick:
             engine, sim = quick_bench(engine, sim)
         if engine is not None:
@@ -255,6 +255,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--skip-engine", action="store_true")
     p.add_argument("--skip-simulated", action="store_true")
     p.add_argument("--skip-curves", action="store_true", help="no ratio curves")
+    p.add_argument(
+        "--model",
+        default="bamba-9b",
+        help="the simulated part's model preset or config.json (e.g. qwen3-next-80b-a3b, "
+        "qwen3.5-35b-a3b: Gated DeltaNet hybrids)",
+    )
+    p.add_argument(
+        "--gpu",
+        default="h200",
+        help="the simulated part's GPU preset (qwen3-next-80b-a3b's bfloat16 weights, 159.5 GB, "
+        "need b200)",
+    )
     p.add_argument(
         "--jobs",
         type=int,

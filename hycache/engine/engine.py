@@ -36,8 +36,10 @@ from hycache.engine.outputs import EngineSnapshot, EngineStats, RequestOutput, S
 from hycache.engine.runner import ModelRunner
 from hycache.engine.tier import attach_store, engine_fingerprint
 from hycache.model.configs.base import HybridConfig
+from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
+from hycache.model.mtp import MtpHead, checkpoint_mtp_tensors
 from hycache.request import Request, RequestStatus, SamplingParams
 from hycache.sched.scheduler import Scheduler, SchedulerOutput
 from hycache.store import KVStore
@@ -88,6 +90,28 @@ def recompute_cost(model: torch.nn.Module, mc: HybridConfig, drafter: bool) -> R
     if token == 0 and pair == 0:
         return RecomputeCost()
     return RecomputeCost(token, pair, 2.0 * ssm_params / token if token else 0.0)
+
+
+def make_drafter(
+    model: str,
+    mc: HybridConfig,
+    draft_model: str | None,
+    draft_seed: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> EagleHead | MtpHead:
+    """The drafter: the EAGLE head at `draft_model`; else the MTP layer a Qwen3-Next / Qwen3.5
+    checkpoint carries (`mtp.*`; a random one for a GDN preset); else a random EAGLE head."""
+    if draft_model:
+        return EagleHead.load(draft_model, mc, dtype, device)
+    if isinstance(mc, Qwen3NextConfig):
+        if Path(model).is_dir():
+            tensors = checkpoint_mtp_tensors(model)
+            if tensors:
+                return MtpHead.from_tensors(tensors, mc, dtype, device, what=f"{model} mtp.*")
+        else:
+            return MtpHead.random(mc, draft_seed, dtype, device)
+    return EagleHead.random(mc, draft_seed, dtype, device)
 
 
 def scratch_bytes(mc: HybridConfig, dtype: torch.dtype, max_num_seqs: int, k: int) -> int:
@@ -194,11 +218,7 @@ class LLM:
         max_len = max_model_len or min(mc.max_position_embeddings, 8192)
         drafter = None
         if num_speculative_tokens:
-            drafter = (
-                EagleHead.load(draft_model, mc, torch_dtype, dev)
-                if draft_model
-                else EagleHead.random(mc, draft_seed, torch_dtype, dev)
-            )
+            drafter = make_drafter(model, mc, draft_model, draft_seed, torch_dtype, dev)
         groups: list[GroupKind] = []
         if mc.num_attention_layers:
             groups.append(GroupKind.ATTENTION)

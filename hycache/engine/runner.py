@@ -36,6 +36,7 @@ from hycache.engine.sampling import (
 )
 from hycache.model.eagle import EagleHead
 from hycache.model.hybrid import HybridForCausalLM
+from hycache.model.mtp import MtpHead
 from hycache.model.paged import StepBatch
 from hycache.request import SamplingParams
 from hycache.sched.scheduler import ScheduledRequest, SchedulerOutput, StepResult
@@ -47,7 +48,7 @@ class ModelRunner:
         model: HybridForCausalLM,
         config: HycacheConfig,
         *,
-        drafter: EagleHead | None = None,
+        drafter: EagleHead | MtpHead | None = None,
         seed: int = 0,
     ) -> None:
         cache = config.cache
@@ -284,7 +285,7 @@ class ModelRunner:
         drafts: list[list[int]] = [[] for _ in live]
         probs: list[list[torch.Tensor]] = [[] for _ in live]
         for step in range(self.k):
-            logits = self.model.compute_logits(self.model.final_layernorm(prev_hidden))
+            logits = self.drafter.draft_logits(prev_hidden, self.model)
             for n, i in enumerate(live):
                 req = sched[i].request
                 sp = req.sampling

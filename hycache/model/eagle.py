@@ -187,7 +187,9 @@ class EagleHead(nn.Module):
         layer = self.layers[0]
         x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, plan, kv, 0)
         x = x + layer.mlp(layer.post_attention_layernorm(x))  # (N, hidden_size)
-        logits = None
-        if compute_logits:
-            logits = target.compute_logits(target.final_layernorm(x.to(target.dtype)))
-        return x, logits
+        return x, self.draft_logits(x, target) if compute_logits else None
+
+    def draft_logits(self, x: torch.Tensor, target: HybridForCausalLM) -> torch.Tensor:
+        """Logits of a draft hidden state (this head's output): the target's final norm and
+        LM head."""
+        return target.compute_logits(target.final_layernorm(x.to(target.dtype)))

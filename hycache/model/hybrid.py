@@ -29,7 +29,7 @@ from torch import nn
 
 from hycache.model.configs.base import HybridConfig
 from hycache.model.layers import Attention, AttentionPlan, RMSNorm, compute_dtype, rope_cos_sin
-from hycache.model.mamba2 import Mamba2Mixer, MambaPlan
+from hycache.model.mamba2 import MambaPlan
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch
 
 __all__ = ["HybridForCausalLM", "HybridStep"]
@@ -54,12 +54,12 @@ class HybridStep:
     state_layer_of: dict[int, int]
 
     def mix(self, layer: int, mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Run layer `layer`'s token mixer (attention or Mamba2) on x (N, hidden)."""
+        """Run layer `layer`'s token mixer (attention, or Mamba2 / GDN) on x (N, hidden)."""
         if layer in self.kv_layer_of:
             assert isinstance(mixer, Attention)
             assert self.attn_plan is not None and self.kv is not None
             return mixer(x, self.cos, self.sin, self.attn_plan, self.kv, self.kv_layer_of[layer])
-        assert isinstance(mixer, Mamba2Mixer)
+        # a recurrent mixer on the state cache: Mamba2Mixer or gdn.GatedDeltaNet
         assert self.mamba_plan is not None and self.states is not None
         return mixer(x, self.mamba_plan, self.states, self.state_layer_of[layer])
 
@@ -215,7 +215,10 @@ class HybridForCausalLM(nn.Module):
                 cos, sin = rope_cos_sin(
                     attn_plan.positions, cfg.rotary_dim, cfg.rope_theta, self.dtype
                 )  # (N, rotary_dim) each
-        mamba_plan = MambaPlan.build(batch, device) if cfg.num_mamba_layers else None
+        mamba_plan = None
+        if cfg.num_mamba_layers:
+            in_place = cfg.recurrent_mixer == "mamba2"  # the GDN mixer gathers every request
+            mamba_plan = MambaPlan.build(batch, device, in_place=in_place)
         return HybridStep(
             kv, states, attn_plan, mamba_plan, cos, sin, self.kv_layer_of, self.state_layer_of
         )

@@ -336,11 +336,24 @@ class Attention(nn.Module):
         if cos is not None and sin is not None:
             q = apply_rope(q, cos, sin)  # (N, heads, head_dim)
             k = apply_rope(k, cos, sin)  # (N, kv_heads, head_dim)
-        kv.write(kv_layer, plan.write_slots, k, v)
+        out = self.attend(q, k, v, plan, kv, kv_layer)  # (N, heads, head_dim)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        plan: AttentionPlan,
+        kv: PagedKVCache,
+        kv_layer: int,
+    ) -> torch.Tensor:
+        """Write the new k, v (N, kv_heads, head_dim) into `kv` layer `kv_layer`, then attend
+        q (N, heads, head_dim) causally over each request's cached and new keys -> (N, heads,
+        head_dim)."""
+        kv.write(kv_layer, plan.write_slots, k, v)
         if plan.decode is not None:
-            out = self._decode(q, plan.decode, kv, kv_layer)  # (N, heads, head_dim)
-            return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+            return self._decode(q, plan.decode, kv, kv_layer)  # (N, heads, head_dim)
         out = torch.empty_like(q)  # (N, heads, head_dim)
         if plan.padded is not None:
             self._padded(q, out, plan.padded, kv, kv_layer)
@@ -351,7 +364,7 @@ class Attention(nn.Module):
             out[s:e] = self._one_request(
                 q[s:e], plan.positions[s:e], plan.context_lens[r], slots, kv, kv_layer
             )
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        return out
 
     def _sdpa(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

@@ -26,6 +26,11 @@ from hycache.model.configs.presets import PRESET_SEEDS, PRESETS, preset_config
 from hycache.model.granite_hybrid import GraniteHybridForCausalLM
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.nemotron_h import NemotronHForCausalLM
+from hycache.model.qwen3_next import (
+    Qwen3NextForCausalLM,
+    Qwen35ForCausalLM,
+    Qwen35MoeForCausalLM,
+)
 
 try:  # optional at import time; listed in the project dependencies
     from tokenizers import Tokenizer
@@ -36,7 +41,14 @@ _LOADABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 MODEL_CLASSES: dict[str, type[HybridForCausalLM]] = {
     cls.config_class.model_type: cls
-    for cls in (BambaForCausalLM, NemotronHForCausalLM, GraniteHybridForCausalLM)
+    for cls in (
+        BambaForCausalLM,
+        NemotronHForCausalLM,
+        GraniteHybridForCausalLM,
+        Qwen3NextForCausalLM,
+        Qwen35ForCausalLM,
+        Qwen35MoeForCausalLM,
+    )
 }
 
 
@@ -155,9 +167,9 @@ def load_model(
     """Load a hybrid model: (model, config, tokenizers.Tokenizer or None).
 
     `path_or_preset` is a preset name (`tiny`: random weights from a fixed seed, built in
-    memory) or a directory holding `config.json` (model_type "bamba", "nemotron_h" or
-    "granitemoehybrid") and `*.safetensors` (float32 / bfloat16 / float16 tensors, cast to
-    `dtype`).
+    memory) or a directory holding `config.json` (a model_type of `MODEL_CLASSES`, or a
+    multimodal "qwen3_5" / "qwen3_5_moe" checkpoint, whose text part is loaded) and
+    `*.safetensors` (float32 / bfloat16 / float16 tensors, cast to `dtype`).
     """
     if path_or_preset in PRESETS and not Path(path_or_preset).is_dir():
         config = preset_config(path_or_preset)

@@ -180,11 +180,13 @@ class MambaPlan:
     writes: list[list[tuple[int, int]]]
 
     @classmethod
-    def build(cls, batch: StepBatch, device: torch.device) -> MambaPlan:
+    def build(cls, batch: StepBatch, device: torch.device, *, in_place: bool = True) -> MambaPlan:
+        """The plan of `batch`; `in_place=False`: every request is gathered (mixers without an
+        in-place decode path)."""
         starts = batch.query_starts()
         writes = [sorted(w) for w in batch.state_writes]
-        in_place = InPlaceDecode.build(batch, writes, device)
-        skip = set(in_place.reqs) if in_place is not None else set()
+        in_place_decode = InPlaceDecode.build(batch, writes, device) if in_place else None
+        skip = set(in_place_decode.reqs) if in_place_decode is not None else set()
         gathered = [r for r in range(batch.num_requests) if r not in skip]
         pos = {r: i for i, r in enumerate(gathered)}
         src_list = [batch.state_src[r] for r in gathered]
@@ -238,7 +240,9 @@ class MambaPlan:
             short[0].whole = True
         prefill = [(r, pos[r]) for r in gathered if batch.query_lens[r] > SHORT_QUERY]
         all_valid = all(s >= 0 for s in src_list)
-        return cls(starts, in_place, gathered, src, src_valid, all_valid, short, prefill, writes)
+        return cls(
+            starts, in_place_decode, gathered, src, src_valid, all_valid, short, prefill, writes
+        )
 
 
 class Mamba2Mixer(nn.Module):

@@ -51,6 +51,9 @@ POOL_LAYOUTS: tuple[PoolLayout, ...] = get_args(PoolLayout)
 
 # FLOPs per SSM-state element per token (state update a*h + dt*x*B, then the C.h read-out).
 SSM_STATE_FLOPS_PER_ELEMENT = 6
+# FLOPs per GDN state element per token: decay a*S, the read S.k, the rank-1 write delta k^T,
+# the read-out S.q (the chunked form does the same reads and writes once per token: 6).
+GDN_STATE_FLOPS_PER_ELEMENT = 7
 # FLOPs per attention (query, key) pair per head per head_dim element: QK^T (2) + PV (2).
 ATTENTION_FLOPS_PER_PAIR_ELEMENT = 4
 
@@ -433,11 +436,20 @@ class CostModel:
 
     def _ssm_flops_per_layer(self, num_new: int) -> float:
         mb = self.model.mamba
-        state = SSM_STATE_FLOPS_PER_ELEMENT * mb.num_heads * mb.head_dim * mb.d_state
         conv = 2 * mb.d_conv * mb.conv_dim
+        q = min(mb.chunk_size, num_new)
+        if mb.kind == "gdn":
+            # per value head: the state term on a (V, K) state; chunked, per token and chunk
+            # position, K.K^T and Q.K^T (2K each), the triangular solve (V + K) and the
+            # intra-chunk read (2V): q (5K + 3V)
+            k, v = mb.d_state, mb.head_dim
+            per_token = GDN_STATE_FLOPS_PER_ELEMENT * mb.num_heads * v * k + conv
+            if num_new > 1:
+                per_token += q * mb.num_heads * (5 * k + 3 * v)
+            return per_token * num_new
+        state = SSM_STATE_FLOPS_PER_ELEMENT * mb.num_heads * mb.head_dim * mb.d_state
         per_token = state + conv
         if num_new > 1:  # chunked SSD: the quadratic intra-chunk term
-            q = min(mb.chunk_size, num_new)
             per_token += 2 * q * (mb.n_groups * mb.d_state + mb.num_heads * mb.head_dim)
         return per_token * num_new
 

@@ -14,7 +14,7 @@ Byte sizes are `hycache.cache.layout`'s formulas.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hycache.cache.layout import (
@@ -27,6 +27,7 @@ from hycache.model.configs import config_from_hf_dict
 from hycache.model.configs.base import HybridConfig
 from hycache.model.configs.granite_hybrid import GraniteHybridConfig
 from hycache.model.configs.nemotron_h import NemotronHConfig
+from hycache.model.configs.qwen3_next import Qwen3NextConfig
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
@@ -36,11 +37,18 @@ class AttentionSpec:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    # q_proj also yields a per-head output gate, q/k norms (Qwen3-Next); out of the repr, which
+    # tests/sim/test_model_spec_pins.py pins for the Mamba2 presets
+    output_gate: bool = field(default=False, repr=False)
 
 
 @dataclass(frozen=True)
 class MambaSpec:
-    """A Mamba2 mixer: ``num_heads * head_dim`` is the inner width (d_inner)."""
+    """The recurrent mixer: ``num_heads * head_dim`` is the inner width (d_inner).
+
+    ``kind`` "mamba2", or "gdn" (Gated DeltaNet, in the same geometry: value heads, value head
+    dim, key head dim as ``d_state``, key heads as ``n_groups``; see
+    `hycache.model.configs.qwen3_next`)."""
 
     num_heads: int
     head_dim: int
@@ -49,6 +57,7 @@ class MambaSpec:
     d_conv: int
     expand: int
     chunk_size: int = 256
+    kind: str = field(default="mamba2", repr=False)  # (out of the repr, as output_gate)
 
     @property
     def d_inner(self) -> int:
@@ -156,7 +165,10 @@ class ModelSpec:
             num_layers=config.num_hidden_layers,
             layers=LayerCounts(attention, mamba, mlp_only=mlp_only, moe_only=moe_only),
             attention=AttentionSpec(
-                config.num_attention_heads, config.num_key_value_heads, config.head_dim
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                config.head_dim,
+                output_gate=isinstance(config, Qwen3NextConfig),
             ),
             mamba=_mamba(config),
             mlp=mlp,
@@ -183,14 +195,19 @@ class ModelSpec:
     @property
     def attention_layer_params(self) -> int:
         a, h = self.attention, self.hidden_size
-        q = h * a.num_heads * a.head_dim
+        q = h * a.num_heads * a.head_dim * (2 if a.output_gate else 1)
         kv = 2 * h * a.num_kv_heads * a.head_dim
         o = a.num_heads * a.head_dim * h
-        return q + kv + o + h  # + pre-norm
+        qk_norms = 2 * a.head_dim if a.output_gate else 0
+        return q + kv + o + qk_norms + h  # + pre-norm
 
     @property
     def mamba_layer_params(self) -> int:
         m, h = self.mamba, self.hidden_size
+        if m.kind == "gdn":  # in-proj q, k, v, z, b, a; bias-free conv; dt_bias, A_log
+            in_proj = h * (m.conv_dim + m.d_inner + 2 * m.num_heads)
+            conv = m.conv_dim * m.d_conv
+            return in_proj + conv + 2 * m.num_heads + m.head_dim + m.d_inner * h + h
         in_proj = h * (2 * m.d_inner + 2 * m.n_groups * m.d_state + m.num_heads)
         conv = m.conv_dim * m.d_conv + m.conv_dim
         per_head = 3 * m.num_heads  # dt_bias, A_log, D
@@ -316,8 +333,23 @@ def _feed_forward(cfg: HybridConfig) -> tuple[MlpSpec, MoeSpec | None, int, int]
     nemotron_h        one block per layer: Mamba2 `M`, attention `*`, a squared-ReLU MLP `-` or
                       a MoE `E` of squared-ReLU experts plus a shared one
     granitemoehybrid  every layer: mixer + a shared gated MLP (+ routed experts when it has any)
+    qwen3_next/3_5    every layer: mixer (GDN or attention) + a gated MLP, or a gated MoE with
+                      a shared expert on its MoE layers
     """
     n = cfg.num_hidden_layers
+    if isinstance(cfg, Qwen3NextConfig):
+        moe_layers = sum(cfg.is_moe_layer(i) for i in range(n))
+        mlp = MlpSpec(cfg.intermediate_size, gated=True, num_blocks=n - moe_layers)
+        if not moe_layers:
+            return mlp, None, 0, 0
+        moe = MoeSpec(
+            num_blocks=moe_layers,
+            num_experts=cfg.num_experts,
+            experts_per_token=cfg.num_experts_per_tok,
+            expert_intermediate_size=cfg.moe_intermediate_size,
+            shared_expert_intermediate_size=cfg.shared_expert_intermediate_size,
+        )
+        return mlp, moe, 0, 0
     if isinstance(cfg, NemotronHConfig):
         mlp_only, moe_only = cfg.num_mlp_layers, cfg.num_moe_layers
         mlp = MlpSpec(cfg.intermediate_size, gated=False, num_blocks=mlp_only)
@@ -358,6 +390,7 @@ def _mamba(cfg: HybridConfig) -> MambaSpec:
         d_conv=cfg.mamba_d_conv,
         expand=expand,
         chunk_size=cfg.mamba_chunk_size,
+        kind=cfg.recurrent_mixer,
     )
 
 
@@ -370,7 +403,8 @@ def model_spec_from_hf(data: Mapping[str, Any], name: str, where: str = "<dict>"
     """The simulator's `ModelSpec` for a checkpoint's `config.json` dict, read by the engine's
     own parser so the simulator and the engine agree on every size:
 
-        hycache simulate --model-config path/to/config.json   # Bamba, Nemotron-H, Granite 4.0
+        hycache simulate --model-config path/to/config.json   # Bamba, Nemotron-H, Granite 4.0,
+                                                              # Qwen3-Next, Qwen3.5
     """
     try:
         cfg = config_from_hf_dict(data)

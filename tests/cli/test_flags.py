@@ -120,3 +120,15 @@ def test_prefix_hint_bare_needs_a_workload(capsys: pytest.CaptureFixture[str]) -
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--prefix-hint: give a token count N" in err
+
+
+def test_bench_model_and_gpu_name_the_simulated_part(tmp_path: Path) -> None:
+    """`bench --model M --gpu G`: the simulated part runs M on G (a GDN preset here)."""
+    from hycache.cli.bench import BenchArgs
+
+    out = ["--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")]
+    argv = ["bench", "--skip-engine", "--model", "qwen3-next-80b-a3b", "--gpu", "b200", *out]
+    got = BenchArgs.from_cli_args(make_parser().parse_args(argv))
+    assert (got.sim.model, got.sim.gpu) == ("qwen3-next-80b-a3b", "b200")
+    default = BenchArgs.from_cli_args(make_parser().parse_args(["bench", "--skip-engine", *out]))
+    assert (default.sim.model, default.sim.gpu) == ("bamba-9b", "h200")

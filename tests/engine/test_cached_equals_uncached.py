@@ -57,7 +57,7 @@ class LogitRecorder:
         runner.execute = execute  # type: ignore[method-assign]
 
 
-def make_llm(**kw: object) -> LLM:
+def make_llm(model: str = "tiny", **kw: object) -> LLM:
     base: dict[str, object] = dict(
         dtype="float64",
         block_size=B,
@@ -68,7 +68,7 @@ def make_llm(**kw: object) -> LLM:
         max_num_batched_tokens=64,
     )
     base.update(kw)
-    return LLM("tiny", **base)  # type: ignore[arg-type]
+    return LLM(model, **base)  # type: ignore[arg-type]
 
 
 def drive(llm: LLM, seed: int, sp: SamplingParams | None = None) -> dict[str, list[int]]:

@@ -17,6 +17,7 @@ from hycache.model.loader import load_model
 
 from . import test_parity_granite_hybrid as granite
 from . import test_parity_nemotron_h as nemotron
+from . import test_parity_qwen3_next as qwen3_next
 from .utils import (
     engine_outputs,
     hf_generate,
@@ -34,6 +35,8 @@ ARCHS: dict[str, tuple[ModuleType, str, Callable[..., Any]]] = {
     "nemotron_h": (nemotron, "gqa2-groups2-untied", hf_greedy_recompute),
     "nemotron_h_moe": (nemotron, "moe-latent-groups2-topgroup1", hf_greedy_recompute),
     "granitemoehybrid": (granite, "moe-top2-rope-gqa2-untied", hf_generate),
+    "qwen3_next": (qwen3_next, "qwen3_next", hf_generate),
+    "qwen3_5": (qwen3_next, "qwen3_5", hf_generate),
 }
 
 

@@ -113,7 +113,7 @@ def test_wrong_model_type(hf_dir: Path, tmp_path: Path) -> None:
         load_model(str(bad))
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "llama", None])
+@pytest.mark.parametrize("model_type", ["falcon_h1", "llama", None])
 def test_unsupported_model_type_names_it_and_the_supported_ones(
     hf_dir: Path, tmp_path: Path, model_type: str | None
 ) -> None:
@@ -126,7 +126,8 @@ def test_unsupported_model_type_names_it_and_the_supported_ones(
         load_model(str(bad))
     msg = str(err.value)
     assert repr(model_type) in msg and "not supported" in msg
-    assert all(name in msg for name in ("bamba", "granitemoehybrid", "nemotron_h"))
+    supported = ("bamba", "granitemoehybrid", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+    assert all(name in msg for name in supported)
 
 
 def test_missing_config_and_weights(hf_dir: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Paged-cache forward: chunking, resuming, batching and forking give the same numbers."""
+"""Paged-cache forward: chunking, resuming, batching and forking give the same numbers, for a
+Mamba2 hybrid (Bamba) and a Gated DeltaNet hybrid (Qwen3-Next) alike (float64, 1e-9)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hycache.model.bamba import BambaForCausalLM, StepBatch
+from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.paged import PagedKVCache, StateCache
+from hycache.model.qwen3_next import Qwen3NextForCausalLM
 
 from .utils import (
     fresh_caches,
@@ -19,6 +22,7 @@ from .utils import (
     random_chunks,
     shuffled_blocks,
     small_config,
+    small_gdn_config,
     step,
 )
 
@@ -26,8 +30,10 @@ F64 = torch.float64
 ATOL = 1e-9
 
 
-@pytest.fixture(scope="module")
-def model() -> BambaForCausalLM:
+@pytest.fixture(scope="module", params=["mamba2", "gdn"])
+def model(request: pytest.FixtureRequest) -> HybridForCausalLM:
+    if request.param == "gdn":
+        return Qwen3NextForCausalLM.random(small_gdn_config(), seed=7, dtype=F64)
     return BambaForCausalLM.random(small_config(), seed=7, dtype=F64)
 
 
@@ -37,7 +43,7 @@ def _tokens(n: int, seed: int, vocab: int = 97) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_chunked_prefill_equals_whole(model: BambaForCausalLM, seed: int) -> None:
+def test_chunked_prefill_equals_whole(model: HybridForCausalLM, seed: int) -> None:
     tokens = _tokens(90, seed)
     whole = model.compute_logits(full_hidden(model, tokens))
     rng = random.Random(seed)
@@ -50,7 +56,7 @@ def test_chunked_prefill_equals_whole(model: BambaForCausalLM, seed: int) -> Non
     torch.testing.assert_close(chunked, whole, rtol=0, atol=ATOL)
 
 
-def test_token_by_token_equals_whole(model: BambaForCausalLM) -> None:
+def test_token_by_token_equals_whole(model: HybridForCausalLM) -> None:
     """Decode path (batched recurrence step, padded attention) == prefill path."""
     tokens = _tokens(40, 11)
     whole = full_hidden(model, tokens)
@@ -60,7 +66,7 @@ def test_token_by_token_equals_whole(model: BambaForCausalLM) -> None:
     torch.testing.assert_close(stepwise, whole, rtol=0, atol=ATOL)
 
 
-def test_resume_from_intermediate_state_write(model: BambaForCausalLM) -> None:
+def test_resume_from_intermediate_state_write(model: HybridForCausalLM) -> None:
     tokens = _tokens(70, 3)
     whole = full_hidden(model, tokens)
     kv, states = fresh_caches(model, num_blocks=16, block_size=16)
@@ -77,7 +83,7 @@ def test_resume_from_intermediate_state_write(model: BambaForCausalLM) -> None:
     torch.testing.assert_close(states.conv[:, 5], states.conv[:, 6], rtol=0, atol=ATOL)
 
 
-def test_verify_step_writes_every_offset(model: BambaForCausalLM) -> None:
+def test_verify_step_writes_every_offset(model: HybridForCausalLM) -> None:
     """A speculative verify step asks for the state after every offset; each equals the state
     obtained by feeding exactly that many tokens."""
     prompt, draft = _tokens(20, 4), _tokens(5, 5)
@@ -92,7 +98,7 @@ def test_verify_step_writes_every_offset(model: BambaForCausalLM) -> None:
         torch.testing.assert_close(states.conv[:, 10 + k], st2.conv[:, 0], rtol=0, atol=ATOL)
 
 
-def test_mixed_batch_equals_separate_runs(model: BambaForCausalLM) -> None:
+def test_mixed_batch_equals_separate_runs(model: HybridForCausalLM) -> None:
     """One step holding a fresh prefill, a continuing chunk and two decodes == separate runs."""
     prompts = [_tokens(n, 20 + n) for n in (37, 25, 12, 9)]
     kv, states = fresh_caches(model, num_blocks=40, block_size=8, num_slots=8)
@@ -122,7 +128,7 @@ def test_mixed_batch_equals_separate_runs(model: BambaForCausalLM) -> None:
         torch.testing.assert_close(out[starts[r] : starts[r + 1]], ref, rtol=0, atol=ATOL)
 
 
-def test_batched_decode_equals_single(model: BambaForCausalLM) -> None:
+def test_batched_decode_equals_single(model: HybridForCausalLM) -> None:
     prompts = [_tokens(n, n) for n in (5, 17, 33)]
     kv, states = fresh_caches(model, num_blocks=30, block_size=4, num_slots=4)
     blocks = shuffled_blocks(30, 4)
@@ -143,7 +149,7 @@ def test_batched_decode_equals_single(model: BambaForCausalLM) -> None:
         torch.testing.assert_close(out[r], full_hidden(model, p)[-1], rtol=0, atol=ATOL)
 
 
-def test_state_src_minus_one_ignores_slot_contents(model: BambaForCausalLM) -> None:
+def test_state_src_minus_one_ignores_slot_contents(model: HybridForCausalLM) -> None:
     tokens = _tokens(12, 8)
     kv, states = fresh_caches(model, num_blocks=4, block_size=16, num_slots=2)
     states.conv.normal_()
@@ -152,7 +158,7 @@ def test_state_src_minus_one_ignores_slot_contents(model: BambaForCausalLM) -> N
     torch.testing.assert_close(out, full_hidden(model, tokens), rtol=0, atol=ATOL)
 
 
-def test_fork_with_copy_block_and_copy_slot(model: BambaForCausalLM) -> None:
+def test_fork_with_copy_block_and_copy_slot(model: HybridForCausalLM) -> None:
     """Fork a sequence mid-block: copy the partial block and the state, continue both."""
     shared, tail_a, tail_b = _tokens(21, 30), _tokens(6, 31), _tokens(9, 32)
     kv, states = fresh_caches(model, num_blocks=12, block_size=8, num_slots=4)
@@ -168,7 +174,7 @@ def test_fork_with_copy_block_and_copy_slot(model: BambaForCausalLM) -> None:
     torch.testing.assert_close(out_b, full_hidden(model, shared + tail_b)[21:], rtol=0, atol=ATOL)
 
 
-def test_long_query_tiles(model: BambaForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_long_query_tiles(model: HybridForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-request attention path splits long queries into tiles without changing results."""
     import hycache.model.layers as layers
 
@@ -210,7 +216,7 @@ def test_state_dtypes() -> None:
     assert s32.conv.shape == (2, 2, 64 + 2 * 2 * 8, 3)
 
 
-def test_bad_batches_rejected(model: BambaForCausalLM) -> None:
+def test_bad_batches_rejected(model: HybridForCausalLM) -> None:
     kv, states = fresh_caches(model, num_blocks=2, block_size=4)
     ids = torch.tensor([1, 2, 3])
     with pytest.raises(ValueError, match="query_lens"):
@@ -224,10 +230,12 @@ def test_bad_batches_rejected(model: BambaForCausalLM) -> None:
         model(StepBatch(ids, torch.arange(3), [3], [0], [[0]], [-1], [[(3, 0)]]), wrong, states)
 
 
-def test_bf16_forward_close_to_float32() -> None:
-    cfg = small_config()
-    m32 = BambaForCausalLM.random(cfg, seed=1)
-    m16 = BambaForCausalLM.random(cfg, seed=1, dtype=torch.bfloat16)
+@pytest.mark.parametrize("arch", ["mamba2", "gdn"])
+def test_bf16_forward_close_to_float32(arch: str) -> None:
+    cls: type[HybridForCausalLM] = Qwen3NextForCausalLM if arch == "gdn" else BambaForCausalLM
+    cfg = small_gdn_config() if arch == "gdn" else small_config()
+    m32 = cls.random(cfg, seed=1)
+    m16 = cls.random(cfg, seed=1, dtype=torch.bfloat16)
     tokens = _tokens(30, 1)
     l32 = m32.compute_logits(full_hidden(m32, tokens))
     l16 = m16.compute_logits(full_hidden(m16, tokens))
@@ -255,7 +263,7 @@ def test_cuda_matches_cpu() -> None:
     n=st.integers(2, 60),
 )
 def test_any_chunking_any_block_size(
-    model: BambaForCausalLM, seed: int, block_size: int, n: int
+    model: HybridForCausalLM, seed: int, block_size: int, n: int
 ) -> None:
     tokens = _tokens(n, seed)
     rng = random.Random(seed)
@@ -269,7 +277,7 @@ def test_any_chunking_any_block_size(
 
 @pytest.mark.parametrize("start", [0, 11])
 def test_internal_checkpoints_equal_the_sequential_recurrence(
-    model: BambaForCausalLM, start: int
+    model: HybridForCausalLM, start: int
 ) -> None:
     """States written inside one forward at offsets that cut the scan mid-chunk (chunk size
     8: offsets 5, 13, 29, 46) equal the token-by-token recurrence (the decode path) over the

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from hycache.model.configs.bamba import BambaConfig
+from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch
 
@@ -37,6 +38,35 @@ def small_config(**overrides: object) -> BambaConfig:
     }
     base.update(overrides)
     return BambaConfig(**base)  # type: ignore[arg-type]
+
+
+def small_gdn_config(**overrides: object) -> Qwen3NextConfig:
+    """A Qwen3-Next (Gated DeltaNet) config as small: 2 value heads per key head, a GDN chunk of
+    8, a sparse MoE on every other layer."""
+    base: dict[str, object] = {
+        "vocab_size": 97,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "attn_layer_indices": (1, 3),
+        "mamba_layers": (0, 2),
+        "mamba_n_heads": 4,
+        "mamba_d_head": 6,
+        "mamba_n_groups": 2,
+        "mamba_d_state": 8,
+        "mamba_d_conv": 4,
+        "mamba_chunk_size": 8,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 24,
+        "decoder_sparse_step": 2,
+    }
+    base.update(overrides)
+    return Qwen3NextConfig(**base)  # type: ignore[arg-type]
 
 
 def shuffled_blocks(num_blocks: int, seed: int) -> list[int]:

@@ -147,6 +147,15 @@ PINNED: dict[str, tuple[int, ...]] = {
         16384,
     ),
 }
+# the Gated DeltaNet presets, pinned when they were added (issue #31)
+PINNED["preset:qwen3-next-80b-a3b"] = (
+    79674292992, 3874831104, 79674292992, 3874831104, 3252501248, 79051963136, 77309411328,
+    159348585984, 67115520, 134231040, 2048, 24576, 2146304, 77266944, 1703936, 77266944,
+)  # fmt: skip
+PINNED["preset:qwen3.5-35b-a3b"] = (
+    34660528768, 3454907008, 34660528768, 3454907008, 2437788288, 33643410048, 32212254720,
+    69321057536, 35664384, 71328768, 2048, 20480, 2146304, 64389120, 1441792, 64389120,
+)  # fmt: skip
 PINNED["hf:bamba-9b"] = PINNED["preset:bamba-9b"]  # its config.json: the same numbers
 # sha256 of repr(spec): every field of the spec, names and descriptions included
 REPR_SHA256 = {
@@ -156,6 +165,8 @@ REPR_SHA256 = {
     "hf:nemotron-moe": "6ccc62e451d1823c",
     "hf:granite-moe": "a215a5f4f01c1eb9",
     "hf:bamba-9b": "e069a28d4d0033ae",
+    "preset:qwen3-next-80b-a3b": "06a9e9cc9f410d94",
+    "preset:qwen3.5-35b-a3b": "9897cb139fde398e",
 }
 
 

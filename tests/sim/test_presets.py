@@ -29,6 +29,7 @@ def test_list_presets() -> None:
     p = list_presets()
     assert {"h100", "h200", "b200"} <= set(p["gpus"])
     assert {"bamba-9b", "nemotron-h-8b", "tiny"} <= set(p["models"])
+    assert {"qwen3-next-80b-a3b", "qwen3.5-35b-a3b"} <= set(p["models"])
 
 
 def test_gpu_numbers() -> None:

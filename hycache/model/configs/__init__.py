@@ -7,6 +7,9 @@ Files:
     bamba.py           BambaConfig          model_type "bamba"
     nemotron_h.py      NemotronHConfig      model_type "nemotron_h"  (M / * / - / E pattern)
     granite_hybrid.py  GraniteHybridConfig  model_type "granitemoehybrid" (MoE, multipliers)
+    qwen3_next.py      Qwen3NextConfig      model_type "qwen3_next" (Gated DeltaNet + attention),
+                       Qwen35Config / Qwen35MoeConfig  "qwen3_5_text" / "qwen3_5_moe_text" (and
+                       the text part of a multimodal "qwen3_5" / "qwen3_5_moe" config)
     presets.py         the built-in presets (`tiny`)
 
 Each architecture maps a Hugging Face `config.json` onto its config (`from_hf_dict`) and back
@@ -25,10 +28,21 @@ from hycache.model.configs.bamba import BambaConfig
 from hycache.model.configs.base import HybridConfig
 from hycache.model.configs.granite_hybrid import GraniteHybridConfig
 from hycache.model.configs.nemotron_h import NemotronHConfig
+from hycache.model.configs.qwen3_next import Qwen3NextConfig, Qwen35Config, Qwen35MoeConfig
 
 CONFIG_CLASSES: dict[str, type[HybridConfig]] = {
-    c.model_type: c for c in (BambaConfig, NemotronHConfig, GraniteHybridConfig)
+    c.model_type: c
+    for c in (
+        BambaConfig,
+        NemotronHConfig,
+        GraniteHybridConfig,
+        Qwen3NextConfig,
+        Qwen35Config,
+        Qwen35MoeConfig,
+    )
 }
+# multimodal checkpoints whose text part hycache runs
+CONFIG_CLASSES.update({c.multimodal_type: c for c in (Qwen35Config, Qwen35MoeConfig)})
 
 
 def config_from_hf_dict(d: Mapping[str, Any]) -> HybridConfig:
@@ -38,6 +52,6 @@ def config_from_hf_dict(d: Mapping[str, Any]) -> HybridConfig:
     if cls is None:
         raise ValueError(
             f"config field model_type {model_type!r} is not supported; hycache runs the "
-            f"Mamba2 + attention hybrids {', '.join(sorted(CONFIG_CLASSES))}"
+            f"Mamba2 / Gated DeltaNet + attention hybrids {', '.join(sorted(CONFIG_CLASSES))}"
         )
     return cls.from_hf_dict(d)

@@ -31,6 +31,9 @@ class HybridConfig:
 
     model_type: ClassVar[str] = ""
     architecture: ClassVar[str] = ""
+    # the recurrent mixer of the `mamba_*` layers: "mamba2", or "gdn" (Gated DeltaNet, whose
+    # geometry maps onto the same fields: see configs/qwen3_next.py)
+    recurrent_mixer: ClassVar[str] = "mamba2"
 
     vocab_size: int
     hidden_size: int

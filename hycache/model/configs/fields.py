@@ -54,7 +54,9 @@ _INT_FIELDS = frozenset(
         "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
         "n_routed_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
         "moe_shared_expert_intermediate_size", "moe_latent_size", "n_group", "topk_group",
-        "shared_intermediate_size",
+        "shared_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
+        "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts",
+        "shared_expert_intermediate_size", "decoder_sparse_step",
     }
 )  # fmt: skip
 _FLOAT_FIELDS = frozenset(

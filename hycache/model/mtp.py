@@ -1,0 +1,163 @@
+"""The multi-token-prediction (MTP) layer a Qwen3-Next / Qwen3.5 checkpoint carries, as the
+drafter.
+
+Owns `MtpHead`, a drop-in for `EagleHead` (the same forward, KV cache and draft-logits
+interface the model runner drives) built from the checkpoint's `mtp.*` tensors:
+
+    x = fc(concat(pre_fc_norm_embedding(embed(token_{t+1})), pre_fc_norm_hidden(hidden_t)))
+    h = x + gated_attn(input_layernorm(x))          the target's gated attention, own KV
+    h = h + moe_or_mlp(post_attention_layernorm(h))  the target's MLP kind (MoE when it has
+                                                     experts)
+    h = norm(h)                                      returned (and fed back when chaining)
+    logits = target.lm_head(h)
+
+Tensor names (after `mtp.`): `fc.weight`, `pre_fc_norm_embedding.weight`,
+`pre_fc_norm_hidden.weight`, `layers.0.*` (a Qwen3-Next decoder layer: `self_attn.*`, `mlp.*`,
+the two layer norms), `norm.weight`. Norms are zero-centred, as in the target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from hycache.model.configs.qwen3_next import Qwen3NextConfig
+from hycache.model.hybrid import HybridForCausalLM, _random_init
+from hycache.model.layers import AttentionPlan, rope_cos_sin
+from hycache.model.loader import check_state_dict
+from hycache.model.paged import PagedKVCache, StepBatch
+from hycache.model.qwen3_next import Qwen3NextDecoderLayer, ZeroCentredRMSNorm
+
+__all__ = ["MTP_PREFIX", "MtpHead", "checkpoint_mtp_tensors"]
+
+MTP_PREFIX = "mtp."
+
+
+class MtpHead(nn.Module):
+    """A checkpoint's one MTP layer, run as the speculative drafter."""
+
+    def __init__(self, target_config: Qwen3NextConfig) -> None:
+        super().__init__()
+        cfg = target_config
+        self.config = cfg
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.pre_fc_norm_embedding = ZeroCentredRMSNorm(h, eps)
+        self.pre_fc_norm_hidden = ZeroCentredRMSNorm(h, eps)
+        self.layers = nn.ModuleList(
+            [Qwen3NextDecoderLayer(cfg, 0, attention=True, moe=cfg.num_experts > 0)]
+        )
+        self.norm = ZeroCentredRMSNorm(h, eps)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def empty(
+        cls,
+        target_config: Qwen3NextConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> MtpHead:
+        with torch.device("meta"):
+            head = cls(target_config)
+        return head.to_empty(device=device).to(dtype=dtype).eval()
+
+    @classmethod
+    def random(
+        cls,
+        target_config: Qwen3NextConfig,
+        seed: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> MtpHead:
+        """Random weights (the target's init rules); the same seed gives the same weights."""
+        head = cls.empty(target_config, torch.float32, "cpu")
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in head.named_parameters():
+                param.copy_(_random_init(name, param, gen))
+        return head.to(device=device, dtype=dtype).eval()
+
+    @classmethod
+    def from_tensors(
+        cls,
+        tensors: dict[str, torch.Tensor],
+        target_config: Qwen3NextConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        *,
+        what: str = "MTP layer",
+    ) -> MtpHead:
+        """From the `mtp.*` tensors (prefix stripped); ValueError naming missing, unexpected or
+        misshaped ones."""
+        head = cls.empty(target_config, dtype, device)
+        expected = {k: v.shape for k, v in head.state_dict().items()}
+        check_state_dict(expected, {k: t.shape for k, t in tensors.items()}, what=what)
+        with torch.no_grad():
+            state = head.state_dict()
+            for key, t in tensors.items():
+                state[key].copy_(t.to(device=state[key].device, dtype=state[key].dtype))
+        return head
+
+    def mtp_tensors(self) -> dict[str, torch.Tensor]:
+        """The weights under their checkpoint names (`mtp.` prefixed)."""
+        return {MTP_PREFIX + k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty one-layer KV cache for the MTP attention."""
+        return PagedKVCache.for_model(
+            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=1
+        )
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(
+        self,
+        batch: StepBatch,
+        hidden: torch.Tensor,
+        kv: PagedKVCache,
+        target: HybridForCausalLM,
+        *,
+        compute_logits: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft step, as `EagleHead.forward`: tokens t+1 of `batch` with the target's
+        final hidden state at t (or this head's previous output) -> (normed hidden (N, H),
+        logits or None)."""
+        batch.validate(need_states=False)
+        device, dtype = self.device, self.dtype
+        emb = self.pre_fc_norm_embedding(target.embed(batch.input_ids.to(device)).to(dtype))
+        prev = self.pre_fc_norm_hidden(hidden.to(device=device, dtype=dtype))
+        x = self.fc(torch.cat([emb, prev], dim=-1))  # (N, hidden)
+        plan = AttentionPlan.build(batch, kv, device)
+        cfg = self.config
+        cos, sin = rope_cos_sin(plan.positions, cfg.rotary_dim, cfg.rope_theta, dtype)
+        layer = self.layers[0]
+        assert layer.self_attn is not None
+        x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, plan, kv, 0)
+        x = self.norm(x + layer.mlp(layer.post_attention_layernorm(x)))  # (N, hidden)
+        return x, self.draft_logits(x, target) if compute_logits else None
+
+    def draft_logits(self, x: torch.Tensor, target: HybridForCausalLM) -> torch.Tensor:
+        """Logits of this head's (already normed) output through the target's LM head."""
+        return target.compute_logits(x.to(target.dtype))
+
+
+def checkpoint_mtp_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The `mtp.*` tensors of a checkpoint directory (prefix stripped; empty when none)."""
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt", device="cpu") as fh:
+            for key in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if key.startswith(MTP_PREFIX):
+                    out[key[len(MTP_PREFIX) :]] = fh.get_tensor(key)
+    return out

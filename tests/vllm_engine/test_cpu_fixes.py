@@ -97,8 +97,10 @@ def test_checkpoint_writer_matches_the_kernel_index_arithmetic() -> None:
     # qsl[row] + offset - state_len + history; ssm: a flat copy of the chunk state
     want_conv, want_ssm = torch.zeros_like(conv), torch.zeros_like(ssm)
     for row in (0, 2):
-        off, dst, src = int(meta.checkpoint_offsets[row]), int(meta.state_indices[row]), int(
-            chunk_idx[row]
+        off, dst, src = (
+            int(meta.checkpoint_offsets[row]),
+            int(meta.state_indices[row]),
+            int(chunk_idx[row]),
         )
         for col in range(dim * state_len):
             d, hist = divmod(col, state_len)

@@ -5,8 +5,10 @@ every page taken evicts a cached entry. So before a state page is taken (a check
 inside a chunk or at its end, a decode snapshot) the manager asks `Admission.admit`:
 
     worth(kind, n)  = chance(kind) * n          the state about to be kept, at position n
-    displaced       = chance(kind_v) * n_v      the cached entry the pool evicts first (0
-                      until the pool has first evicted one: nothing is displaced yet)
+    displaced       = chance(kind_v) * n_v      the cached entry the pool evicts first: 0
+                      until the pool has first evicted one (nothing is displaced yet), and
+                      infinite once it has and no free page carries a key (the page would
+                      come out of what running requests need: preemptions)
     admit  <=>  worth >= displaced
 
 * `chance(kind)` is the observed chance that an entry of that kind is hit before it is evicted
@@ -33,6 +35,7 @@ keeps its state: a stop promises a checkpoint.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from hycache.cache.block_pool import BlockPool
@@ -57,9 +60,11 @@ class Admission:
 
     def displaced(self) -> float:
         """The worth of the entry the pool would evict for the next page (0: none)."""
-        victim = self.pool.peek_victim() if self.pool.under_pressure else None
-        if victim is None:
+        if not self.pool.under_pressure:
             return 0.0
+        victim = self.pool.peek_victim()
+        if victim is None:  # no cached entry left to give up: the page comes out of live ones
+            return math.inf
         position = max(pos for _, pos in self.pool.keys[victim])
         return self.worth(self.pool.kind[victim], position)
 

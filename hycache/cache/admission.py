@@ -6,9 +6,13 @@ inside a chunk or at its end, a decode snapshot) the manager asks `Admission.adm
 
     worth(kind, n)  = chance(kind) * n          the state about to be kept, at position n
     displaced       = chance(kind_v) * n_v      the cached entry the pool evicts first: 0
-                      until the pool has first evicted one (nothing is displaced yet), and
-                      infinite once it has and no free page carries a key (the page would
-                      come out of what running requests need: preemptions)
+                      until the pool has first evicted one (nothing is displaced yet); with
+                      no cached entry left, 0 while more pages are free than the running
+                      requests hold (one each: `reserve`), else infinite (the page would come
+                      out of what they need next: a preemption); and 0 when a decode
+                      snapshot would displace the oldest cached snapshot while snapshots are
+                      hit more than half the time (`REPLACE_CHANCE`: a chat; the next turn of
+                      the newer conversation is the nearer one)
     admit  <=>  worth >= displaced
 
 * `chance(kind)` is the observed chance that an entry of that kind is hit before it is evicted
@@ -39,8 +43,10 @@ import math
 from collections import Counter
 
 from hycache.cache.block_pool import BlockPool
+from hycache.cache.boundaries import StateKind
 
 ADMIT_EXPLORE = 8  # a refused kind is still admitted once in this many refusals
+REPLACE_CHANCE = 0.5  # decode snapshots hit more often than this replace the oldest freely
 
 
 class Admission:
@@ -58,19 +64,26 @@ class Admission:
         """What keeping an entry of `kind` at `position` is expected to save, in tokens."""
         return self.pool.reuse.chance(kind) * position
 
-    def displaced(self) -> float:
-        """The worth of the entry the pool would evict for the next page (0: none)."""
+    def displaced(self, kind: str = "", reserve: int = 0) -> float:
+        """The worth of the entry the pool would evict for the next page of `kind` (see the
+        module docstring; `reserve`: the pages the running requests are about to need)."""
         if not self.pool.under_pressure:
             return 0.0
         victim = self.pool.peek_victim()
-        if victim is None:  # no cached entry left to give up: the page comes out of live ones
-            return math.inf
+        if victim is None:  # nothing cached left to give up
+            return math.inf if self.pool.num_free <= reserve else 0.0
+        if (
+            kind == self.pool.kind[victim] == StateKind.SNAPSHOT
+            and self.pool.reuse.chance(kind) > REPLACE_CHANCE
+        ):
+            return 0.0  # the oldest snapshot, when snapshots are mostly hit: a fresh one wins
         position = max(pos for _, pos in self.pool.keys[victim])
         return self.worth(self.pool.kind[victim], position)
 
-    def admit(self, kind: str, position: int) -> bool:
-        """Whether a state of `kind` at `position` takes a page now."""
-        if self.worth(kind, position) >= self.displaced():
+    def admit(self, kind: str, position: int, reserve: int = 0) -> bool:
+        """Whether a state of `kind` at `position` takes a page now; `reserve`: the free pages
+        the running requests are about to need (one each)."""
+        if self.worth(kind, position) >= self.displaced(kind, reserve):
             self.admitted[kind] += 1
             return True
         self.refused[kind] += 1

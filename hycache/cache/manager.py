@@ -202,7 +202,7 @@ class CacheManager:
             return True
         assert self.admission is not None
         kind = self.bounds.state_kind(position, req.num_prompt_tokens, req.junction_stops)
-        return self.admission.admit(kind, position)
+        return self.admission.admit(kind, position, len(self._live))
 
     def _fit_writes(self, req: Request, writes: tuple[int, ...], need: int) -> tuple[int, ...]:
         """The internal checkpoints this step can write beside the `need` pages it takes from
@@ -235,7 +235,8 @@ class CacheManager:
             return True
         rid = req.request_id
         if rid not in self._snapshot_admitted:
-            self._snapshot_admitted[rid] = self.admission.admit(StateKind.SNAPSHOT, end)
+            live = len(self._live)
+            self._snapshot_admitted[rid] = self.admission.admit(StateKind.SNAPSHOT, end, live)
         return self._snapshot_admitted[rid]
 
     # -- allocation ------------------------------------------------------------------------------

@@ -199,3 +199,26 @@ def test_admission_stops_keeping_tail_checkpoints_nobody_resends() -> None:
     tails_off = off.cache.state_pool.reuse.resolved[StateKind.TAIL]
     assert tails_on < tails_off
     assert on.cache.stats().hit_tokens >= 0.9 * off.cache.stats().hit_tokens
+
+
+def test_with_nothing_cached_a_page_is_refused_only_when_running_requests_need_it() -> None:
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    pool.evicted[(0, False, False)] += 1  # under pressure, and no free block carries a key
+    assert pool.peek_victim() is None and pool.num_free == 7
+    assert adm.displaced(StateKind.TAIL, reserve=3) == 0.0  # free memory beyond their needs
+    assert adm.displaced(StateKind.TAIL, reserve=7) == float("inf")
+    assert not adm.admit(StateKind.JUNCTION, 4096, reserve=7)
+
+
+def test_a_snapshot_replaces_the_oldest_snapshot_only_while_snapshots_are_mostly_hit() -> None:
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    _cached_low(pool, 400)
+    pool.evicted[(0, True, False)] += 1
+    snap = StateKind.SNAPSHOT
+    pool.reuse.hit[snap], pool.reuse.resolved[snap] = 8, 10  # a chat: 0.75
+    assert adm.admit(snap, 40)  # shallower than the cached one, but fresher
+    pool.reuse.hit[snap] = 3  # 0.33: compared like any other entry
+    assert adm.displaced(snap) == pool.reuse.chance(snap) * 400
+    assert not adm.admit(snap, 40)

@@ -16,7 +16,8 @@ A low-priority page that is hit and freed again joins the ordinary LRU queue.
 With a `value` (`flop-aware` eviction, `hycache.cache.eviction`) the last queue is a heap
 instead: each keyed free block gets, when it is freed, the score
 `freed_at / (num_blocks - 1) + value`, with `freed_at` a counter of keyed frees and `value` the
-largest `value(key, position)` over its keys, and the lowest score is evicted first (ties:
+largest `value(key, position)` over its keys times its kind's chance (`ReuseStats` below),
+and the lowest score is evicted first (ties:
 least recently freed, so the order is deterministic). A hit removes the entry (lazily: a stale
 heap entry is skipped when it surfaces, and the heap is rebuilt when stale entries outnumber
 live ones), so an eviction costs O(log n). Without a value the pool is exactly the LRU above.

@@ -139,6 +139,9 @@ class CacheManager:
         one block). Once per cache."""
         if self._mirror is not None:
             raise ValueError("this cache already has a store attached")
+        # what the device evicts lives on in the store, so a kept state's page displaces no
+        # hit there: with a second tier every state is kept (admission off)
+        self.admission = None
         groups = self.config.groups
         self._mirror = StoreMirror(
             store, fingerprint, self.pools, self.pool_for, groups, self.bounds, io

@@ -6,6 +6,7 @@ u=64, k=3, concurrency 64). Writes a JSON and a PNG; the same as `hycache bench
 
     .venv/bin/python benchmarks/bench_eviction.py [--json out/eviction.json]
         [--plot out/eviction.png] [--alpha A] [--jobs N] [--quick] [--pool-layout separate]
+        [--workloads family,trace] [--arms limit:lru,limit:flop-aware] [--no-admission]
 """
 
 from __future__ import annotations
@@ -29,12 +30,25 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke test")
     ap.add_argument("--pool-layout", choices=("shared", "separate"), default="shared")
     ap.add_argument("--workloads", default=None, help="comma-separated subset")
+    ap.add_argument(
+        "--arms",
+        default=None,
+        help="comma-separated POLICY:EVICTION pairs (default: limit and lookahead, both ways)",
+    )
+    ap.add_argument(
+        "--no-admission", action="store_true", help="keep every state (CacheConfig.admission)"
+    )
     args = ap.parse_args()
     b = EvictionBench(alpha=args.alpha, pool_layout=args.pool_layout)
     if args.quick:
         b = quick(b)
     if args.workloads:
         b = replace(b, workloads=tuple(args.workloads.split(",")))
+    if args.arms:
+        arms = tuple(tuple(a.split(":", 1)) for a in args.arms.split(","))
+        b = replace(b, arms=arms)  # type: ignore[arg-type]
+    if args.no_admission:
+        b = replace(b, sim=replace(b.sim, admission=False))
     doc = eviction_curves(b, lambda m: console.print(m, highlight=False), workers=args.jobs)
     console.print(eviction_table(doc))
     console.print(json.dumps(doc["goal"], indent=2))

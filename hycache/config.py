@@ -141,6 +141,11 @@ class CacheConfig:
     `eviction`: which free cached entry is reused first (`Eviction`); under `flop-aware`,
     `eviction_alpha` weighs the FLOPs a hit saves against recency and `recompute_cost`
     prices them (None: `RecomputeCost()`'s defaults).
+
+    `admission`: an SSM state whose keeping costs no prefill stop (written inside a forward,
+    or a decode snapshot) is kept only while its kind's observed chance of a hit, times what
+    a hit saves, beats what its page displaces (`hycache.cache.admission`); False keeps every
+    one.
     """
 
     block_size: int = 16
@@ -157,8 +162,11 @@ class CacheConfig:
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     recompute_cost: RecomputeCost | None = None
     internal_checkpoints: bool = True
+    admission: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.admission, bool):
+            raise ValueError(f"admission: must be true or false, got {self.admission!r}")
         if not isinstance(self.internal_checkpoints, bool):
             raise ValueError(
                 f"internal_checkpoints: must be true or false, got {self.internal_checkpoints!r}"

@@ -314,6 +314,7 @@ class SimBench:
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     internal_checkpoints: bool = True  # for every arm but the `-split` ones
     prefix_caching: bool = True  # False: every arm with prefix caching off
+    admission: bool = True  # False: every state kept (`CacheConfig.admission`)
 
 
 def sim_cost(s: SimBench, pool_layout: PoolLayout = "shared") -> CostModel:
@@ -340,6 +341,7 @@ def sim_geometry(s: SimBench) -> SimGeometry:
         eviction_alpha=s.eviction_alpha,
         internal_checkpoints=s.internal_checkpoints,
         prefix_caching=s.prefix_caching,
+        admission=s.admission,
     )
 
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from hycache.cache.block_pool import NULL_BLOCK, BlockPool, CacheKey, KeyLookup
-from hycache.cache.boundaries import Boundaries
+from hycache.cache.boundaries import ATTENTION_KIND, Boundaries
 from hycache.cache.hashing import PrefixHashes
 
 
@@ -123,7 +123,8 @@ class AttentionManager:
         while (table.num_published_blocks + 1) * b <= hashed:
             j = table.num_published_blocks
             pos = (j + 1) * b
-            self.pool.add_key(table.blocks[j], CacheKey(self.group, hashes.at(pos)), pos)
+            key = CacheKey(self.group, hashes.at(pos))
+            self.pool.add_key(table.blocks[j], key, pos, ATTENTION_KIND)
             table.num_published_blocks += 1
         if self.bounds.keys_every_unit:
             while (table.num_published_units + 1) * u <= hashed:
@@ -137,7 +138,7 @@ class AttentionManager:
 
     def _add_mid_key(self, table: _Table, hashes: PrefixHashes, pos: int) -> None:
         block = table.blocks[pos // self.block_size]
-        self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos)
+        self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos, ATTENTION_KIND)
 
     def free(self, request_id: str) -> None:
         table = self._tables.pop(request_id, None)

@@ -16,13 +16,21 @@ A low-priority page that is hit and freed again joins the ordinary LRU queue.
 With a `value` (`flop-aware` eviction, `hycache.cache.eviction`) the last queue is a heap
 instead: each keyed free block gets, when it is freed, the score
 `freed_at / (num_blocks - 1) + value`, with `freed_at` a counter of keyed frees and `value` the
-largest `value(key, position)` over its keys, and the lowest score is evicted first (ties:
+largest `value(key, position)` over its keys times its kind's chance (`ReuseStats` below),
+and the lowest score is evicted first (ties:
 least recently freed, so the order is deterministic). A hit removes the entry (lazily: a stale
 heap entry is skipped when it surfaces, and the heap is rebuilt when stale entries outnumber
 live ones), so an eviction costs O(log n). Without a value the pool is exactly the LRU above.
 
 A block may carry several keys: one per registered position (a full-block key and mid-block
 keys). Every key is `(group_id, prefix hash)`.
+
+Reuse by kind (`ReuseStats`). The first key put on a block gives it a kind (the managers name
+it: "attention", or an SSM state's `StateKind` from the boundaries module). Once per keying a
+block is resolved: hit (its first `touch` while keyed) or lost (evicted never hit). Per kind,
+`(hit + 1) / (resolved + 2)` is the observed chance that an entry of that kind is hit before
+it is evicted: what admission (`hycache.cache.admission`) and the `flop-aware` score weigh an
+entry's value by.
 """
 
 from __future__ import annotations
@@ -58,6 +66,23 @@ class BlockEvent:
     position: int
 
 
+class ReuseStats:
+    """Per entry kind: keyed blocks resolved (hit, or evicted never hit) and of those hit."""
+
+    def __init__(self) -> None:
+        self.hit: Counter[str] = Counter()
+        self.resolved: Counter[str] = Counter()
+
+    def chance(self, kind: str) -> float:
+        """The observed chance an entry of `kind` is hit before it is evicted (a uniform prior:
+        0.5 before anything is resolved)."""
+        return (self.hit[kind] + 1) / (self.resolved[kind] + 2)
+
+    def record(self, kind: str, hit: bool) -> None:
+        self.resolved[kind] += 1
+        self.hit[kind] += hit
+
+
 class NoFreeBlocksError(RuntimeError):
     pass
 
@@ -67,10 +92,10 @@ class IntegrityError(AssertionError):
 
 
 class BlockPool:
-    """`value`: score keyed free blocks for eviction (see the module docstring); None: LRU.
-    `snapshots_first`: with a value, low-priority pages (decode snapshots) still go before
-    every other cached block; False scores them like the rest, their value times
-    `snapshot_reuse`."""
+    """`value`: score keyed free blocks for eviction (see the module docstring), times the
+    observed chance of their kind (`ReuseStats`); None: LRU. `snapshots_first`: with a value,
+    low-priority pages (decode snapshots) still go before every other cached block; False
+    scores them like the rest."""
 
     def __init__(
         self, num_blocks: int, value: BlockValue | None = None, *, snapshots_first: bool = True
@@ -96,8 +121,8 @@ class BlockPool:
         self.hits = [0] * num_blocks
         self._low = [False] * num_blocks  # freed as low priority while keyed
         self.evicted: Counter[tuple[int, bool, bool]] = Counter()
-        self._low_seen = 0  # low-priority pages hit, or evicted never hit
-        self._low_hit = 0  # of those, hit
+        self.kind = [""] * num_blocks  # the entry kind of a keyed block (its first key's)
+        self.reuse = ReuseStats()
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -117,13 +142,23 @@ class BlockPool:
     def is_free(self, block_id: int) -> bool:
         return block_id in self._free or block_id in self._free_low or block_id in self._scored
 
+    def peek_victim(self) -> int | None:
+        """The keyed free block the pool will evict first (unkeyed free blocks are handed out
+        before it), or None when no free block carries a key: what a page kept now displaces
+        once the unkeyed ones are gone."""
+        if self._free_low:
+            return next(iter(self._free_low))
+        if self.value is not None:
+            while self._heap and self._scored.get(self._heap[0][2]) != self._heap[0][1]:
+                heapq.heappop(self._heap)  # stale
+            return self._heap[0][2] if self._heap else None
+        return next((b for b in self._free if self.keys[b]), None)
+
     @property
-    def snapshot_reuse(self) -> float:
-        """The observed chance that a low-priority page (a decode snapshot) is hit before it is
-        evicted, (hit + 1) / (hit or evicted + 2): what scores a snapshot's value when
-        `snapshots_first` is off (so snapshots that are never reused, as on a trace whose
-        next turns do not contain the answer, sink to the front of the heap)."""
-        return (self._low_hit + 1) / (self._low_seen + 2)
+    def under_pressure(self) -> bool:
+        """A keyed block has been evicted: the pool has filled, so a page taken now pushes
+        a cached entry out."""
+        return bool(self.evicted)
 
     def subscribe(self, callback: Callable[[BlockEvent], None]) -> None:
         self._subscribers.append(callback)
@@ -157,8 +192,7 @@ class BlockPool:
         assert self.value is not None
         self._clock += 1
         value = max(self.value(k, pos) for k, pos in self.keys[block_id])
-        if self._low[block_id]:
-            value *= self.snapshot_reuse
+        value *= self.reuse.chance(self.kind[block_id])
         score = self._clock / (self.num_blocks - 1) + value
         self._scored[block_id] = self._clock
         heapq.heappush(self._heap, (score, self._clock, block_id))
@@ -177,9 +211,8 @@ class BlockPool:
                 else:
                     (self._free_low if b in self._free_low else self._free).pop(b)
             if self.keys[b]:
-                if self._low[b] and not self.hits[b]:
-                    self._low_seen += 1
-                    self._low_hit += 1
+                if not self.hits[b]:
+                    self.reuse.record(self.kind[b], hit=True)
                 self.hits[b] += 1
             self.ref_cnt[b] += 1
 
@@ -208,14 +241,17 @@ class BlockPool:
 
     # -- keys ------------------------------------------------------------------------------------
 
-    def add_key(self, block_id: int, key: CacheKey, position: int) -> bool:
-        """Register `key` on a referenced block. Returns False (and changes nothing) when the key
-        already names a block: the first writer wins."""
+    def add_key(self, block_id: int, key: CacheKey, position: int, kind: str = "") -> bool:
+        """Register `key` on a referenced block; the first key gives the block its `kind` (see
+        `ReuseStats`). Returns False (and changes nothing) when the key already names a block:
+        the first writer wins."""
         if block_id == NULL_BLOCK or self.ref_cnt[block_id] <= 0:
             raise IntegrityError(f"key published on unreferenced block {block_id}")
         if key in self._key_to_block:
             return False
         self._key_to_block[key] = block_id
+        if not self.keys[block_id]:
+            self.kind[block_id] = kind
         self.keys[block_id].append((key, position))
         self._emit(BlockEvent("stored", key, block_id, position))
         return True
@@ -224,14 +260,15 @@ class BlockPool:
         keys = self.keys[block_id]
         if keys:
             self.evicted[(keys[0][0].group, self._low[block_id], self.hits[block_id] > 0)] += 1
-            if self._low[block_id] and not self.hits[block_id]:
-                self._low_seen += 1
+            if not self.hits[block_id]:
+                self.reuse.record(self.kind[block_id], hit=False)
         for key, position in keys:
             del self._key_to_block[key]
             self._emit(BlockEvent("removed", key, block_id, position))
         self.keys[block_id] = []
         self.hits[block_id] = 0
         self._low[block_id] = False
+        self.kind[block_id] = ""
 
     def _emit(self, event: BlockEvent) -> None:
         for cb in self._subscribers:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from hycache.config import CacheConfig, Policy, SpeculativeConfig
 
@@ -47,6 +48,22 @@ def floor_to(n: int, step: int) -> int:
 
 
 LOOKAHEAD_POLICIES = (Policy.LOOKAHEAD, Policy.LIMIT)
+
+
+class StateKind(StrEnum):
+    """Why an SSM state is kept (`Boundaries.state_kind`): admission estimates each kind's
+    chance of being hit on its own (`hycache.cache.admission`)."""
+
+    SNAPSHOT = "snapshot"  # a decode snapshot: where the next chat turn resumes
+    JUNCTION = "junction"  # an observed junction or prefix hint stop (and the block after it)
+    TAIL = "tail"  # the tail checkpoint: an identical resend
+    REPLAY = "replay"  # the replay boundary: a longer sibling
+    BELOW_TAIL = "below-tail"  # `limit`: the unit below the tail (a prompt that is a prefix)
+    DROP_REPLAY = "drop-replay"  # `limit`: the drop scheme's replay boundary, a block below
+    GRID = "grid"  # anything else: a block-grid resume point, a retention interval
+
+
+ATTENTION_KIND = "attention"  # the kind of an attention block (`BlockPool.kind`)
 
 
 @dataclass(frozen=True)
@@ -370,6 +387,27 @@ class Boundaries:
             return True
         fine = self.effective_policy in (Policy.JUNCTION, Policy.LIMIT)
         return fine and self.is_block_grid_resume_point(end)
+
+    def state_kind(
+        self, position: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
+    ) -> StateKind:
+        """Why the prompt state at `position` is kept (a decode snapshot is named by its
+        caller); the first reason that applies, in `StateKind`'s order."""
+        t = num_prompt_tokens
+        if position in junction_stops:
+            return StateKind.JUNCTION
+        tail = self.tail_checkpoint(t)
+        if position == tail:
+            return StateKind.TAIL
+        if position in self.replay_boundaries(t):
+            return StateKind.REPLAY
+        if self.internal and self.keys_every_unit and self.drafter:
+            if position == tail - self.unit:
+                return StateKind.BELOW_TAIL
+            b = self.block_size
+            if position in (floor_to(t, b) - b, floor_to(max(t - 1, 0), b) - b):
+                return StateKind.DROP_REPLAY
+        return StateKind.GRID
 
     def decode_snapshot(self, first: int, last: int) -> int:
         """`limit`: the position a sampling step snapshots, or 0: the last unit boundary among

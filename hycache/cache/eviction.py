@@ -30,11 +30,11 @@ So a deep state is worth far more than any one block (Bamba-9B: a state at 20k t
 much as ~30 blocks), which is the point: a state that its running request passed is freed long
 before the blocks under it, and LRU evicts it first although the whole hit depends on it.
 
-Decode snapshots (`limit`) are the one kind whose reuse varies by workload (a chat's next turn
-resumes there; nothing ever does on families or on a conversation trace whose prompts omit the
-answer). Under `flop-aware` they are scored like the rest, their value multiplied by the
-observed chance that a snapshot is hit before it is evicted (`BlockPool.snapshot_reuse`), and
-admitted only while that chance is high enough (`CacheManager.admit_snapshot`).
+Every entry's value is also weighed by the observed chance that an entry of its kind (an
+attention block, a decode snapshot, a tail checkpoint, ...: `BlockPool.reuse`) is hit before it
+is evicted, the same chance admission keeps states by (`hycache.cache.admission`): kinds that
+are never reused on a workload (decode snapshots on a conversation trace whose prompts omit the
+answer) sink to the front of the heap.
 
 alpha defaults to 0.05 (`DEFAULT_EVICTION_ALPHA`), chosen on the eviction curves (README):
 0.03-0.1 all beat LRU under pressure; 0.3 and 1 keep deep states so long that they crowd out

@@ -14,20 +14,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hycache.cache.admission import Admission
 from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import BlockEvent, BlockPool
-from hycache.cache.boundaries import Boundaries
+from hycache.cache.boundaries import Boundaries, StateKind
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.eviction import FlopValue
 from hycache.cache.mirror import BlockIO, StoreMirror
 from hycache.cache.ssm import SSMManager, StateIO
-from hycache.config import CacheConfig, Eviction, GroupKind, RecomputeCost, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    Eviction,
+    GroupKind,
+    Policy,
+    RecomputeCost,
+    SpeculativeConfig,
+)
 from hycache.request import Request
 from hycache.store.base import KVStore
-
-# `flop-aware` snapshot admission (`CacheManager.admit_snapshot`)
-SNAPSHOT_ADMIT_REUSE = 0.25
-SNAPSHOT_EXPLORE = 8
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,8 @@ class CacheManager:
                 self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
         self._live: set[str] = set()
-        self._snapshot_admitted: dict[str, bool] = {}  # flop-aware: per live request
-        self._snapshot_explore = 0
+        self.admission = Admission(self.state_pool) if cache.admission else None
+        self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
         self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self._mirror: StoreMirror | None = None
@@ -135,6 +139,9 @@ class CacheManager:
         one block). Once per cache."""
         if self._mirror is not None:
             raise ValueError("this cache already has a store attached")
+        # what the device evicts lives on in the store, so a kept state's page displaces no
+        # hit there: with a second tier every state is kept (admission off)
+        self.admission = None
         groups = self.config.groups
         self._mirror = StoreMirror(
             store, fingerprint, self.pools, self.pool_for, groups, self.bounds, io
@@ -164,18 +171,41 @@ class CacheManager:
             self._mirror.flush()
 
     def will_checkpoint(self, req: Request, end: int) -> bool:
+        """Whether the chunk ending at `end` keeps its SSM state: a checkpoint position
+        (`Boundaries.should_checkpoint`) that admission keeps (`admits`)."""
         return (
             bool(self.ssm)
             and self.config.enable_prefix_caching
             and self.bounds.should_checkpoint(end, req.num_prompt_tokens, req.junction_stops)
+            and self.admits(req, end)
         )
 
     def internal_writes(self, req: Request, start: int, end: int) -> tuple[int, ...]:
         """Checkpoints the forward of [start, end) writes inside the chunk (internal
-        checkpoints; the chunk end's own state is `will_checkpoint`'s)."""
+        checkpoints that admission keeps; the chunk end's own state is `will_checkpoint`'s)."""
         if not self.ssm or not self.config.enable_prefix_caching:
             return ()
-        return self.bounds.internal_writes(start, end, req.num_prompt_tokens, req.junction_stops)
+        writes = self.bounds.internal_writes(start, end, req.num_prompt_tokens, req.junction_stops)
+        return tuple(p for p in writes if self.admits(req, p))
+
+    @property
+    def gates_prompt_states(self) -> bool:
+        """Admission decides on prompt states: every one is written inside a forward and no
+        prefill stop promises it (internal checkpoints, any policy but `lookahead`, whose
+        stops and export are vLLM's)."""
+        return (
+            self.admission is not None
+            and self.bounds.internal
+            and self.bounds.effective_policy is not Policy.LOOKAHEAD
+        )
+
+    def admits(self, req: Request, position: int) -> bool:
+        """Whether the prompt state at `position` (a checkpoint position) takes a page now."""
+        if not self.gates_prompt_states:
+            return True
+        assert self.admission is not None
+        kind = self.bounds.state_kind(position, req.num_prompt_tokens, req.junction_stops)
+        return self.admission.admit(kind, position, len(self._live))
 
     def _fit_writes(self, req: Request, writes: tuple[int, ...], need: int) -> tuple[int, ...]:
         """The internal checkpoints this step can write beside the `need` pages it takes from
@@ -194,9 +224,9 @@ class CacheManager:
 
     def will_snapshot(self, req: Request, end: int, num_drafts: int) -> bool:
         """A step that samples (its chunk reaches the last known token) and may verify a unit
-        boundary: its SSM groups get a snapshot block (`limit`). Under `flop-aware` eviction a
-        request is also admitted to snapshots only as often as snapshots are observed to be
-        reused (`admit_snapshot`)."""
+        boundary: its SSM groups get a snapshot block (`limit`). With admission the request's
+        first such step decides for its whole decode (`Admission.admit` of a snapshot at
+        `end`): the page is held from then on."""
         if not (
             bool(self.ssm)
             and self.config.enable_prefix_caching
@@ -204,26 +234,13 @@ class CacheManager:
             and self.bounds.decode_snapshot(end, end + num_drafts) > 0
         ):
             return False
-        if self.config.eviction is not Eviction.FLOP_AWARE:
+        if self.admission is None:
             return True
         rid = req.request_id
         if rid not in self._snapshot_admitted:
-            self._snapshot_admitted[rid] = self.admit_snapshot()
+            live = len(self._live)
+            self._snapshot_admitted[rid] = self.admission.admit(StateKind.SNAPSHOT, end, live)
         return self._snapshot_admitted[rid]
-
-    def admit_snapshot(self) -> bool:
-        """Whether the next decoding request keeps a decode snapshot (`flop-aware` only).
-
-        A snapshot holds a whole state page for as long as its request decodes, and only a
-        continuation of that conversation can hit it (measured: on the family and trace
-        workloads none ever is, on multi-turn most are). So every request is admitted while
-        the observed reuse (`BlockPool.snapshot_reuse`) is at least `SNAPSHOT_ADMIT_REUSE`;
-        below it, one request in `SNAPSHOT_EXPLORE` still is, so that the estimate follows
-        the workload. Deterministic: a counter, no randomness."""
-        if self.state_pool.snapshot_reuse >= SNAPSHOT_ADMIT_REUSE:
-            return True
-        self._snapshot_explore += 1
-        return self._snapshot_explore % SNAPSHOT_EXPLORE == 0
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -272,7 +289,12 @@ class CacheManager:
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        states = tuple(s.plan_step(rid, end, checkpoint, snapshot, internal) for s in self.ssm)
+        t, stops = req.num_prompt_tokens, req.junction_stops
+        kinds = tuple(self.bounds.state_kind(p, t, stops) for p in internal)
+        kind = self.bounds.state_kind(end, t, stops) if checkpoint else ""
+        states = tuple(
+            s.plan_step(rid, end, checkpoint, snapshot, internal, kinds, kind) for s in self.ssm
+        )
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
 
     def commit(self, req: Request) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup
-from hycache.cache.boundaries import Boundaries
+from hycache.cache.boundaries import Boundaries, StateKind
 from hycache.cache.hashing import PrefixHashes
 
 
@@ -52,6 +52,8 @@ class _State:
     pending_checkpoint: bool = False
     pending_snapshot: bool = False
     pending_writes: tuple[tuple[int, int], ...] = ()  # (position, block) written in the forward
+    pending_kinds: tuple[str, ...] = ()  # the `StateKind` of each pending write
+    pending_kind: str = ""  # the `StateKind` of a pending checkpoint
     snapshot: int | None = None  # decode snapshot block S (never keyed while we hold it)
     snapshot_pos: int = 0  # the position S holds (0: nothing written yet)
 
@@ -114,13 +116,19 @@ class SSMManager:
         checkpoint: bool,
         snapshot: bool = False,
         internal: tuple[int, ...] = (),
+        kinds: tuple[str, ...] = (),
+        checkpoint_kind: str = "",
     ) -> StateIO:
         """Choose the destination of this step's final state (see the module diagram), the
         snapshot block when this sampling step may verify a unit boundary, and a fresh block
-        for each checkpoint written inside the forward (`internal` positions)."""
+        for each checkpoint written inside the forward (`internal` positions). `kinds` (one per
+        internal position) and `checkpoint_kind` name why each state is kept (`StateKind`),
+        the kind its page is keyed with."""
         st = self._states[request_id]
         writes = tuple(zip(internal, self.pool.allocate(len(internal)), strict=True))
         st.pending_writes = writes
+        st.pending_kinds = kinds or ("",) * len(writes)
+        st.pending_kind = checkpoint_kind
         if checkpoint:
             (dst,) = self.pool.allocate(1)
         else:
@@ -145,14 +153,15 @@ class SSMManager:
             if pos:
                 st.snapshot_pos = pos
         dst, end = st.pending_dst, st.pending_end
-        for pos, block in st.pending_writes:  # frozen at once: keyed, then left to the cache
-            self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos)
+        for (pos, block), kind in zip(st.pending_writes, st.pending_kinds, strict=True):
+            # frozen at once: keyed, then left to the cache
+            self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos, kind)
             self.pool.free([block])
-        st.pending_writes = ()
+        st.pending_writes = st.pending_kinds = ()
         if st.src_held and st.src is not None and st.src != dst:
             self.pool.free([st.src])
         if st.pending_checkpoint:
-            self.pool.add_key(dst, CacheKey(self.group, hashes.at(end)), end)
+            self.pool.add_key(dst, CacheKey(self.group, hashes.at(end)), end, st.pending_kind)
             st.src, st.src_held = dst, True
         else:
             st.src, st.src_held = dst, False
@@ -168,7 +177,8 @@ class SSMManager:
         if st.snapshot is not None:
             pos = st.snapshot_pos
             if st.pending_dst is None and pos and pos <= hashes.num_hashed_tokens:
-                self.pool.add_key(st.snapshot, CacheKey(self.group, hashes.at(pos)), pos)
+                key = CacheKey(self.group, hashes.at(pos))
+                self.pool.add_key(st.snapshot, key, pos, StateKind.SNAPSHOT)
             # speculative: only a continuation of this conversation can use it
             self.pool.free([st.snapshot], low_priority=True)
         if st.pending_dst is not None and st.pending_dst != st.running:

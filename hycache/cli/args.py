@@ -155,6 +155,13 @@ FLAGS: dict[str, dict[str, Any]] = {
         "prefill chunk at each (as vLLM 0.33 does for Mamba2); --no-internal-checkpoints: a "
         "Mamba layer that cannot export",
     },
+    "--admission": {
+        "action": argparse.BooleanOptionalAction,
+        "default": True,
+        "help": "keep an SSM state written inside a forward (or a decode snapshot) only while "
+        "its kind's observed hit chance times what a hit saves beats what its page displaces; "
+        "--no-admission: keep every one",
+    },
     "--no-prefix-caching": {
         "action": "store_true",
         "default": False,
@@ -218,6 +225,7 @@ def add_cache_flags(p: argparse.ArgumentParser, *, block_size: int = 4416, unit:
     g.add_argument("--hash-seed", type=int, default=0)
     add_eviction_flags(g)
     add_flag(g, "--internal-checkpoints")
+    add_flag(g, "--admission")
     add_flag(g, "--no-prefix-caching")
 
 
@@ -516,6 +524,7 @@ class CacheArgs:
             eviction_alpha=args.eviction_alpha,
             internal_checkpoints=args.internal_checkpoints,
             prefix_caching=not args.no_prefix_caching,
+            admission=args.admission,
         )
         return cls(geometry, args.eagle, args.num_speculative_tokens, args.num_blocks)
 

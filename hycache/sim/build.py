@@ -183,6 +183,7 @@ class SimGeometry:
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     internal_checkpoints: bool = True
     prefix_caching: bool = True  # False: `--no-prefix-caching`
+    admission: bool = True  # False: `--no-admission`
 
 
 def build_config(
@@ -209,6 +210,7 @@ def build_config(
             eviction_alpha=g.eviction_alpha,
             internal_checkpoints=g.internal_checkpoints,
             enable_prefix_caching=g.prefix_caching,
+            admission=g.admission,
         ),
         SpeculativeConfig(
             num_speculative_tokens=g.num_speculative_tokens, acceptance_rate=g.acceptance_rate

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hycache.cache.block_pool import BlockEvent
+from hycache.cache.boundaries import StateKind
 from hycache.config import GroupKind, HycacheConfig
 from hycache.request import Request
 from hycache.sched.executor import DryRunExecutor
@@ -231,7 +232,7 @@ class Router:
             sent.popitem(last=False)
 
 
-PAGE_KINDS = ("snapshot", "junction", "tail", "replay", "other")
+PAGE_KINDS: tuple[str, ...] = (*StateKind, "loaded")  # "loaded": from a second tier
 
 
 class SSMPageCounter:
@@ -241,10 +242,11 @@ class SSMPageCounter:
     that request's decode snapshot (`limit` keys it when the request lets go). Pages loaded
     from a second tier count as stored too (they are keyed in the pool).
 
-    For the admission analysis each page keyed by a request of the step is also given a kind
-    (`PAGE_KINDS`: a decode snapshot, a junction or hint stop, the tail checkpoint, a replay
-    boundary, anything else such as a block-grid resume point), and `by_kind` counts per kind
-    the pages stored, evicted, and evicted without ever having been hit."""
+    For the admission analysis each page has the kind its manager keyed it with
+    (`BlockPool.kind`, a `StateKind`: a decode snapshot, a junction or hint stop, the tail
+    checkpoint, a replay boundary, the unit below the tail, the drop scheme's replay boundary,
+    a block-grid state; "loaded" from a second tier), and `by_kind` counts per kind the pages
+    stored, evicted, and evicted without ever having been hit."""
 
     def __init__(self, config: HycacheConfig, sched: Scheduler) -> None:
         self.groups = {i for i, g in enumerate(config.cache.groups) if g is GroupKind.SSM}
@@ -254,7 +256,6 @@ class SSMPageCounter:
         self.peak = 0
         self._step: list[BlockEvent] = []  # SSM keys stored since the last `attribute`
         self._pool = sched.cache.state_pool
-        self._bounds = sched.cache.bounds
         self._kind: dict[Any, str] = {}  # live SSM key -> its kind
         self.by_kind: dict[str, dict[str, int]] = {
             k: {"stored": 0, "evicted": 0, "evicted_never_hit": 0} for k in PAGE_KINDS
@@ -279,8 +280,9 @@ class SSMPageCounter:
                     counts["evicted_never_hit"] += 1
 
     def attribute(self, finished: Sequence[Request], others: Sequence[Request] = ()) -> None:
-        """Count the decode snapshots among this step's stored keys, and give each key stored
-        by a request of the step (finished, scheduled or preempted) its kind."""
+        """Count the decode snapshots among this step's stored keys (keyed by a request that
+        finished in it, `others` being the step's other requests), and record each key's
+        kind."""
         events, self._step = self._step, []
         for e in events:
             for req in finished:
@@ -291,25 +293,9 @@ class SSMPageCounter:
                 ):
                     self.snapshots += 1
                     break
-            if self._pool.lookup(e.key) is None:
+            block = self._pool.lookup(e.key)
+            if block is None:
                 continue  # stored and evicted again within the step
-            for req in (*finished, *others):
-                pos = e.position
-                if pos <= req.hashes.num_hashed_tokens and req.hashes.at(pos) == e.key.hash:
-                    kind = self._classify(req, pos)
-                    self._kind[e.key] = kind
-                    self.by_kind[kind]["stored"] += 1
-                    break
-
-    def _classify(self, req: Request, pos: int) -> str:
-        t = req.num_prompt_tokens
-        b = self._bounds
-        if pos >= t:
-            return "snapshot"
-        if pos in req.junction_stops:
-            return "junction"
-        if pos == b.tail_checkpoint(t):
-            return "tail"
-        if pos in b.replay_boundaries(t):
-            return "replay"
-        return "other"
+            kind = self._pool.kind[block] or "loaded"
+            self._kind[e.key] = kind
+            self.by_kind[kind]["stored"] += 1

@@ -189,7 +189,8 @@ def test_every_eviction_takes_the_lowest_score(values: list[float]) -> None:
     for pos, b in enumerate(blocks, start=1):
         pool.add_key(b, key(pos), pos)
         pool.free([b])
-    scores = [(i / (n - 1) + v, i) for i, v in enumerate(values, start=1)]
+    chance = pool.reuse.chance("")  # every entry is of one kind: the value's weight
+    scores = [(i / (n - 1) + chance * v, i) for i, v in enumerate(values, start=1)]
     order = [pool.allocate(1)[0] for _ in blocks]
     assert order == [blocks[i - 1] for _, i in sorted(scores)]
 
@@ -280,24 +281,36 @@ def _snapshot_cache(**kw: object) -> CacheManager:
 
 
 def test_snapshot_admission_follows_the_observed_reuse() -> None:
-    from hycache.cache.manager import SNAPSHOT_EXPLORE
+    from hycache.cache.admission import ADMIT_EXPLORE
+    from hycache.cache.boundaries import ATTENTION_KIND, StateKind
     from hycache.request import Request, SamplingParams
 
-    cache = _snapshot_cache(eviction="flop-aware")
-    pool = cache.state_pool
-    assert pool.snapshot_reuse == 0.5  # the prior: every request is admitted
-    assert all(cache.admit_snapshot() for _ in range(20))
-    pool._low_seen = 40  # 40 snapshots evicted, none ever hit
-    decisions = [cache.admit_snapshot() for _ in range(4 * SNAPSHOT_EXPLORE)]
-    assert sum(decisions) == 4  # one in SNAPSHOT_EXPLORE keeps exploring
-    pool._low_hit = 30  # most of them were hit after all
-    pool._low_seen = 40
-    assert all(cache.admit_snapshot() for _ in range(20))
-    # one decision per request, kept over its steps
-    req = Request.new("r", list(range(1, 12)), SamplingParams(max_tokens=8), unit=4, lookahead=True)
-    pool._low_hit = 0
-    first = [cache.will_snapshot(req, req.num_tokens, 2) for _ in range(5)]
-    assert len(set(first)) == 1
-    lru = _snapshot_cache()
-    lru.state_pool._low_seen = 40
-    assert lru.will_snapshot(req, req.num_tokens, 2)  # lru: always, as before
+    snap = StateKind.SNAPSHOT
+    for eviction in ("lru", "flop-aware"):
+        cache = _snapshot_cache(eviction=eviction)
+        pool, admission = cache.state_pool, cache.admission
+        assert admission is not None
+        assert pool.reuse.chance(snap) == 0.5  # the prior
+        # nothing evicted yet: nothing is displaced, every snapshot is admitted
+        assert all(admission.admit(snap, 8) for _ in range(20))
+        # the pool under pressure, a cached attention block first in line, snapshots never hit
+        (victim,) = pool.allocate(1)
+        pool.add_key(victim, key(9), 8, ATTENTION_KIND)
+        pool.free([victim])
+        pool.evicted[(0, False, False)] += 1
+        pool.reuse.resolved[snap] = 40
+        decisions = [admission.admit(snap, 8) for _ in range(4 * ADMIT_EXPLORE)]
+        assert sum(decisions) == 4  # one in ADMIT_EXPLORE keeps exploring
+        pool.reuse.hit[snap] = 30  # most of them were hit after all
+        assert all(admission.admit(snap, 8) for _ in range(20))
+        # one decision per request, kept over its steps
+        req = Request.new(
+            "r", list(range(1, 12)), SamplingParams(max_tokens=8), unit=4, lookahead=True
+        )
+        pool.reuse.hit[snap] = 0
+        first = [cache.will_snapshot(req, req.num_tokens, 2) for _ in range(5)]
+        assert len(set(first)) == 1
+    off = _snapshot_cache(admission=False)
+    off.state_pool.reuse.resolved[snap] = 40
+    off.state_pool.evicted[(0, False, False)] += 1
+    assert off.will_snapshot(req, req.num_tokens, 2)  # no admission: always, as before

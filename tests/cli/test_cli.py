@@ -682,3 +682,26 @@ def test_simulate_no_prefix_caching_hits_nothing(tmp_path: Path) -> None:
     off = json.loads(out.read_text())["policies"]
     assert off["limit"]["hit_tokens"] == off["lookahead"]["hit_tokens"] == 0
     assert off["limit"]["ssm_pages_stored"] == 0
+
+
+def test_simulate_no_admission_keeps_every_state(tmp_path: Path) -> None:
+    """`--no-admission` reaches the cache config; on a small pool that turns over, admission
+    keeps fewer state pages than keeping every one, and never a worse hit rate here."""
+    from hycache.cli.args import CacheArgs
+    from hycache.cli.main import make_parser
+
+    args = make_parser().parse_args(["simulate", "--no-admission"])
+    assert CacheArgs.from_cli_args(args).geometry.admission is False
+    args = make_parser().parse_args(["simulate"])
+    assert CacheArgs.from_cli_args(args).geometry.admission is True
+    out = tmp_path / "adm.json"
+    base = ["simulate", "--workload", "system-prompt", "--num-requests", "60",
+            "--shared-prefix-tokens", "300", "--suffix-tokens", "100:300", "--output-tokens",
+            "8", "--block-size", "64", "--prefix-match-unit", "8", "--model", "tiny", "--gpu",
+            "h100", "--num-blocks", "60", "--policy", "limit", "--quiet", "--json"]  # fmt: skip
+    assert main([*base, str(out)]) == 0
+    on = json.loads(out.read_text())["policies"]["limit"]
+    assert main([*base, str(out), "--no-admission"]) == 0
+    off = json.loads(out.read_text())["policies"]["limit"]
+    assert on["ssm_pages_stored"] < off["ssm_pages_stored"]  # 148 against 268
+    assert on["token_hit_rate"] >= off["token_hit_rate"]  # 0.553 against 0.538

@@ -106,11 +106,12 @@ def drive(llm: LLM, seed: int, sp: SamplingParams | None = None) -> dict[str, li
 
 def tight_pool(policy: str, k: int, internal: bool) -> dict[str, int]:
     """A pool that preempts on `drive`'s script (internal checkpoints split less, so need
-    fewer pages at once; with drafts, a shorter `max_model_len` lets the pool shrink)."""
+    fewer pages at once; with drafts, a shorter `max_model_len` lets the pool shrink; admission
+    keeps fewer states under pressure: `junction` preempts from 20 pages down)."""
     if k:
         if not internal:
             return {"num_blocks": 28}
-        return {"num_blocks": 21 if policy == "junction" else 24, "max_model_len": 96}
+        return {"num_blocks": 20 if policy == "junction" else 24, "max_model_len": 96}
     return {"num_blocks": 16 if not internal or policy == "lookahead" else 15}
 
 

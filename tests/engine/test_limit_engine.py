@@ -114,7 +114,9 @@ def run_workload(k: int) -> Workload:
     """Families and chats one request at a time on a caching engine; then every prompt again on
     an engine with caching off (batched: nothing is shared there, so order does not matter)."""
     rng = random.Random(100 + k)
-    on = limit_llm(k)
+    # a pool that holds the whole script: under pressure admission may refuse a snapshot, and
+    # `test_chat_turn_resumes_past_the_previous_answer` checks what a kept one gives
+    on = limit_llm(k, num_blocks=512)
     # the reference runs every prompt in a few wide batches: nothing is shared without caching
     off = limit_llm(
         k, enable_prefix_caching=False, num_blocks=512, max_num_seqs=32, max_num_batched_tokens=512

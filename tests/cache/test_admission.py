@@ -1,0 +1,224 @@
+"""Admission (hycache.cache.admission): a state takes a page only while its kind's observed
+chance of a hit, times what a hit saves, beats what the page displaces."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hycache.cache.admission import ADMIT_EXPLORE, Admission
+from hycache.cache.block_pool import BlockPool, CacheKey
+from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
+from hycache.config import GroupKind
+from hycache.sched.executor import run_to_completion
+from hycache.sched.scheduler import Scheduler
+from tests.helpers import RecordingExecutor, make_config, new_request, tokens
+
+
+def key(i: int) -> CacheKey:
+    return CacheKey(0, i.to_bytes(16, "little"))
+
+
+def _cached(pool: BlockPool, pos: int, kind: str) -> int:
+    (b,) = pool.allocate(1)
+    pool.add_key(b, key(pos), pos, kind)
+    pool.free([b])
+    return b
+
+
+def test_nothing_is_displaced_until_the_pool_has_evicted_a_cached_entry() -> None:
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    _cached(pool, 400, ATTENTION_KIND)
+    pool.reuse.resolved[StateKind.TAIL] = 100  # tails never hit
+    assert adm.displaced() == 0.0
+    assert all(adm.admit(StateKind.TAIL, 10) for _ in range(3 * ADMIT_EXPLORE))
+
+
+def test_under_pressure_a_state_must_outweigh_the_entry_it_displaces() -> None:
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    _cached(pool, 40, ATTENTION_KIND)
+    pool.evicted[(0, False, False)] += 1  # the pool has filled once
+    pool.reuse.hit[ATTENTION_KIND] = pool.reuse.resolved[ATTENTION_KIND] = 8  # 0.9
+    assert adm.displaced() == 0.9 * 40
+    # a replay boundary hit half the time: worth 0.5 * n
+    assert adm.admit(StateKind.REPLAY, 80)  # 40 >= 36
+    assert not adm.admit(StateKind.REPLAY, 64)  # 32 < 36
+    # refused states are still explored, one in ADMIT_EXPLORE per kind
+    decisions = [adm.admit(StateKind.GRID, 8) for _ in range(4 * ADMIT_EXPLORE)]
+    assert sum(decisions) == 4 and decisions[ADMIT_EXPLORE - 1]
+    assert adm.refused[StateKind.GRID] == 4 * ADMIT_EXPLORE
+
+
+def test_the_chance_of_a_kind_follows_hits_and_evictions() -> None:
+    pool = BlockPool(4)
+    hit = _cached(pool, 8, StateKind.JUNCTION)
+    lost = _cached(pool, 12, StateKind.JUNCTION)
+    assert pool.reuse.chance(StateKind.JUNCTION) == 0.5  # the prior
+    pool.touch([hit])
+    pool.touch([hit])  # a second hit on the same keying counts once
+    assert pool.reuse.chance(StateKind.JUNCTION) == 2 / 3
+    pool.free([hit])
+    pool.allocate(pool.num_free)  # evicts both: `lost` was never hit
+    assert pool.reuse.resolved[StateKind.JUNCTION] == 2
+    assert pool.reuse.chance(StateKind.JUNCTION) == 2 / 4
+    assert pool.kind[lost] == ""  # an evicted block loses its kind with its keys
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "key", "free", "free_low", "touch"]), st.integers(0, 9)
+        ),
+        max_size=60,
+    ),
+    scored=st.booleans(),
+)
+def test_peek_victim_is_the_first_cached_entry_the_pool_evicts(
+    ops: list[tuple[str, int]], scored: bool
+) -> None:
+    """Whatever the history, `peek_victim` names the first keyed block that allocations take
+    once the unkeyed free blocks are gone (None when no free block is keyed)."""
+    pool = BlockPool(10, (lambda _k, p: (p % 3) / 2) if scored else None)
+    held: list[int] = []
+    n = 0
+    for op, i in ops:
+        if op == "alloc" and pool.num_free:
+            held.extend(pool.allocate(1))
+        elif op == "key" and held:
+            n += 1
+            pool.add_key(held[i % len(held)], key(n), n, ATTENTION_KIND)
+        elif op in ("free", "free_low") and held:
+            pool.free([held.pop(i % len(held))], low_priority=op == "free_low")
+        elif op == "touch":
+            cached = [b for b in range(1, 10) if pool.is_free(b) and pool.keys[b]]
+            if cached:
+                b = cached[i % len(cached)]
+                pool.touch([b])
+                held.append(b)
+    victim = pool.peek_victim()
+    keyed = {b for b in range(1, 10) if pool.keys[b]}
+    taken = pool.allocate(pool.num_free)
+    assert victim == next((b for b in taken if b in keyed), None)
+
+
+def test_peek_victim_matches_the_allocation_order() -> None:
+    pool = BlockPool(8)
+    unkeyed = pool.allocate(2)
+    old = _cached(pool, 4, ATTENTION_KIND)
+    _cached(pool, 8, ATTENTION_KIND)
+    pool.free(unkeyed)
+    assert pool.peek_victim() == old
+    assert old not in pool.allocate(2)  # unkeyed ones go first
+    low = _cached_low(pool, 12)
+    assert pool.peek_victim() == low  # low-priority pages (decode snapshots) go first
+
+
+def _cached_low(pool: BlockPool, pos: int) -> int:
+    (b,) = pool.allocate(1)
+    pool.add_key(b, key(pos), pos, StateKind.SNAPSHOT)
+    pool.free([b], low_priority=True)
+    return b
+
+
+def test_state_kind_names_why_each_prompt_state_is_kept() -> None:
+    from hycache.config import CacheConfig, SpeculativeConfig
+
+    cache = CacheConfig(block_size=4416, prefix_match_unit=64, num_blocks=64, max_model_len=70000)
+    b = Boundaries.from_config(cache, SpeculativeConfig(num_speculative_tokens=3))
+    t = 64_016  # the worked example: replay 61,824, drop replay 57,408, tail 64,000
+    assert b.state_kind(64_000, t) is StateKind.TAIL
+    assert b.state_kind(61_824, t) is StateKind.REPLAY
+    assert b.state_kind(63_936, t) is StateKind.BELOW_TAIL
+    assert b.state_kind(57_408, t) is StateKind.DROP_REPLAY
+    assert b.state_kind(57_536, t, (57_536,)) is StateKind.JUNCTION
+    assert b.state_kind(4416 - 64, t) is StateKind.GRID
+
+
+def _run(admission: bool, seed: int, num_blocks: int) -> Scheduler:
+    """Distinct prompts under one shared system prompt, through a small pool: nothing is ever
+    resent, so tail checkpoints are never hit."""
+    b, u = 16, 4
+    cfg = make_config(
+        block_size=b,
+        unit=u,
+        policy="limit",
+        max_model_len=8 * b,
+        budget=4 * b,
+        num_blocks=num_blocks,
+        max_num_seqs=4,
+    )
+    cfg = replace(cfg, cache=replace(cfg.cache, admission=admission))
+    sched = Scheduler(cfg)
+    ex = RecordingExecutor(num_speculative_tokens=3, acceptance_rate=0.6, seed=seed)
+    rng = random.Random(seed)
+    system = tokens(rng, 2 * b)
+    for i in range(40):
+        prompt = system + tokens(rng, rng.randrange(b, 5 * b))
+        sched.add_request(new_request(cfg, f"q{i}", prompt, max_tokens=rng.randrange(1, 8)))
+        if i % 4 == 3:
+            run_to_completion(sched, ex, check=True)
+    run_to_completion(sched, ex, check=True)
+    return sched
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6), num_blocks=st.integers(24, 60))
+def test_admission_keeps_the_cache_sound_and_keys_only_states_it_kept(
+    seed: int, num_blocks: int
+) -> None:
+    """With admission on and a small pool: integrity, nothing leaked, and every SSM key sits on
+    a page of a named kind at a position a checkpoint belongs (or a decode snapshot)."""
+    sched = _run(True, seed, num_blocks)
+    cache = sched.cache
+    cache.check_integrity()
+    assert cache.num_live_requests == 0
+    pool = cache.state_pool
+    assert pool.num_free == pool.num_blocks - 1  # nothing leaked
+    ssm = {i for i, g in enumerate(cache.config.groups) if g is GroupKind.SSM}
+    kinds = set(StateKind)
+    for blk in range(1, pool.num_blocks):
+        for k, pos in pool.keys[blk]:
+            if k.group in ssm:
+                assert pool.kind[blk] in kinds
+                assert pos % cache.bounds.unit == 0 and pos > 0
+
+
+def test_admission_stops_keeping_tail_checkpoints_nobody_resends() -> None:
+    """Under pressure, tails (never hit here) lose their pages to what is hit; without
+    admission every one is kept."""
+    on, off = _run(True, 7, 30), _run(False, 7, 30)
+    assert on.cache.admission is not None and off.cache.admission is None
+    assert on.cache.admission.refused[StateKind.TAIL] > 0
+    tails_on = on.cache.state_pool.reuse.resolved[StateKind.TAIL]
+    tails_off = off.cache.state_pool.reuse.resolved[StateKind.TAIL]
+    assert tails_on < tails_off
+    assert on.cache.stats().hit_tokens >= 0.9 * off.cache.stats().hit_tokens
+
+
+def test_with_nothing_cached_a_page_is_refused_only_when_running_requests_need_it() -> None:
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    pool.evicted[(0, False, False)] += 1  # under pressure, and no free block carries a key
+    assert pool.peek_victim() is None and pool.num_free == 7
+    assert adm.displaced(StateKind.TAIL, reserve=3) == 0.0  # free memory beyond their needs
+    assert adm.displaced(StateKind.TAIL, reserve=7) == float("inf")
+    assert not adm.admit(StateKind.JUNCTION, 4096, reserve=7)
+
+
+def test_a_snapshot_replaces_the_oldest_snapshot_only_while_snapshots_are_mostly_hit() -> None:
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    _cached_low(pool, 400)
+    pool.evicted[(0, True, False)] += 1
+    snap = StateKind.SNAPSHOT
+    pool.reuse.hit[snap], pool.reuse.resolved[snap] = 8, 10  # a chat: 0.75
+    assert adm.admit(snap, 40)  # shallower than the cached one, but fresher
+    pool.reuse.hit[snap] = 3  # 0.33: compared like any other entry
+    assert adm.displaced(snap) == pool.reuse.chance(snap) * 400
+    assert not adm.admit(snap, 40)

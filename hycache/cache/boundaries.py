@@ -60,6 +60,7 @@ class StateKind(StrEnum):
     REPLAY = "replay"  # the replay boundary: a longer sibling
     BELOW_TAIL = "below-tail"  # `limit`: the unit below the tail (a prompt that is a prefix)
     DROP_REPLAY = "drop-replay"  # `limit`: the drop scheme's replay boundary, a block below
+    DROP_JUNCTION = "drop-junction"  # `limit`: the drop scheme's junction, a unit above ours
     GRID = "grid"  # anything else: a block-grid resume point, a retention interval
 
 
@@ -395,6 +396,16 @@ class Boundaries:
         caller); the first reason that applies, in `StateKind`'s order."""
         t = num_prompt_tokens
         if position in junction_stops:
+            # `drop_junction_stops`: a unit above the junction j (a stop itself), unless it is
+            # also the block boundary after j that `junction_stops` keeps
+            if (
+                position - self.unit in junction_stops
+                and position % self.block_size
+                and self.internal
+                and self.keys_every_unit
+                and self.lookahead
+            ):
+                return StateKind.DROP_JUNCTION
             return StateKind.JUNCTION
         tail = self.tail_checkpoint(t)
         if position == tail:

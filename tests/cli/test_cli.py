@@ -686,7 +686,7 @@ def test_simulate_no_prefix_caching_hits_nothing(tmp_path: Path) -> None:
 
 def test_simulate_no_admission_keeps_every_state(tmp_path: Path) -> None:
     """`--no-admission` reaches the cache config; on a small pool that turns over, admission
-    keeps fewer state pages than keeping every one, and never a worse hit rate here."""
+    keeps far fewer state pages than keeping every one, at nearly the same hit rate."""
     from hycache.cli.args import CacheArgs
     from hycache.cli.main import make_parser
 
@@ -703,5 +703,7 @@ def test_simulate_no_admission_keeps_every_state(tmp_path: Path) -> None:
     on = json.loads(out.read_text())["policies"]["limit"]
     assert main([*base, str(out), "--no-admission"]) == 0
     off = json.loads(out.read_text())["policies"]["limit"]
-    assert on["ssm_pages_stored"] < off["ssm_pages_stored"]  # 148 against 268
-    assert on["token_hit_rate"] >= off["token_hit_rate"]  # 0.553 against 0.538
+    assert on["ssm_pages_stored"] < 0.7 * off["ssm_pages_stored"]  # 184 against 309
+    # 0.533 against 0.553: since `limit` also keeps the drop scheme's junction (a unit above its
+    # own), keeping every state hits a little more here; admission gives up at most 3 points
+    assert on["token_hit_rate"] >= off["token_hit_rate"] - 0.03

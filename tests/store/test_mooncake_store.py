@@ -159,7 +159,7 @@ def test_mooncake_master_killed_mid_run_then_restarted() -> None:
         assert [o.token_ids for o in outs] == [o.token_ids for o in reference.generate(prompts, SP)]
         assert llm.store is not None and llm.store.stats.errors >= 1
         master = MooncakeMaster(port=port).start()  # empty: Mooncake keeps objects in memory
-        assert_store_hits_resume(llm, seed=16)  # the same family, computed and stored anew
+        assert_store_hits_resume(llm, seed=18)  # a family the device never held
         assert_no_leaks(llm)
     finally:
         if llm.store is not None:

@@ -48,7 +48,29 @@ class EagleDecoderLayer(nn.Module):
         self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
 
-class EagleHead(nn.Module):
+class DraftHead(nn.Module):
+    """What every drafter (`EagleHead`, `model.mtp.MtpHead`) shares: one decoder layer behind
+    an `fc` projection, with a one-layer paged KV cache of its own."""
+
+    config: HybridConfig
+    fc: nn.Linear
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty one-layer KV cache for the draft attention, in this head's dtype/device."""
+        return PagedKVCache.for_model(
+            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=1
+        )
+
+
+class EagleHead(DraftHead):
     """One-layer EAGLE drafter sharing the target's embedding, final norm and LM head."""
 
     def __init__(self, target_config: HybridConfig, *, fc_bias: bool = True) -> None:
@@ -129,20 +151,6 @@ class EagleHead(nn.Module):
         """Write all weights to one safetensors file that `load` reads back."""
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(path), metadata={"format": "pt"})
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
-
-    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """An empty one-layer KV cache for the draft attention, in this head's dtype/device."""
-        return PagedKVCache.for_model(
-            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=1
-        )
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()

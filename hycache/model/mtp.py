@@ -25,6 +25,7 @@ from safetensors import safe_open
 from torch import nn
 
 from hycache.model.configs.qwen3_next import Qwen3NextConfig
+from hycache.model.eagle import DraftHead
 from hycache.model.hybrid import HybridForCausalLM, _random_init
 from hycache.model.layers import AttentionPlan, rope_cos_sin
 from hycache.model.loader import check_state_dict
@@ -36,7 +37,7 @@ __all__ = ["MTP_PREFIX", "MtpHead", "checkpoint_mtp_tensors"]
 MTP_PREFIX = "mtp."
 
 
-class MtpHead(nn.Module):
+class MtpHead(DraftHead):
     """A checkpoint's one MTP layer, run as the speculative drafter."""
 
     def __init__(self, target_config: Qwen3NextConfig) -> None:
@@ -104,20 +105,6 @@ class MtpHead(nn.Module):
     def mtp_tensors(self) -> dict[str, torch.Tensor]:
         """The weights under their checkpoint names (`mtp.` prefixed)."""
         return {MTP_PREFIX + k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
-
-    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """An empty one-layer KV cache for the MTP attention."""
-        return PagedKVCache.for_model(
-            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=1
-        )
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()

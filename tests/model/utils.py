@@ -16,18 +16,23 @@ from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch
 
+# what the small Bamba and Qwen3-Next configs share: 4 layers, attention at 1 and 3
+SMALL: dict[str, object] = {
+    "vocab_size": 97,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "attn_layer_indices": (1, 3),
+}
+
 
 def small_config(**overrides: object) -> BambaConfig:
     """A Bamba config small enough for exact float64 tests to run in milliseconds."""
     base: dict[str, object] = {
-        "vocab_size": 97,
-        "hidden_size": 32,
-        "intermediate_size": 48,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "attn_layer_indices": (1, 3),
+        **SMALL,
         "mamba_n_heads": 4,
         "mamba_d_head": 16,
         "mamba_n_groups": 2,
@@ -44,14 +49,7 @@ def small_gdn_config(**overrides: object) -> Qwen3NextConfig:
     """A Qwen3-Next (Gated DeltaNet) config as small: 2 value heads per key head, a GDN chunk of
     8, a sparse MoE on every other layer."""
     base: dict[str, object] = {
-        "vocab_size": 97,
-        "hidden_size": 32,
-        "intermediate_size": 48,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "attn_layer_indices": (1, 3),
+        **SMALL,
         "mamba_layers": (0, 2),
         "mamba_n_heads": 4,
         "mamba_d_head": 6,

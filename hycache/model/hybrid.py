@@ -20,8 +20,9 @@ slots) from the config's layer placement.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Self
+from typing import ClassVar, Self, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,8 @@ from hycache.model.configs.base import HybridConfig
 from hycache.model.layers import Attention, AttentionPlan, RMSNorm, compute_dtype, rope_cos_sin
 from hycache.model.mamba2 import MambaPlan
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch
+
+M = TypeVar("M", bound=nn.Module)
 
 __all__ = ["HybridForCausalLM", "HybridStep"]
 
@@ -137,9 +140,7 @@ class HybridForCausalLM(nn.Module):
         device: torch.device | str = "cpu",
     ) -> Self:
         """A model with uninitialised weights (no RNG use); fill it with `load_state_dict`."""
-        with torch.device("meta"):
-            model = cls(config)
-        return model.to_empty(device=device).to(dtype=dtype).eval()
+        return empty_module(lambda: cls(config), dtype, device)
 
     @classmethod
     def random(
@@ -150,12 +151,7 @@ class HybridForCausalLM(nn.Module):
         device: torch.device | str = "cpu",
     ) -> Self:
         """A model with random weights; the same seed gives bit-identical weights."""
-        model = cls.empty(config, torch.float32, "cpu")
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                param.copy_(_random_init(name, param, gen))
-        return model.to(device=device, dtype=dtype).eval()
+        return randomised(cls.empty(config, torch.float32, "cpu"), seed, dtype, device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -250,6 +246,23 @@ class HybridForCausalLM(nn.Module):
         if self.logits_divisor != 1.0:
             logits = logits / self.logits_divisor
         return logits.to(compute_dtype(weight.dtype))
+
+
+def empty_module(build: Callable[[], M], dtype: torch.dtype, device: torch.device | str) -> M:
+    """`build()` on the meta device, then uninitialised storage on `device` (no RNG use)."""
+    with torch.device("meta"):
+        module = build()
+    return module.to_empty(device=device).to(dtype=dtype).eval()
+
+
+def randomised(module: M, seed: int, dtype: torch.dtype, device: torch.device | str) -> M:
+    """`module` (float32, on the CPU) filled by `_random_init`'s rules from `seed`, then moved
+    to `dtype` and `device`: the same seed gives bit-identical weights."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            param.copy_(_random_init(name, param, gen))
+    return module.to(device=device, dtype=dtype).eval()
 
 
 def _random_init(name: str, param: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

@@ -26,7 +26,7 @@ from torch import nn
 
 from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.eagle import DraftHead
-from hycache.model.hybrid import HybridForCausalLM, _random_init
+from hycache.model.hybrid import HybridForCausalLM, empty_module, randomised
 from hycache.model.layers import AttentionPlan, rope_cos_sin
 from hycache.model.loader import check_state_dict
 from hycache.model.paged import PagedKVCache, StepBatch
@@ -61,9 +61,7 @@ class MtpHead(DraftHead):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> MtpHead:
-        with torch.device("meta"):
-            head = cls(target_config)
-        return head.to_empty(device=device).to(dtype=dtype).eval()
+        return empty_module(lambda: cls(target_config), dtype, device)
 
     @classmethod
     def random(
@@ -74,12 +72,7 @@ class MtpHead(DraftHead):
         device: torch.device | str = "cpu",
     ) -> MtpHead:
         """Random weights (the target's init rules); the same seed gives the same weights."""
-        head = cls.empty(target_config, torch.float32, "cpu")
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, param in head.named_parameters():
-                param.copy_(_random_init(name, param, gen))
-        return head.to(device=device, dtype=dtype).eval()
+        return randomised(cls.empty(target_config, torch.float32, "cpu"), seed, dtype, device)
 
     @classmethod
     def from_tensors(

@@ -44,6 +44,7 @@ from hycache.bench.calibrate import (
 )
 from hycache.sim.fit import Fit, fit, predict, profile_dict, residuals
 from hycache.sim.presets import load_gpu, load_model_spec
+from hycache.sim.terms import resolve
 
 GPU_GRID = Grid(
     prefill=(
@@ -152,12 +153,8 @@ def report(m: Measured, model_name: str, gpu_name: str, command: str) -> dict[st
     # fitted against the preset's datasheet peaks, so the efficiencies compare one to one
     gpu = replace(preset, name=f"{gpu_name}-calibrated", description=f"{m.gpu.description}")
     block = int(m.conditions.extra["block_size"])
-    assumed = Fit(
-        preset.compute_efficiency or 0.6,
-        preset.bandwidth_efficiency or 0.8,
-        preset.step_overhead_s or 1.5e-3,
-        2e-4,
-    )
+    # the preset's terms, each unset one at its fallback
+    assumed = Fit(**resolve(preset).terms())
     fitted = fit(m.fitted, model, gpu, block_size=block, overlap=True, seq_overhead=False,
                  kv_factor=False)  # fmt: skip
     rows: list[dict[str, Any]] = []

@@ -24,12 +24,9 @@ from hycache.cache.layout import attention_block_bytes as layout_block_bytes
 from hycache.config import RecomputeCost
 from hycache.sim.model_spec import ModelSpec
 from hycache.sim.presets import GpuSpec
+from hycache.sim.terms import resolve
 
 __all__ = [
-    "DEFAULT_BANDWIDTH_EFFICIENCY",
-    "DEFAULT_COMPUTE_EFFICIENCY",
-    "DEFAULT_DRAFT_PASS_OVERHEAD_S",
-    "DEFAULT_STEP_OVERHEAD_S",
     "POOL_LAYOUTS",
     "CostModel",
     "PhaseCost",
@@ -37,11 +34,6 @@ __all__ = [
     "SeqWork",
     "StepWork",
 ]
-
-DEFAULT_COMPUTE_EFFICIENCY = 0.6
-DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
-DEFAULT_STEP_OVERHEAD_S = 1.5e-3
-DEFAULT_DRAFT_PASS_OVERHEAD_S = 2.0e-4
 
 # How the cache budget becomes pools (`hycache.cache.layout`): "shared", one pool whose page is
 # the larger kind (vLLM's layout, the simulator's default); "separate", attention blocks and SSM
@@ -139,34 +131,11 @@ def _attention_pairs(num_new: int, context: int) -> float:
 class CostModel:
     """Step times for ``model`` on ``gpu``.
 
-    Efficiencies and the overheads default to the GPU preset's values, else to
-    :data:`DEFAULT_COMPUTE_EFFICIENCY`, :data:`DEFAULT_BANDWIDTH_EFFICIENCY`,
-    :data:`DEFAULT_STEP_OVERHEAD_S` and :data:`DEFAULT_DRAFT_PASS_OVERHEAD_S`.
-    ``seq_overhead_s`` (a cost per request scheduled in a step, 0 unless given or in the
-    preset) is what `hycache calibrate` fits for engines whose runner loops over requests.
-    Two more knobs exist for calibrated CPU profiles (defaults keep the GPU roofline):
-    ``kv_bytes_factor`` multiplies the attention K/V traffic (1: a paged kernel reads each
-    cached byte once; the CPU engine gathers the blocks into a contiguous copy first),
-    ``decode_kv_bytes_factor`` the same for the requests that decode or verify (a few queries
-    over a long context: on the CPU engine a gather and a masked attention call slower per
-    byte than a prefill chunk's; unset, ``kv_bytes_factor``), ``warm_kv_bytes_factor`` the
-    same for the part of a decoding request's context another decoding request of the step
-    reads first (`SeqWork.shared_context_len`, and the padding of a padded layout: on a CPU
-    those bytes come from its caches; unset, ``decode_kv_bytes_factor``),
-    ``decode_state_rewrites`` whole SSM states read and written per decoded or verified
-    token on top of the step's own state traffic (0: a GPU kernel keeps the state on chip
-    across the verified positions; the CPU engine's recurrent update rewrites it in memory
-    for every token), priced at ``state_copy_efficiency``, and
-    ``phase_overlap=False`` adds a phase's compute and memory terms instead of taking the
-    larger (one CPU thread runs the matrix products and the gathers one after the other);
-    ``padded_decode_attention`` attends every decoding request of a step over the longest
-    decoding context among them (the CPU engine pads decode and verify attention into one
-    batched layout; a paged kernel reads each request's own context).
-    ``copy_efficiency`` and ``state_copy_efficiency`` price block copies and SSM state traffic
-    (a request's state read and written each step, internal checkpoints, intermediate verify
-    states) at a bandwidth of their own: each is one tensor copy, near copy bandwidth, where
-    ``bandwidth_efficiency`` is what a whole forward pass achieves. Unset (every GPU preset),
-    they are ``bandwidth_efficiency``.
+    The terms (efficiencies, overheads, K/V factors and switches, each with its meaning,
+    range and fallback: :data:`hycache.sim.terms.TERMS`) are keyword arguments; one unset
+    takes the GPU preset's value, else its fallback (:func:`hycache.sim.terms.resolve`), and
+    each is an attribute of the model (``cost.kv_bytes_factor``). Every GPU preset leaves
+    the CPU engine's terms unset, so their fallbacks keep the GPU roofline.
 
     ``block_size`` (optional) lets block copies cost a whole page (:meth:`block_bytes`); without
     it a copy costs one SSM state. ``pool_layout`` is the cache layout the copies run in: with
@@ -182,81 +151,20 @@ class CostModel:
         model: ModelSpec,
         gpu: GpuSpec,
         *,
-        compute_efficiency: float | None = None,
-        bandwidth_efficiency: float | None = None,
-        step_overhead_s: float | None = None,
         speculative: bool,
         num_speculative_tokens: int,
-        draft_pass_overhead_s: float | None = None,
         block_size: int | None = None,
         intermediate_state_writes: bool = True,
         pool_layout: PoolLayout = "shared",
-        seq_overhead_s: float | None = None,
-        kv_bytes_factor: float | None = None,
-        phase_overlap: bool | None = None,
-        padded_decode_attention: bool | None = None,
-        copy_efficiency: float | None = None,
-        state_copy_efficiency: float | None = None,
-        decode_kv_bytes_factor: float | None = None,
-        decode_state_rewrites: float | None = None,
-        warm_kv_bytes_factor: float | None = None,
+        **terms: float | bool | None,
     ) -> None:
         self.model = model
         self.gpu = gpu
-        self.compute_efficiency = _pick(
-            compute_efficiency, gpu.compute_efficiency, DEFAULT_COMPUTE_EFFICIENCY
-        )
-        self.bandwidth_efficiency = _pick(
-            bandwidth_efficiency, gpu.bandwidth_efficiency, DEFAULT_BANDWIDTH_EFFICIENCY
-        )
-        self.step_overhead_s = _pick(step_overhead_s, gpu.step_overhead_s, DEFAULT_STEP_OVERHEAD_S)
-        self.copy_efficiency = _pick(
-            copy_efficiency, gpu.copy_efficiency, self.bandwidth_efficiency
-        )
-        self.state_copy_efficiency = _pick(
-            state_copy_efficiency, gpu.state_copy_efficiency, self.bandwidth_efficiency
-        )
-        draft_pass_overhead_s = _pick(
-            draft_pass_overhead_s, gpu.draft_pass_overhead_s, DEFAULT_DRAFT_PASS_OVERHEAD_S
-        )
-        # per request scheduled in a step: 0 unless a calibrated profile fitted one
-        self.seq_overhead_s = _pick(seq_overhead_s, gpu.seq_overhead_s, 0.0)
-        # times each attended K/V byte is moved (1: a paged kernel reads it once)
-        self.kv_bytes_factor = _pick(kv_bytes_factor, gpu.kv_bytes_factor, 1.0)
-        self.decode_kv_bytes_factor = _pick(
-            decode_kv_bytes_factor, gpu.decode_kv_bytes_factor, self.kv_bytes_factor
-        )
-        self.warm_kv_bytes_factor = _pick(
-            warm_kv_bytes_factor, gpu.warm_kv_bytes_factor, self.decode_kv_bytes_factor
-        )
-        self.decode_state_rewrites = _pick(decode_state_rewrites, gpu.decode_state_rewrites, 0.0)
-        if self.decode_state_rewrites < 0:
-            raise ValueError(
-                f"decode_state_rewrites must be >= 0, got {self.decode_state_rewrites}"
-            )
-        if phase_overlap is None:
-            phase_overlap = gpu.phase_overlap if gpu.phase_overlap is not None else True
-        self.phase_overlap = phase_overlap
-        if padded_decode_attention is None:
-            padded_decode_attention = bool(gpu.padded_decode_attention)
-        self.padded_decode_attention = padded_decode_attention
-        for label, factor in (
-            ("kv_bytes_factor", self.kv_bytes_factor),
-            ("decode_kv_bytes_factor", self.decode_kv_bytes_factor),
-            ("warm_kv_bytes_factor", self.warm_kv_bytes_factor),
-        ):
-            if factor <= 0:
-                raise ValueError(f"{label} must be > 0, got {factor}")
-        for label, eff in (
-            ("compute_efficiency", self.compute_efficiency),
-            ("bandwidth_efficiency", self.bandwidth_efficiency),
-            ("copy_efficiency", self.copy_efficiency),
-            ("state_copy_efficiency", self.state_copy_efficiency),
-        ):
-            if not 0.0 < eff <= 1.0:
-                raise ValueError(f"{label} must be in (0, 1], got {eff}")
-        if min(self.step_overhead_s, draft_pass_overhead_s, self.seq_overhead_s) < 0:
-            raise ValueError("overheads must be >= 0")
+        # every term (`hycache.sim.terms.TERMS`) as an attribute: the caller's value, else
+        # the preset's, else its fallback
+        self.terms = resolve(terms, gpu)
+        for name, value in self.terms.terms().items():
+            setattr(self, name, value)
         if num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         if speculative and num_speculative_tokens < 1:
@@ -266,7 +174,6 @@ class CostModel:
         check_pool_layout(pool_layout)
         self.speculative = speculative
         self.num_speculative_tokens = num_speculative_tokens if speculative else 0
-        self.draft_pass_overhead_s = draft_pass_overhead_s
         self.block_size = block_size
         self.intermediate_state_writes = intermediate_state_writes
         self.pool_layout: PoolLayout = pool_layout
@@ -288,24 +195,12 @@ class CostModel:
         return CostModel(
             self.model,
             self.gpu,
-            compute_efficiency=self.compute_efficiency,
-            bandwidth_efficiency=self.bandwidth_efficiency,
-            step_overhead_s=self.step_overhead_s,
             speculative=False,
             num_speculative_tokens=0,
-            draft_pass_overhead_s=self.draft_pass_overhead_s,
             block_size=self.block_size,
             intermediate_state_writes=self.intermediate_state_writes,
             pool_layout=self.pool_layout,
-            seq_overhead_s=self.seq_overhead_s,
-            kv_bytes_factor=self.kv_bytes_factor,
-            phase_overlap=self.phase_overlap,
-            padded_decode_attention=self.padded_decode_attention,
-            copy_efficiency=self.copy_efficiency,
-            state_copy_efficiency=self.state_copy_efficiency,
-            decode_kv_bytes_factor=self.decode_kv_bytes_factor,
-            decode_state_rewrites=self.decode_state_rewrites,
-            warm_kv_bytes_factor=self.warm_kv_bytes_factor,
+            **self.terms.terms(),
         )
 
     # --- memory sizing ------------------------------------------------------------------------
@@ -656,11 +551,3 @@ def check_pool_layout(layout: str) -> None:
     """Raise ValueError unless ``layout`` is one of :data:`POOL_LAYOUTS`."""
     if layout not in POOL_LAYOUTS:
         raise ValueError(f"pool layout must be one of {', '.join(POOL_LAYOUTS)}, got {layout!r}")
-
-
-def _pick(explicit: float | None, preset: float | None, default: float) -> float:
-    if explicit is not None:
-        return float(explicit)
-    if preset is not None:
-        return float(preset)
-    return default

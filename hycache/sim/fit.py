@@ -13,32 +13,11 @@ given pair of efficiencies the overheads enter linearly, so they are solved exac
 refined around the best point. The objective is the sum of squared *relative* errors, so a
 2 ms decode step counts as much as a 2 s prefill chunk.
 
-Free parameters (each one a `CostModel` argument):
-
-    compute_efficiency      achieved / peak FLOP rate
-    bandwidth_efficiency    achieved / peak memory bandwidth
-    step_overhead_s         once per step with work (scheduling, input tensors, sampling)
-    draft_pass_overhead_s   once per drafter pass
-    seq_overhead_s          once per request scheduled in the step (added for the CPU
-                            engine: its runner and sampler loop over requests in Python)
-    kv_bytes_factor         times each attended K/V byte of a prefill chunk is moved
-    decode_kv_bytes_factor  the same for decoding (verifying) requests' own context. Added
-                            because a few queries over a long context run far below a chunk's
-                            rate on the CPU engine (a gather, then a masked attention call per
-                            request row): under one factor, decode steps of 8 requests at
-                            4-8k tokens were predicted at half their time.
-    warm_kv_bytes_factor    the same for the context a decoding request shares with one read
-                            before it in the step: on a CPU it comes from the caches, and
-                            siblings of one prefix decode 20-30% faster than distinct contexts.
-    decode_state_rewrites   whole SSM states read and written per decoded token (the CPU
-                            engine's recurrent update rewrites the state every position).
-    copy_efficiency         achieved / peak bandwidth of a block copy, and
-    state_copy_efficiency   of an SSM state copy: fitted first, each on its own probes (block
-                            copies, state writes timed alone), then held fixed in the step fit.
-                            Added because one tensor copy runs near copy bandwidth while a whole
-                            forward achieves far less (0.11 of peak on one CPU thread): priced
-                            at `bandwidth_efficiency`, the states `limit` checkpoints were
-                            charged 8x what they cost.
+The free parameters are the terms of `hycache.sim.terms.TERMS` marked `free` (each a
+`CostModel` argument and a `GpuSpec` field; their meanings and fallbacks are declared there,
+and why the CPU engine needs each is in docs/cost-model.md). The copy and state-copy
+efficiencies are fitted first, each on its own probes (block copies, state writes timed
+alone), then held fixed in the step fit.
 """
 
 from __future__ import annotations
@@ -53,7 +32,8 @@ import numpy as np
 
 from hycache.sim.costmodel import CostModel, StepWork
 from hycache.sim.model_spec import ModelSpec
-from hycache.sim.presets import GpuSpec
+from hycache.sim.presets import PRESET_FIELDS, GpuSpec
+from hycache.sim.terms import FREE_PARAMETERS, TERMS, CostTerms
 
 __all__ = [
     "FREE_PARAMETERS",
@@ -65,41 +45,7 @@ __all__ = [
     "residuals",
 ]
 
-PRESET_FIELDS = (
-    "name",
-    "description",
-    "source",
-    "peak_flops",
-    "hbm_bandwidth",
-    "memory_bytes",
-    "compute_efficiency",
-    "bandwidth_efficiency",
-    "step_overhead_s",
-    "draft_pass_overhead_s",
-    "seq_overhead_s",
-    "kv_bytes_factor",
-    "decode_kv_bytes_factor",
-    "warm_kv_bytes_factor",
-    "decode_state_rewrites",
-    "phase_overlap",
-    "padded_decode_attention",
-    "copy_efficiency",
-    "state_copy_efficiency",
-)
 SAMPLE_KINDS = ("step", "copies", "state_writes")
-FREE_PARAMETERS = (
-    "compute_efficiency",
-    "bandwidth_efficiency",
-    "step_overhead_s",
-    "draft_pass_overhead_s",
-    "seq_overhead_s",
-    "kv_bytes_factor",
-    "decode_kv_bytes_factor",
-    "warm_kv_bytes_factor",
-    "decode_state_rewrites",
-    "copy_efficiency",
-    "state_copy_efficiency",
-)
 
 
 @dataclass(frozen=True)
@@ -169,27 +115,24 @@ CLOCKS = ("wall", "cpu")
 
 
 @dataclass(frozen=True)
-class Fit:
+class Fit(CostTerms):
     """Fitted values of :data:`FREE_PARAMETERS`, and the form of the model they belong to
-    (`phase_overlap`: a roofline, or compute + memory)."""
+    (`phase_overlap`: a roofline, or compute + memory; `padded_decode_attention`: the
+    engine's attention layout). A term not given takes its `Term.unfitted` value (no
+    overhead, one pass over each K/V byte), or stays unset and falls back; the two
+    efficiencies must be given."""
 
-    compute_efficiency: float
-    bandwidth_efficiency: float
-    step_overhead_s: float = 0.0
-    draft_pass_overhead_s: float = 0.0
-    seq_overhead_s: float = 0.0
-    kv_bytes_factor: float = 1.0
-    phase_overlap: bool = True
-    padded_decode_attention: bool = False  # the engine's attention layout (not fitted)
-    copy_efficiency: float | None = None  # None: bandwidth_efficiency
-    state_copy_efficiency: float | None = None
-    decode_kv_bytes_factor: float | None = None  # None: kv_bytes_factor
-    warm_kv_bytes_factor: float | None = None  # None: decode_kv_bytes_factor
-    decode_state_rewrites: float | None = None  # None: 0
+    def __post_init__(self) -> None:
+        for t in TERMS:
+            if getattr(self, t.name) is not None:
+                continue
+            if t.name in ("compute_efficiency", "bandwidth_efficiency"):
+                raise TypeError(f"Fit: {t.name} is required")
+            object.__setattr__(self, t.name, t.unfitted)
 
     def as_arguments(self) -> dict[str, Any]:
-        """Every field by name: each is a `CostModel` argument and a `GpuSpec` field."""
-        return asdict(self)
+        """Every term by name: each is a `CostModel` argument and a `GpuSpec` field."""
+        return self.terms()
 
     def cost_model(
         self, model: ModelSpec, gpu: GpuSpec, k: int, *, block_size: int | None = None

@@ -37,8 +37,10 @@ from hycache.sim.model_spec import (
     is_hf_config,
     model_spec_from_hf,
 )
+from hycache.sim.terms import TERM_NAMES, TERMS, CostTerms, Term, check_term
 
 __all__ = [
+    "PRESET_FIELDS",
     "GpuSpec",
     "gpu_from_dict",
     "list_presets",
@@ -55,44 +57,31 @@ _KINDS = ("gpus", "models")
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GpuSpec:
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec(CostTerms):
     """One accelerator: peak dense bf16 rate, HBM bandwidth and capacity.
 
-    The efficiencies and the per-step overhead are optional defaults the cost model uses when
-    its caller does not pass its own.
+    Its cost-model terms (:class:`~hycache.sim.terms.CostTerms`: efficiencies, overheads,
+    factors) are optional defaults the cost model uses when its caller does not pass its
+    own. A calibrated device profile (`hycache calibrate`) sets the fitted ones and records
+    the model it was fitted on (`fitted_on`) and its residuals (`calibration`: the rest of
+    its file).
     """
 
     name: str
     peak_flops: float  # FLOP/s, dense bf16 tensor-core rate (no sparsity)
     hbm_bandwidth: float  # bytes/s
     memory_bytes: int  # total device memory, as the driver reports it
-    compute_efficiency: float | None = None
-    bandwidth_efficiency: float | None = None
-    step_overhead_s: float | None = None
     description: str = ""
     source: str = ""
-    # a calibrated device profile (`hycache calibrate`) also fits these and records the
-    # model it was fitted on and its residuals (`calibration`: the rest of its file)
-    draft_pass_overhead_s: float | None = None
-    seq_overhead_s: float | None = None
-    kv_bytes_factor: float | None = None
-    # the same for a decoding (or verifying) request's attention; unset, `kv_bytes_factor`
-    decode_kv_bytes_factor: float | None = None
-    # ... for a decoding request's context another request of the step read first; unset,
-    # `decode_kv_bytes_factor`
-    warm_kv_bytes_factor: float | None = None
-    # whole SSM states read and written per decoded (verified) token, beyond the step's own
-    # state traffic (the CPU engine's recurrent update rewrites the state every token)
-    decode_state_rewrites: float | None = None
-    phase_overlap: bool | None = None
-    padded_decode_attention: bool | None = None
-    # achieved / peak bandwidth of a block copy and of an SSM state copy (read, write, or a
-    # checkpoint): one tensor copy each, near copy bandwidth; unset, `bandwidth_efficiency`
-    copy_efficiency: float | None = None
-    state_copy_efficiency: float | None = None
     fitted_on: str = ""
     calibration: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+
+# a preset file's keys, in the order a profile writes them
+PRESET_FIELDS: tuple[str, ...] = (
+    "name", "description", "source", "peak_flops", "hbm_bandwidth", "memory_bytes", *TERM_NAMES,
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,18 +89,19 @@ class GpuSpec:
 # ---------------------------------------------------------------------------------------------
 
 
-def _optional_fraction(r: FieldReader, key: str) -> float | None:
-    v: float | None = r.get_float(key, required=False)
-    if v is not None and v > 1.0:
-        raise r.fail(key, f"must be in (0, 1], got {v}")
-    return v
-
-
-def _optional_bool(r: FieldReader, key: str) -> bool | None:
-    if r.data.get(key) is None:
-        r.used.add(key)
+def _term(r: FieldReader, t: Term) -> float | bool | None:
+    """Term `t` of a preset file (absent or null: unset), checked against its range."""
+    if r.data.get(t.name) is None:
+        r.used.add(t.name)
         return None
-    return r.get_bool(key)
+    value: float | bool = (
+        r.get_bool(t.name) if t.kind is bool
+        else r.get_float(t.name, positive=t.bound != "nonnegative")
+    )  # fmt: skip
+    problem = check_term(t.name, value)
+    if problem:
+        raise r.fail(t.name, problem)
+    return value
 
 
 def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
@@ -121,23 +111,11 @@ def _gpu_from_dict(data: Any, where: str) -> GpuSpec:
         peak_flops=r.get_float("peak_flops"),
         hbm_bandwidth=r.get_float("hbm_bandwidth"),
         memory_bytes=r.get_int("memory_bytes", minimum=1),
-        compute_efficiency=_optional_fraction(r, "compute_efficiency"),
-        bandwidth_efficiency=_optional_fraction(r, "bandwidth_efficiency"),
-        step_overhead_s=r.get_float("step_overhead_s", required=False, positive=False),
         description=r.get_str("description", required=False),
         source=r.get_str("source", required=False),
-        draft_pass_overhead_s=r.get_float("draft_pass_overhead_s", required=False, positive=False),
-        seq_overhead_s=r.get_float("seq_overhead_s", required=False, positive=False),
-        kv_bytes_factor=r.get_float("kv_bytes_factor", required=False),
-        decode_kv_bytes_factor=r.get_float("decode_kv_bytes_factor", required=False),
-        warm_kv_bytes_factor=r.get_float("warm_kv_bytes_factor", required=False),
-        decode_state_rewrites=r.get_float("decode_state_rewrites", required=False, positive=False),
-        phase_overlap=_optional_bool(r, "phase_overlap"),
-        padded_decode_attention=_optional_bool(r, "padded_decode_attention"),
-        copy_efficiency=_optional_fraction(r, "copy_efficiency"),
-        state_copy_efficiency=_optional_fraction(r, "state_copy_efficiency"),
         fitted_on=r.get_str("model", required=False),
         calibration=_calibration(r),
+        **{t.name: _term(r, t) for t in TERMS},
     )
     r.finish()
     return spec

@@ -34,7 +34,7 @@ from functools import partial
 from typing import Any
 
 from hycache.sim.costmodel import StepWork
-from hycache.sim.fit import Conditions, Fit, Sample, ablation, fit, profile_dict, residuals
+from hycache.sim.fit import Conditions, Fit, Profile, Residual, Sample, ablation, fit, residuals
 from hycache.sim.model_spec import ModelSpec
 from hycache.sim.presets import GpuSpec, load_model_spec
 
@@ -567,7 +567,7 @@ class Measured:
         return fit(samples, model, self.gpu, block_size=self.block_size, clock=self.clock,
                    padded=True)  # fmt: skip
 
-    def residuals(self, samples: Sequence[Sample], values: Fit, model: ModelSpec) -> list[Any]:
+    def residuals(self, samples: Sequence[Sample], values: Fit, model: ModelSpec) -> list[Residual]:
         """`samples` priced by `values` on these probes' block size and clock."""
         return residuals(samples, values, model, self.gpu, self.block_size, self.clock)
 
@@ -674,21 +674,20 @@ def pool(rounds: Sequence[Measured]) -> Measured:
     return Measured(gpu, fitted, held, conditions)
 
 
-def calibrate(o: CalibrateOptions, progress: Progress, command: str = "") -> dict[str, Any]:
-    """Measure (`measure`), fit on the fitted grid, and return the profile document
-    (`hycache.sim.fit.profile_dict`)."""
+def calibrate(o: CalibrateOptions, progress: Progress, command: str = "") -> Profile:
+    """Measure (`measure`), fit on the fitted grid, and return the device profile
+    (`hycache.sim.fit.Profile`; its file is `Profile.to_json()`)."""
     m = measure(o, progress)
     return profile_from(m, o.model, progress, command)
 
 
-def profile_from(m: Measured, model_name: str, progress: Progress, command: str) -> dict[str, Any]:
-    """Fit `m.fitted` and build the profile document, residuals of both grids included."""
+def profile_from(m: Measured, model_name: str, progress: Progress, command: str) -> Profile:
+    """Fit `m.fitted` and build the profile, residuals of both grids and the ablation
+    included."""
     model = load_model_spec(model_name)
     values = m.fit(model)
     progress("fitted; the ablation")
     rows, held_rows = m.residuals(m.fitted, values, model), m.residuals(m.held_out, values, model)
     why = ablation(m.fitted, model, m.gpu, block_size=m.block_size, clock=m.clock, padded=True)
-    return profile_dict(
-        m.gpu, values, model=model_name, fitted=rows, held_out=held_rows,
-        conditions=m.conditions, command=command, ablation=why,
-    )  # fmt: skip
+    return Profile(m.gpu, values, model_name, tuple(rows), tuple(held_rows), m.conditions,
+                   command, why)  # fmt: skip

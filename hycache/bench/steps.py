@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hycache.sim.costmodel import CostModel, StepWork
-from hycache.sim.fit import Sample, rms_error
+from hycache.sim.fit import Fit, Residual, Sample, rms_error
 from hycache.sim.presets import GpuSpec, load_model_spec
 
 if TYPE_CHECKING:
@@ -47,9 +47,47 @@ def step_kind(work: StepWork) -> str:
     return "prefill" if prefill else "decode" if decode else "copies"
 
 
+@dataclass(frozen=True)
+class Priced:
+    """Engine time measured beside the cost model's price of the same work: seconds, and the
+    relative error (None when nothing was measured)."""
+
+    measured_s: float
+    predicted_s: float
+    error: float | None
+
+    @classmethod
+    def of(cls, measured_s: float, predicted_s: float) -> Priced:
+        return cls(measured_s, predicted_s, predicted_s / measured_s - 1.0 if measured_s else None)
+
+
+@dataclass(frozen=True)
+class StepCost(Priced):
+    """One kind of step of a run, priced (`steps`: how many per run)."""
+
+    steps: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, "measured_s": self.measured_s,
+                "predicted_s": self.predicted_s, "error": self.error}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepAttribution:
+    """A policy's engine steps priced per kind (`STEP_KINDS`, then ``"all steps"``) as
+    seconds per run, and the run's time between its steps (`outside_steps_s`)."""
+
+    kinds: Mapping[str, StepCost]
+    outside_steps_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {kind: v.to_json() for kind, v in self.kinds.items()}
+        return out | {"outside_steps_s": self.outside_steps_s}
+
+
 def step_attribution(
     runs: Sequence[Sequence[EngineStep]], makespans: Sequence[float], cost: CostModel
-) -> dict[str, Any]:
+) -> StepAttribution:
     """Where a prediction's error comes from. The cost model prices the engine's own steps
     (the same work, so a difference here is the cost model's), per step kind, as seconds per
     run (the mean over `runs`); `outside_steps_s` is the run's time between its steps (the
@@ -57,29 +95,29 @@ def step_attribution(
     A tok/s error the kinds do not explain is the schedule's (the simulator's own steps)."""
     n = len(runs)
 
-    def priced(rows: Sequence[EngineStep]) -> dict[str, Any]:
+    def priced(rows: Sequence[EngineStep]) -> StepCost:
         measured = sum(st.seconds for st in rows) / n
         predicted = sum(cost.step_time(st.work) for st in rows) / n
-        return {"steps": len(rows) / n, "measured_s": measured, "predicted_s": predicted,
-                "error": predicted / measured - 1.0 if measured else None}  # fmt: skip
+        p = Priced.of(measured, predicted)
+        return StepCost(p.measured_s, p.predicted_s, p.error, steps=len(rows) / n)
 
     every = [st for run in runs for st in run]
-    out: dict[str, Any] = {}
+    kinds: dict[str, StepCost] = {}
     for kind in STEP_KINDS:
         rows = [st for st in every if step_kind(st.work) == kind]
         if rows:
-            out[kind] = priced(rows)
-    out["all steps"] = priced(every)
-    measured = out["all steps"]["measured_s"]
-    out["outside_steps_s"] = statistics.mean(makespans) - measured if makespans else 0.0
-    return out
+            kinds[kind] = priced(rows)
+    kinds["all steps"] = priced(every)
+    measured = kinds["all steps"].measured_s
+    outside = statistics.mean(makespans) - measured if makespans else 0.0
+    return StepAttribution(kinds, outside)
 
 
 def ttft_attribution(
     runs: Sequence[Sequence[EngineStep]],
     spans: Sequence[Sequence[tuple[int, int]]],
     cost: CostModel,
-) -> dict[str, Any]:
+) -> Priced:
     """TTFT p50 on the engine's own schedule: each request's TTFT as the steps it spans
     (`ClosedLoop.spans`), timed and priced by the cost model (the median over repeats).
     The schedule is the engine's, so an error here is the cost model's; where the
@@ -91,8 +129,7 @@ def ttft_attribution(
         measured.append(statistics.median(
             sum(st.seconds for st in run[a : b + 1]) for a, b in run_spans))  # fmt: skip
         priced.append(statistics.median(sum(price[a : b + 1]) for a, b in run_spans))
-    m, p = statistics.median(measured), statistics.median(priced)
-    return {"measured_s": m, "predicted_s": p, "error": p / m - 1.0 if m else None}
+    return Priced.of(statistics.median(measured), statistics.median(priced))
 
 
 def engine_samples(
@@ -114,20 +151,45 @@ def engine_samples(
 @dataclass(frozen=True)
 class CrossFit:
     """The profile that predicts workload `held_out`: the probes and the other workloads'
-    engine steps fitted (`gpu`), and how its samples fit (`doc`)."""
+    engine steps (`fitted_on`) fitted (`values`; `gpu`, the profile with them), and the
+    residuals of its samples and of `held_out`'s own engine steps."""
 
     held_out: str
     gpu: GpuSpec
-    doc: dict[str, Any]
+    fitted_on: tuple[str, ...]
+    values: Fit
+    engine_steps: tuple[Residual, ...]
+    own_steps: tuple[Residual, ...]
+    rms_error_probes: float
+
+    @property
+    def rms_error_engine_steps(self) -> float:
+        return rms_error(self.engine_steps)
+
+    @property
+    def rms_error_own_steps(self) -> float:
+        return rms_error(self.own_steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "held_out": self.held_out,
+            "fitted_on": list(self.fitted_on),
+            "values": self.values.as_arguments(),
+            "rms_error_probes": self.rms_error_probes,
+            "rms_error_engine_steps": self.rms_error_engine_steps,
+            "rms_error_own_steps": self.rms_error_own_steps,
+            "engine_steps": [asdict(r) for r in self.engine_steps],
+            "own_steps": [asdict(r) for r in self.own_steps],
+        }
 
 
 def cross_fit(
     probes: Measured, runs: Runs, held_out: str, model: str, k: int, profile: GpuSpec
 ) -> CrossFit:
     """Fit the calibration probes `probes.fitted` and every workload's engine steps but
-    `held_out`'s (`runs`); the fitted values replace `profile`'s. `doc` records what it was
-    fitted on, the values and the residuals: of its samples, and of `held_out`'s own engine
-    steps (out of sample: what the prediction of `held_out` is priced by)."""
+    `held_out`'s (`runs`); the fitted values replace `profile`'s. The result records what it
+    was fitted on, the values and the residuals: of its samples, and of `held_out`'s own
+    engine steps (out of sample: what the prediction of `held_out` is priced by)."""
     others = [n for n in runs if n != held_out]
     engine = [s for n in others for s in engine_samples(n, runs[n], k)]
     spec = load_model_spec(model)
@@ -136,15 +198,6 @@ def cross_fit(
     fitted_rows, engine_rows, own_rows = (
         probes.residuals(ss, values, spec) for ss in (probes.fitted, engine, own)
     )
-    doc = {
-        "held_out": held_out,
-        "fitted_on": ["calibration probes", *others],
-        "values": asdict(values),
-        "rms_error_probes": rms_error(fitted_rows),
-        "rms_error_engine_steps": rms_error(engine_rows),
-        "rms_error_own_steps": rms_error(own_rows),
-        "engine_steps": engine_rows,
-        "own_steps": own_rows,
-    }
     gpu = replace(profile, **values.as_arguments())
-    return CrossFit(held_out, gpu, doc)
+    return CrossFit(held_out, gpu, ("calibration probes", *others), values, tuple(engine_rows),
+                    tuple(own_rows), rms_error(fitted_rows))  # fmt: skip

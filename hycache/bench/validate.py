@@ -31,13 +31,21 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hycache.bench.closed_loop import ClosedLoop, run_interleaved
-from hycache.bench.steps import EngineStep, cross_fit, step_attribution, ttft_attribution
+from hycache.bench.steps import (
+    CrossFit,
+    EngineStep,
+    Priced,
+    StepAttribution,
+    cross_fit,
+    step_attribution,
+    ttft_attribution,
+)
 from hycache.sim import build as sim_build
 from hycache.sim.build import DEFAULT_SHAPES, WorkloadSizes, WorkloadSpec
 from hycache.sim.compare import Workload
@@ -47,6 +55,7 @@ from hycache.sim.workloads import RequestSpec
 
 if TYPE_CHECKING:
     from hycache.bench.calibrate import CalibrateOptions
+    from hycache.sim.fit import Profile
 
 Progress = Callable[[str], None]
 
@@ -99,6 +108,146 @@ class ValidateOptions:
     # drawn at the profile's rate beside it, `at_rate`), or draws them ("rate")
     acceptance: str = "replay"
     raw: str | None = None  # a pickle of the rounds and every engine step (to refit offline)
+
+
+@dataclass(frozen=True)
+class MetricError:
+    """One metric, measured beside predicted; `error`: predicted / measured - 1 (None when
+    nothing was measured)."""
+
+    measured: float
+    predicted: float
+    error: float | None
+
+
+@dataclass(frozen=True)
+class RatioError:
+    """`limit / lookahead` output tok/s both ways, the error in percentage points; `paired`:
+    the measured ratio is the median of each repeat's pair (`of_medians` beside it)."""
+
+    measured: float
+    predicted: float
+    error_pp: float
+    of_medians: float
+    paired: bool
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Per policy, per metric key (`METRICS`): measured beside predicted; and the ratio."""
+
+    metrics: Mapping[str, Mapping[str, MetricError]]
+    ratio: RatioError | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            p: {key: asdict(e) for key, e in by.items()} for p, by in self.metrics.items()
+        }
+        return out | ({"ratio": asdict(self.ratio)} if self.ratio is not None else {})
+
+
+Metrics = Mapping[str, Mapping[str, Any]]  # per policy: metric key -> value
+
+
+@dataclass(frozen=True)
+class AtRate:
+    """The simulator drawing drafts at the profile's rate: its metrics and comparison."""
+
+    predicted: Metrics
+    comparison: Comparison
+
+    def to_json(self) -> dict[str, Any]:
+        return {"predicted": self.predicted, "comparison": self.comparison.to_json()}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One cost model's prediction of a workload, per policy: the simulator's metrics, the
+    engine's own steps priced (`steps`) and its TTFT p50 priced on its schedule
+    (`ttft_steps`), the comparison with the measured medians, and (replaying the engine's
+    drafts) the prediction drawn at the profile's rate beside it."""
+
+    predicted: Metrics
+    steps: Mapping[str, StepAttribution]
+    ttft_steps: Mapping[str, Priced]
+    comparison: Comparison
+    at_rate: AtRate | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "predicted": self.predicted,
+            "steps": {p: a.to_json() for p, a in self.steps.items()},
+            "ttft_steps": {p: asdict(v) for p, v in self.ttft_steps.items()},
+            "comparison": self.comparison.to_json(),
+        }
+        return out | ({"at_rate": self.at_rate.to_json()} if self.at_rate is not None else {})
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """One workload: the engine's medians per policy, the prediction (with cross-fitting,
+    the cross-fitted one, `probes_only` beside it), and its number of requests."""
+
+    measured: Metrics
+    prediction: Prediction
+    size: int
+    probes_only: Prediction | None = None
+    cross_fit: CrossFit | None = None
+
+    @property
+    def comparison(self) -> Comparison:
+        return self.prediction.comparison
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"measured": self.measured, **self.prediction.to_json()}
+        if self.probes_only is not None and self.cross_fit is not None:
+            out |= {"probes_only": self.probes_only.to_json(),
+                    "cross_fit": self.cross_fit.to_json()}  # fmt: skip
+        return out | {"size": self.size}
+
+
+@dataclass(frozen=True)
+class ValidationInputs:
+    """What a validation ran with."""
+
+    profile: str
+    recalibrated: bool
+    cross_fitted: bool
+    model: str
+    clock: str
+    acceptance_rate: float
+    acceptance: str
+    drafts_accepted: Mapping[str, Mapping[str, int]]  # per workload, per policy
+    threads: int
+    repeats: int
+    block_size: int
+    prefix_match_unit: int
+    num_speculative_tokens: int
+    concurrency: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """`validate`'s result: per workload, the measured and predicted figures; the inputs;
+    the run's wall time; with recalibration, the profile fitted and written (`profile`).
+    :meth:`to_json` is `--json`'s document."""
+
+    workloads: Mapping[str, WorkloadResult]
+    inputs: ValidationInputs
+    wall_s: float
+    profile: Profile | None = None
+
+    def misses(self, rel: float = 0.10, pp: float = 3.0) -> list[str]:
+        return misses({n: w.comparison for n, w in self.workloads.items()}, rel, pp)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workloads": {n: w.to_json() for n, w in self.workloads.items()},
+            "inputs": asdict(self.inputs),
+            "wall_s": self.wall_s,
+            "misses": self.misses(),
+        }
 
 
 # the validation workloads at the CPU engine's scale, and at a smoke-test size (`quick`)
@@ -193,9 +342,9 @@ def _engine(
 
 def validate(
     o: ValidateOptions, progress: Progress, recalibrate: CalibrateOptions | None = None
-) -> dict[str, Any]:
+) -> ValidationReport:
     """Every workload x policy on the engine (`o.repeats` times, the policy order alternating;
-    medians) and in the simulator; the comparison document (`comparison` per workload). With
+    medians) and in the simulator; the report (a `comparison` per workload). With
     `o.interleave` (the default) a repeat runs the policies' engines in one process, their
     steps in turn, each timed on its own clock (`hycache.bench.closed_loop`), so their ratio
     sees the machine in the same states; otherwise one run after the other.
@@ -245,12 +394,12 @@ def validate(
                 results = run_isolated(engine_runs, o, name, batch, clock, isolate=o.isolate)
                 for p, run in zip(batch, results, strict=True):
                     recorded[name][p].append(run)
-    probes = None
+    probes, profile = None, None
     if recalibrate is not None:
         from hycache.bench.calibrate import pool
 
         probes = pool(rounds)
-        _write_profile(o.profile, probes, recalibrate, progress)
+        profile = _write_profile(o.profile, probes, recalibrate, progress)
     if o.raw:
         _write_raw(o.raw, rounds, recorded)
     gpu = load_gpu(o.profile)
@@ -258,46 +407,41 @@ def validate(
     block = o.block_size if not o.quick else 64
     model = gpu.fitted_on or o.model
     crossed = probes is not None and o.cross_fit and len(workloads) > 1
-    doc: dict[str, Any] = {"workloads": {}}
+    results: dict[str, WorkloadResult] = {}
     steps = {n: {p: [r.steps for r in rs] for p, rs in by.items()} for n, by in recorded.items()}
     for name, w in workloads.items():
         rec = _Recorded(recorded[name])
-        part: dict[str, Any] = {"measured": rec.medians()}
-        part |= _predict(o, name, w, rec, _cost(gpu, model, k, block), accept, progress)
+        own = _predict(o, name, w, rec, _cost(gpu, model, k, block), accept, progress)
+        result = WorkloadResult(rec.medians(), own, w.size)
         if crossed:
             assert probes is not None
             cf = cross_fit(probes, steps, name, model, k, gpu)
-            own = cf.doc["rms_error_own_steps"]
             progress(f"{name} · refitted on the probes and the other workloads' runs "
-                     f"(rms {own:.1%} on its own steps)")  # fmt: skip
-            keys = ("predicted", "steps", "ttft_steps", "comparison", "at_rate")
-            probes_only = {key: part.pop(key) for key in keys}
-            part |= _predict(o, name, w, rec, _cost(cf.gpu, model, k, block), accept, progress,
-                             " (cross-fitted)")  # fmt: skip
-            part |= {"probes_only": probes_only, "cross_fit": cf.doc}
-        part["size"] = w.size
-        doc["workloads"][name] = part
-    doc["inputs"] = {
-        "profile": o.profile,
-        "recalibrated": recalibrate is not None,
-        "cross_fitted": crossed,
-        "model": gpu.fitted_on or o.model,
-        "clock": clock,
-        "acceptance_rate": accept,
-        "acceptance": o.acceptance,
-        "drafts_accepted": {
+                     f"(rms {cf.rms_error_own_steps:.1%} on its own steps)")  # fmt: skip
+            crossed_prediction = _predict(o, name, w, rec, _cost(cf.gpu, model, k, block),
+                                          accept, progress, " (cross-fitted)")  # fmt: skip
+            result = replace(result, prediction=crossed_prediction, probes_only=own, cross_fit=cf)
+        results[name] = result
+    inputs = ValidationInputs(
+        profile=o.profile,
+        recalibrated=recalibrate is not None,
+        cross_fitted=crossed,
+        model=gpu.fitted_on or o.model,
+        clock=clock,
+        acceptance_rate=accept,
+        acceptance=o.acceptance,
+        drafts_accepted={
             name: {p: _Recorded(by).drafts_accepted(p) for p in by} for name, by in recorded.items()
         },
-        "threads": o.threads,
-        "repeats": o.repeats,
-        "block_size": block,
-        "prefix_match_unit": o.prefix_match_unit,
-        "num_speculative_tokens": k,
-        "concurrency": o.concurrency,
-        "seed": o.seed,
-    }
-    doc["wall_s"] = time.perf_counter() - t_start
-    return doc
+        threads=o.threads,
+        repeats=o.repeats,
+        block_size=block,
+        prefix_match_unit=o.prefix_match_unit,
+        num_speculative_tokens=k,
+        concurrency=o.concurrency,
+        seed=o.seed,
+    )
+    return ValidationReport(results, inputs, time.perf_counter() - t_start, profile)
 
 
 @dataclass(frozen=True)
@@ -346,37 +490,35 @@ class _Recorded:
 def _predict(
     o: ValidateOptions, name: str, w: Workload, rec: _Recorded, cost: CostModel,
     accept: float, progress: Progress, tag: str = "",
-) -> dict[str, Any]:  # fmt: skip
+) -> Prediction:  # fmt: skip
     """The simulator's prediction of `w` with `cost`, per policy (with `o.acceptance`
     "replay" the engine's accepted drafts replayed, and beside it, `at_rate`, drawn at the
     profile's rate); the cost model on the engine's own steps (`step_attribution`) and on
     the steps of each TTFT (`ttft_attribution`); the comparisons with the measured medians."""
-    out: dict[str, Any] = {"predicted": {}, "steps": {}, "ttft_steps": {}}
+    predicted: dict[str, Any] = {}
+    steps: dict[str, StepAttribution] = {}
+    ttft: dict[str, Priced] = {}
     at_rate: dict[str, Any] = {}
     for p in o.policies:
         runs = rec.runs[p]
         makespans = [r.metrics["makespan_s"] for r in runs]
-        out["steps"][p] = step_attribution([r.steps for r in runs], makespans, cost)
-        out["ttft_steps"][p] = ttft_attribution(
-            [r.steps for r in runs], [r.spans for r in runs], cost
-        )
+        steps[p] = step_attribution([r.steps for r in runs], makespans, cost)
+        ttft[p] = ttft_attribution([r.steps for r in runs], [r.spans for r in runs], cost)
         progress(f"{name} · simulator{tag} · {p}")
         cfg = runs[-1].config
         cfg = replace(cfg, speculative=replace(cfg.speculative, acceptance_rate=accept))
         at_rate[p] = simulate(cfg, w, cost, o.concurrency, o.seed)
-        out["predicted"][p] = (
+        predicted[p] = (
             simulate(cfg, w, cost, o.concurrency, o.seed, rec.accepted(p))
             if o.acceptance == "replay"
             else at_rate[p]
         )
     measured, paired = rec.medians(), rec.paired_ratio()
-    out["comparison"] = compare(measured, out["predicted"], o.policies, paired)
+    drawn = None
     if o.acceptance == "replay":
-        out["at_rate"] = {
-            "predicted": at_rate,
-            "comparison": compare(measured, at_rate, o.policies, paired),
-        }
-    return out
+        drawn = AtRate(at_rate, compare(measured, at_rate, o.policies, paired))
+    comparison = compare(measured, predicted, o.policies, paired)
+    return Prediction(predicted, steps, ttft, comparison, drawn)
 
 
 def run_isolated(fn: Callable[..., Any], *args: Any, isolate: bool = True) -> Any:
@@ -446,8 +588,8 @@ def _write_raw(path: str, rounds: Sequence[Any], recorded: Any) -> None:
     write_atomic(path, blob)
 
 
-def _write_profile(path: str, probes: Any, cal: CalibrateOptions, progress: Progress) -> None:
-    """Fit the pooled calibration rounds `probes` and write the profile to `path`."""
+def _write_profile(path: str, probes: Any, cal: CalibrateOptions, progress: Progress) -> Profile:
+    """Fit the pooled calibration rounds `probes`, write the profile to `path`, return it."""
     import json
 
     from hycache.bench.calibrate import profile_from
@@ -456,9 +598,10 @@ def _write_profile(path: str, probes: Any, cal: CalibrateOptions, progress: Prog
     rounds = probes.conditions.extra.get("rounds", 1)
     progress(f"fitting {rounds} pooled calibration rounds")
     command = f"hycache bench --validate {path} --recalibrate (rounds between the engine runs)"
-    doc = profile_from(probes, cal.model, progress, command)
-    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    profile = profile_from(probes, cal.model, progress, command)
+    write_atomic(path, json.dumps(profile.to_json(), indent=2) + "\n")
     progress(f"wrote {path}")
+    return profile
 
 
 def _median(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -466,45 +609,44 @@ def _median(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def compare(
-    measured: dict[str, dict[str, Any]],
-    predicted: dict[str, dict[str, Any]],
+    measured: Metrics,
+    predicted: Metrics,
     policies: Sequence[str] = POLICIES,
     paired: float | None = None,
-) -> dict[str, Any]:
+) -> Comparison:
     """Per policy and metric: measured, predicted, relative error (predicted / measured - 1);
     and the `limit / lookahead` output tok/s ratio both ways with its error in percentage
     points. `paired`: the measured ratio as the median over repeats of each repeat's two
     runs (stepped in turn or back to back, so the machine's drift cancels); else (and beside it,
     `of_medians`) the ratio of the two policies' medians."""
-    out: dict[str, Any] = {}
+    metrics: dict[str, dict[str, MetricError]] = {}
     for p in policies:
-        out[p] = {}
+        metrics[p] = {}
         for _, key in METRICS:
             m, s = measured[p][key], predicted[p][key]
-            out[p][key] = {"measured": m, "predicted": s, "error": s / m - 1.0 if m else None}
+            metrics[p][key] = MetricError(m, s, s / m - 1.0 if m else None)
+    ratio = None
     if "limit" in policies and "lookahead" in policies:
         key = "output_tokens_per_s"
         medians = measured["limit"][key] / measured["lookahead"][key]
         rm = paired if paired is not None else medians
         rp = predicted["limit"][key] / predicted["lookahead"][key]
-        out["ratio"] = {"measured": rm, "predicted": rp, "error_pp": 100.0 * (rp - rm),
-                        "of_medians": medians, "paired": paired is not None}  # fmt: skip
-    return out
+        ratio = RatioError(rm, rp, 100.0 * (rp - rm), medians, paired is not None)
+    return Comparison(metrics, ratio)
 
 
-def misses(doc: dict[str, Any], rel: float = 0.10, pp: float = 3.0) -> list[str]:
-    """The figures outside the acceptance targets (tok/s and TTFT p50 within `rel`, the
-    ratio within `pp` percentage points)."""
+def misses(comparisons: Mapping[str, Comparison], rel: float = 0.10, pp: float = 3.0) -> list[str]:
+    """The figures outside the acceptance targets, per workload's comparison (tok/s and
+    TTFT p50 within `rel`, the ratio within `pp` percentage points)."""
     out = []
-    for name, part in doc["workloads"].items():
-        c = part["comparison"]
-        for p in (x for x in c if x != "ratio"):
+    for name, c in comparisons.items():
+        for p, by in c.metrics.items():
             for key in ("output_tokens_per_s", "ttft_p50_s"):
-                err = c[p][key]["error"]
+                err = by[key].error
                 if err is None or abs(err) > rel + 1e-9:
                     out.append(f"{name} {p} {key}: {err:+.1%}" if err is not None else name)
-        if "ratio" in c and abs(c["ratio"]["error_pp"]) > pp + 1e-9:
-            out.append(f"{name} limit/lookahead: {c['ratio']['error_pp']:+.1f} pp")
+        if c.ratio is not None and abs(c.ratio.error_pp) > pp + 1e-9:
+            out.append(f"{name} limit/lookahead: {c.ratio.error_pp:+.1f} pp")
     return out
 
 

@@ -39,11 +39,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UserError("--model: the engine's calibration grid is sized for `tiny`")
     command = "hycache " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     with progress_reporter("calibrating") as progress:
-        doc = calibrate(opts, progress, command=f"hycache calibrate {command}".strip())
-    console.print(residuals_table("fitted shapes", doc["residuals"]))
-    console.print(residuals_table("held-out shapes (not fitted)", doc["held_out"]))
-    console.print(fit_table(doc))
-    write_atomic(args.out, json.dumps(doc, indent=2) + "\n")
+        profile = calibrate(opts, progress, command=f"hycache calibrate {command}".strip())
+    console.print(residuals_table("fitted shapes", profile.residuals))
+    console.print(residuals_table("held-out shapes (not fitted)", profile.held_out))
+    console.print(fit_table(profile))
+    write_atomic(args.out, json.dumps(profile.to_json(), indent=2) + "\n")
     console.print(f"wrote {args.out}")
     return 0
 
@@ -51,7 +51,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     """`hycache bench --validate PROFILE`."""
     from hycache.bench.calibrate import CalibrateOptions
-    from hycache.bench.validate import ValidateOptions, misses, validate
+    from hycache.bench.validate import ValidateOptions, validate
 
     check_writable(args.json, "--json")
     if args.raw:
@@ -78,31 +78,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raw=args.raw,
     )
     with progress_reporter("validating") as progress:
-        doc = validate(opts, progress, recalibrate)
-    if recalibrate is not None:
-        with open(args.validate) as f:
-            profile = json.load(f)
-        console.print(residuals_table("fitted shapes (pooled rounds)", profile["residuals"]))
-        console.print(residuals_table("held-out shapes (not fitted)", profile["held_out"]))
-        console.print(fit_table(profile))
+        report = validate(opts, progress, recalibrate)
+    if report.profile is not None:
+        console.print(residuals_table("fitted shapes (pooled rounds)", report.profile.residuals))
+        console.print(residuals_table("held-out shapes (not fitted)", report.profile.held_out))
+        console.print(fit_table(report.profile))
         console.print(f"wrote {args.validate}")
-    console.print(validation_table(doc))
-    if doc["inputs"]["cross_fitted"]:
-        console.print(cross_fit_table(doc))
-    if doc["inputs"]["acceptance"] == "replay":
-        console.print(replay_table(doc))
-    console.print(step_table(doc))
-    console.print(ttft_step_table(doc))
-    miss = misses(doc)
-    doc["misses"] = miss
+    console.print(validation_table(report))
+    if report.inputs.cross_fitted:
+        console.print(cross_fit_table(report))
+    if report.inputs.acceptance == "replay":
+        console.print(replay_table(report))
+    console.print(step_table(report))
+    console.print(ttft_step_table(report))
+    miss = report.misses()
     console.print(
         "within the targets (10% on tok/s and TTFT p50, 3 pp on the ratio)"
         if not miss
         else "outside the targets: " + "; ".join(miss)
     )
-    console.print(f"validation wall time: {doc['wall_s']:.1f} s")
+    console.print(f"validation wall time: {report.wall_s:.1f} s")
     if args.json:
-        write_atomic(args.json, json.dumps(doc, indent=2) + "\n")
+        write_atomic(args.json, json.dumps(report.to_json(), indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
 

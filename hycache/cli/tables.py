@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -21,6 +21,8 @@ from rich.text import Text
 from hycache.sim.compare import BASELINE, HEADLINE, reference_arm
 
 if TYPE_CHECKING:
+    from hycache.bench.validate import Comparison, ValidationReport
+    from hycache.sim.fit import Profile, Residual
     from hycache.sim.simulator import SimResult
 
 console = Console(stderr=False)
@@ -262,7 +264,7 @@ def results_table(title: str, summary: dict[str, Any]) -> Table:
     return t
 
 
-def residuals_table(title: str, rows: list[dict[str, Any]]) -> Table:
+def residuals_table(title: str, rows: Sequence[Residual]) -> Table:
     """Per shape: measured on the fit's clock (wall and CPU beside), predicted, error; the
     spread of the repeats and the load average. Copies and state writes (dim) are not
     fitted."""
@@ -271,133 +273,135 @@ def residuals_table(title: str, rows: list[dict[str, Any]]) -> Table:
     for col in cols:
         t.add_column(col, justify="left" if col == "shape" else "right")
     for r in rows:
-        style = None if r["kind"] == "step" else "dim"
+        style = None if r.kind == "step" else "dim"
         t.add_row(
-            r["shape"],
-            f"{r['measured_s'] * 1e3:.2f}",
-            f"{r['wall_s'] * 1e3:.2f}",
-            f"{r['cpu_s'] * 1e3:.2f}",
-            f"{r['predicted_s'] * 1e3:.2f}",
-            f"{r['error']:+.1%}",
-            f"{r['spread']:.0%}",
-            f"{r['load']:.1f}",
+            r.shape,
+            f"{r.measured_s * 1e3:.2f}",
+            f"{r.wall_s * 1e3:.2f}",
+            f"{r.cpu_s * 1e3:.2f}",
+            f"{r.predicted_s * 1e3:.2f}",
+            f"{r.error:+.1%}",
+            f"{r.spread:.0%}",
+            f"{r.load:.1f}",
             style=style,
         )
     return t
 
 
-def fit_table(doc: dict[str, Any]) -> Table:
-    cal = doc["calibration"]
-    t = Table(title=f"fitted on {doc['model']} ({cal['extra']['clock']} clock)")
+def fit_table(profile: Profile) -> Table:
+    """The fitted profile's terms (peaks beside them), its rms errors, the ablation and the
+    machine's load while it was measured."""
+    cond = profile.conditions
+    t = Table(title=f"fitted on {profile.model} ({profile.clock} clock)")
     t.add_column("parameter")
     t.add_column("value", justify="right")
-    from hycache.sim.fit import PRESET_FIELDS
+    from hycache.sim.presets import PRESET_FIELDS
 
+    spec = profile.spec
     skip = {"name", "description", "source", "memory_bytes"}
     for key in (k for k in PRESET_FIELDS if k not in skip):
-        v = doc.get(key)
+        v = getattr(spec, key)
         t.add_row(key, "unset" if v is None else str(v) if isinstance(v, bool) else f"{v:.4g}")
-    t.add_row("rms error, fitted / held out", f"{cal['rms_error_fitted']:.1%} / "
-              f"{cal['rms_error_held_out']:.1%}")  # fmt: skip
-    for name, rms in cal["ablation_rms_error"].items():
+    t.add_row("rms error, fitted / held out", f"{profile.rms_error_fitted:.1%} / "
+              f"{profile.rms_error_held_out:.1%}")  # fmt: skip
+    for name, rms in profile.ablation.items():
         t.add_row(f"ablation: {name}", f"{rms:.1%}")
-    t.add_row("load before / after", f"{cal['load_before']:.1f} / {cal['load_after']:.1f}")
-    t.add_row("CPU / wall", f"{cal['cpu_over_wall']:.2f}")
+    t.add_row("load before / after", f"{cond.load_before:.1f} / {cond.load_after:.1f}")
+    t.add_row("CPU / wall", f"{cond.cpu_over_wall:.2f}")
     return t
 
 
-def validation_table(doc: dict[str, Any]) -> Table:
+def validation_table(report: ValidationReport) -> Table:
     """Measured vs predicted per workload and policy, with the error of each."""
-    i = doc["inputs"]
+    i = report.inputs
     t = Table(
-        title=f"simulator ({i['profile']}, {i['clock']} clock) vs the CPU engine "
-        f"({i['model']} + EAGLE k={i['num_speculative_tokens']}, acceptance "
-        f"{i['acceptance_rate']:.2f}; median of {i['repeats']})"
+        title=f"simulator ({i.profile}, {i.clock} clock) vs the CPU engine "
+        f"({i.model} + EAGLE k={i.num_speculative_tokens}, acceptance "
+        f"{i.acceptance_rate:.2f}; median of {i.repeats})"
     )
     for col in ("workload", "policy", "metric", "measured", "predicted", "error"):
         t.add_column(col, justify="left" if col in ("workload", "policy", "metric") else "right")
     from hycache.bench.validate import METRICS
 
-    for name, part in doc["workloads"].items():
-        c = part["comparison"]
-        for p in (x for x in c if x != "ratio"):
+    for name, part in report.workloads.items():
+        c = part.comparison
+        for p, by in c.metrics.items():
             for label, key in METRICS:
-                v = c[p][key]
-                err = v["error"]
-                t.add_row(name, p, label, f"{v['measured']:.3g}", f"{v['predicted']:.3g}",
-                          f"{err:+.1%}" if err is not None else "")  # fmt: skip
-        if "ratio" in c:
-            r = c["ratio"]
-            cells = (f"{r['measured']:.3f}", f"{r['predicted']:.3f}", f"{r['error_pp']:+.1f} pp")
+                v = by[key]
+                t.add_row(name, p, label, f"{v.measured:.3g}", f"{v.predicted:.3g}",
+                          _pct(v.error, ""))  # fmt: skip
+        if c.ratio is not None:
+            r = c.ratio
+            cells = (f"{r.measured:.3f}", f"{r.predicted:.3f}", f"{r.error_pp:+.1f} pp")
             t.add_row(name, "limit/lookahead", "output tok/s", *cells, style="bold")
     return t
 
 
+def _pct(e: float | None, missing: str = "-") -> str:
+    return f"{e:+.1%}" if e is not None else missing
+
+
 def _transitions(
-    t: Table, name: str, before: dict[str, Any], after: dict[str, Any], extra: list[str]
+    t: Table, name: str, before: Comparison, after: Comparison, extra: list[str]
 ) -> None:
     """Rows of a workload's errors, one comparison → another (tok/s, TTFT p50, the ratio)."""
-
-    def pct(e: float | None) -> str:
-        return f"{e:+.1%}" if e is not None else "-"
-
-    for p in (x for x in after if x != "ratio"):
+    for p, by in after.metrics.items():
         cells = [
-            f"{pct(before[p][key]['error'])} → {pct(after[p][key]['error'])}"
+            f"{_pct(before.metrics[p][key].error)} → {_pct(by[key].error)}"
             for key in ("output_tokens_per_s", "ttft_p50_s")
         ]
         t.add_row(name, p, *cells, *extra)
-    if "ratio" in after:
-        e0, e1 = before["ratio"]["error_pp"], after["ratio"]["error_pp"]
+    if after.ratio is not None and before.ratio is not None:
+        e0, e1 = before.ratio.error_pp, after.ratio.error_pp
         blank = [""] * (1 + len(extra))
         t.add_row(name, "limit/lookahead", f"{e0:+.1f} → {e1:+.1f} pp", *blank, style="bold")
 
 
-def cross_fit_table(doc: dict[str, Any]) -> Table:
+def cross_fit_table(report: ValidationReport) -> Table:
     """`--validate --recalibrate`: each workload's errors predicted from the probes alone
     beside those with the probes and the other workloads' engine steps fitted."""
     t = Table(title="probes only → cross-fitted (the probes and the other workloads' runs)")
     for col in ("workload", "policy", "tok/s error", "TTFT p50 error", "own steps rms"):
         t.add_column(col, justify="left" if col in ("workload", "policy") else "right")
-    for name, part in doc["workloads"].items():
-        rms = f"{part['cross_fit']['rms_error_own_steps']:.1%}"
-        _transitions(t, name, part["probes_only"]["comparison"], part["comparison"], [rms])
+    for name, part in report.workloads.items():
+        if part.cross_fit is None or part.probes_only is None:
+            continue
+        rms = f"{part.cross_fit.rms_error_own_steps:.1%}"
+        _transitions(t, name, part.probes_only.comparison, part.comparison, [rms])
     return t
 
 
-def replay_table(doc: dict[str, Any]) -> Table:
+def replay_table(report: ValidationReport) -> Table:
     """`--validate`: each workload's errors with the simulator drawing drafts at the
     profile's rate beside those with the engine's accepted drafts replayed."""
     t = Table(title="drafts drawn at the profile's rate → the engine's replayed")
     for col in ("workload", "policy", "tok/s error", "TTFT p50 error"):
         t.add_column(col, justify="left" if col in ("workload", "policy") else "right")
-    for name, part in doc["workloads"].items():
-        if "at_rate" in part:
-            _transitions(t, name, part["at_rate"]["comparison"], part["comparison"], [])
+    for name, part in report.workloads.items():
+        at_rate = part.prediction.at_rate
+        if at_rate is not None:
+            _transitions(t, name, at_rate.comparison, part.comparison, [])
     return t
 
 
-def step_table(doc: dict[str, Any]) -> Table:
+def step_table(report: ValidationReport) -> Table:
     """`--validate`: the cost model on the engine's own steps, per step kind (seconds per
     run): an error here is the cost model's; a tok/s error it does not explain, the
     schedule's."""
     t = Table(title="the cost model on the engine's own steps (seconds per run)")
     for col in ("workload", "policy", "steps", "count", "measured s", "cost model s", "error"):
         t.add_column(col, justify="left" if col in ("workload", "policy", "steps") else "right")
-    for name, part in doc["workloads"].items():
-        for p, kinds in part.get("steps", {}).items():
-            for kind, v in kinds.items():
-                if kind == "outside_steps_s":
-                    continue
-                err = v["error"]
-                t.add_row(name, p, kind, f"{v['steps']:.0f}", f"{v['measured_s']:.2f}",
-                          f"{v['predicted_s']:.2f}", f"{err:+.1%}" if err is not None else "",
+    for name, part in report.workloads.items():
+        for p, att in part.prediction.steps.items():
+            for kind, v in att.kinds.items():
+                t.add_row(name, p, kind, f"{v.steps:.0f}", f"{v.measured_s:.2f}",
+                          f"{v.predicted_s:.2f}", _pct(v.error, ""),
                           style="bold" if kind == "all steps" else None)  # fmt: skip
-            t.add_row(name, p, "between steps", "", f"{kinds['outside_steps_s']:.2f}", "0", "")
+            t.add_row(name, p, "between steps", "", f"{att.outside_steps_s:.2f}", "0", "")
     return t
 
 
-def ttft_step_table(doc: dict[str, Any]) -> Table:
+def ttft_step_table(report: ValidationReport) -> Table:
     """`--validate`: TTFT p50 priced on the engine's own schedule (the steps each request's
     TTFT spans) beside the simulator's: the first error is the cost model's, what the
     second adds is the simulator's schedule."""
@@ -406,13 +410,12 @@ def ttft_step_table(doc: dict[str, Any]) -> Table:
             "simulator s", "error ")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="left" if col in ("workload", "policy") else "right")
-    for name, part in doc["workloads"].items():
-        for p, v in part.get("ttft_steps", {}).items():
-            c = part["comparison"][p]["ttft_p50_s"]
-            errs = [f"{e:+.1%}" if e is not None else "" for e in (v["error"], c["error"])]
-            seconds = (c["measured"], v["measured_s"], v["predicted_s"])
-            t.add_row(name, p, *(f"{x:.3f}" for x in seconds), errs[0],
-                      f"{c['predicted']:.3f}", errs[1])  # fmt: skip
+    for name, part in report.workloads.items():
+        for p, v in part.prediction.ttft_steps.items():
+            c = part.comparison.metrics[p]["ttft_p50_s"]
+            seconds = (c.measured, v.measured_s, v.predicted_s)
+            t.add_row(name, p, *(f"{x:.3f}" for x in seconds), _pct(v.error, ""),
+                      f"{c.predicted:.3f}", _pct(c.error, ""))  # fmt: skip
     return t
 
 

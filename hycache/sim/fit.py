@@ -38,6 +38,8 @@ from hycache.sim.terms import FREE_PARAMETERS, TERMS, CostTerms
 __all__ = [
     "FREE_PARAMETERS",
     "Fit",
+    "Profile",
+    "Residual",
     "Sample",
     "fit",
     "predict",
@@ -528,6 +530,29 @@ def predict(
     return sum(cost.step_time(w) for w in s.works)
 
 
+@dataclass(frozen=True)
+class Residual:
+    """One shape priced by a fit: measured on the fit's clock (wall and CPU beside, the
+    repeats, their spread, the load average), predicted, and the relative error; a row of a
+    profile's `residuals` and `held_out`."""
+
+    shape: str
+    kind: str
+    num_speculative_tokens: int
+    steps: int
+    requests: int
+    tokens: int
+    block_copies: int
+    measured_s: float
+    wall_s: float
+    cpu_s: float
+    repeats: int
+    spread: float
+    load: float
+    predicted_s: float
+    error: float
+
+
 def residuals(
     samples: Sequence[Sample],
     values: Fit,
@@ -535,41 +560,41 @@ def residuals(
     gpu: GpuSpec,
     block_size: int | None = None,
     clock: str = "wall",
-) -> list[dict[str, Any]]:
+) -> list[Residual]:
     """Per shape: measured (on `clock`; wall and CPU beside), predicted, relative error."""
     out = []
     for s in samples:
         pred = predict(s, values, model, gpu, block_size)
         measured = s.measured(clock)
         out.append(
-            {
-                "shape": s.label,
-                "kind": s.kind,
-                "num_speculative_tokens": s.num_speculative_tokens,
-                "steps": len(s.works),
-                "requests": sum(len(w.seqs) for w in s.works),
-                "tokens": sum(w.num_tokens for w in s.works),
-                "block_copies": sum(w.num_block_copies for w in s.works),
-                "measured_s": measured,
-                "wall_s": s.wall_s,
-                "cpu_s": s.cpu_s,
-                "repeats": s.repeats,
-                "spread": s.spread,
-                "load": s.load,
-                "predicted_s": pred,
-                "error": pred / measured - 1.0,
-            }
+            Residual(
+                shape=s.label,
+                kind=s.kind,
+                num_speculative_tokens=s.num_speculative_tokens,
+                steps=len(s.works),
+                requests=sum(len(w.seqs) for w in s.works),
+                tokens=sum(w.num_tokens for w in s.works),
+                block_copies=sum(w.num_block_copies for w in s.works),
+                measured_s=measured,
+                wall_s=s.wall_s,
+                cpu_s=s.cpu_s,
+                repeats=s.repeats,
+                spread=s.spread,
+                load=s.load,
+                predicted_s=pred,
+                error=pred / measured - 1.0,
+            )
         )
     return out
 
 
-def max_abs_error(rows: Sequence[Mapping[str, Any]], kind: str = "step") -> float:
+def max_abs_error(rows: Sequence[Residual], kind: str = "step") -> float:
     """The largest |error| over the rows of `kind` (whole steps: what the fit is for)."""
-    return max((abs(r["error"]) for r in rows if r["kind"] == kind), default=0.0)
+    return max((abs(r.error) for r in rows if r.kind == kind), default=0.0)
 
 
-def rms_error(rows: Sequence[Mapping[str, Any]], kind: str = "step") -> float:
-    errs = [r["error"] for r in rows if r["kind"] == kind]
+def rms_error(rows: Sequence[Residual], kind: str = "step") -> float:
+    errs = [r.error for r in rows if r.kind == kind]
     return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else 0.0
 
 
@@ -588,32 +613,70 @@ class Conditions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Profile:
+    """A device profile: the measured device (`gpu`: its peaks), the fitted `values`, the
+    model preset they were fitted on, the fitted shapes' `residuals`, the `held_out` shapes
+    (not fitted), where it was measured, the command, and the fit's rms error without each
+    added term (`ablation`). :meth:`to_json` is the profile file: the GPU preset fields with
+    the fitted terms, then `model`, `residuals`, `held_out` and `calibration`."""
+
+    gpu: GpuSpec
+    values: Fit
+    model: str
+    residuals: tuple[Residual, ...]
+    held_out: tuple[Residual, ...]
+    conditions: Conditions
+    command: str
+    ablation: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> GpuSpec:
+        """The device with the fitted terms: what `load_gpu` reads back from the file."""
+        return replace(self.gpu, **self.values.as_arguments(), fitted_on=self.model)
+
+    @property
+    def clock(self) -> str:
+        return str(self.conditions.extra.get("clock", "wall"))
+
+    @property
+    def rms_error_fitted(self) -> float:
+        return rms_error(self.residuals)
+
+    @property
+    def rms_error_held_out(self) -> float:
+        return rms_error(self.held_out)
+
+    def to_json(self) -> dict[str, Any]:
+        spec = self.spec
+        doc = {k: getattr(spec, k) for k in PRESET_FIELDS if getattr(spec, k) not in (None, "")}
+        doc["model"] = self.model
+        doc["residuals"] = [asdict(r) for r in self.residuals]
+        doc["held_out"] = [asdict(r) for r in self.held_out]
+        doc["calibration"] = {
+            "command": self.command,
+            "max_abs_error_fitted": max_abs_error(self.residuals),
+            "max_abs_error_held_out": max_abs_error(self.held_out),
+            "rms_error_fitted": self.rms_error_fitted,
+            "rms_error_held_out": self.rms_error_held_out,
+            "ablation_rms_error": dict(self.ablation),
+            **asdict(self.conditions),
+        }
+        return doc
+
+
 def profile_dict(
     gpu: GpuSpec,
     values: Fit,
     *,
     model: str,
-    fitted: Sequence[Mapping[str, Any]],
-    held_out: Sequence[Mapping[str, Any]],
+    fitted: Sequence[Residual],
+    held_out: Sequence[Residual],
     conditions: Conditions,
     command: str,
     ablation: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """A device profile: the GPU preset fields (efficiencies and overheads fitted), then
-    `model` (the model preset the fit was done on), `residuals` (the fitted shapes),
-    `held_out` (shapes the fit did not see) and `calibration` (conditions, the command)."""
-    spec = replace(gpu, **values.as_arguments())
-    doc = {k: getattr(spec, k) for k in PRESET_FIELDS if getattr(spec, k) not in (None, "")}
-    doc["model"] = model
-    doc["residuals"] = [dict(r) for r in fitted]
-    doc["held_out"] = [dict(r) for r in held_out]
-    doc["calibration"] = {
-        "command": command,
-        "max_abs_error_fitted": max_abs_error(fitted),
-        "max_abs_error_held_out": max_abs_error(held_out),
-        "rms_error_fitted": rms_error(fitted),
-        "rms_error_held_out": rms_error(held_out),
-        "ablation_rms_error": dict(ablation or {}),
-        **asdict(conditions),
-    }
-    return doc
+    """The profile file of these (:meth:`Profile.to_json`)."""
+    profile = Profile(gpu, values, model, tuple(fitted), tuple(held_out), conditions, command,
+                      dict(ablation or {}))  # fmt: skip
+    return profile.to_json()

@@ -76,7 +76,7 @@ def test_fit_recovers_known_parameters_roofline() -> None:
     got = fit(samples, MODEL, CPU, block_size=B, overlap=True, seq_overhead=False, kv_factor=False)
     assert got.phase_overlap is True
     for r in residuals(samples, got, MODEL, CPU, B):
-        assert abs(r["error"]) < 0.01, r
+        assert abs(r.error) < 0.01, r
     assert got.compute_efficiency == pytest.approx(0.3, rel=0.03)
     assert got.step_overhead_s == pytest.approx(3e-3, rel=0.05)
 
@@ -112,7 +112,7 @@ def test_fit_recovers_copy_efficiencies_and_holds_them_in_the_step_fit() -> None
     for name in ("compute_efficiency", "copy_efficiency", "state_copy_efficiency"):
         assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
     for r in residuals(samples, got, MODEL, CPU, B):
-        assert abs(r["error"]) < 1e-3, r
+        assert abs(r.error) < 1e-3, r
     assert fit_copies(_synthetic(truth), MODEL, CPU, block_size=B) == CopyFit()
 
 
@@ -198,12 +198,12 @@ def test_fit_recovers_the_decode_terms() -> None:
     assert got.warm_kv_bytes_factor / got.kv_bytes_factor == pytest.approx(1.5, rel=1e-3)
     assert got.decode_state_rewrites == pytest.approx(3.0, rel=1e-3)
     for r in residuals(samples, got, MODEL, CPU, B):
-        assert abs(r["error"]) < 1e-3, r
+        assert abs(r.error) < 1e-3, r
     # without the decode terms the same samples cannot be fitted
     plain = fit(samples, MODEL, CPU, block_size=B, decode_kv=False, state_rewrites=False)
     assert plain.decode_kv_bytes_factor is None and plain.decode_state_rewrites is None
     assert plain.warm_kv_bytes_factor is None
-    assert max(abs(r["error"]) for r in residuals(samples, plain, MODEL, CPU, B)) > 0.01
+    assert max(abs(r.error) for r in residuals(samples, plain, MODEL, CPU, B)) > 0.01
 
 
 def _measured(scale: float, rate: float) -> Any:
@@ -304,13 +304,15 @@ def test_compare_errors_and_ratio() -> None:
                   "token_hit_rate": 0.6},
     }  # fmt: skip
     c = compare(measured, predicted)
-    assert c["lookahead"]["output_tokens_per_s"]["error"] == pytest.approx(0.10)
-    assert c["lookahead"]["ttft_p50_s"]["error"] == pytest.approx(-0.10)
-    assert c["limit"]["ttft_p50_s"]["error"] == pytest.approx(0.5)
-    assert c["ratio"]["measured"] == pytest.approx(1.25)
-    assert c["ratio"]["predicted"] == pytest.approx(26 / 22)
-    assert c["ratio"]["error_pp"] == pytest.approx(100 * (26 / 22 - 1.25))
-    miss = misses({"workloads": {"w": {"comparison": c}}})
+    assert c.metrics["lookahead"]["output_tokens_per_s"].error == pytest.approx(0.10)
+    assert c.metrics["lookahead"]["ttft_p50_s"].error == pytest.approx(-0.10)
+    assert c.metrics["limit"]["ttft_p50_s"].error == pytest.approx(0.5)
+    assert c.ratio is not None and c.ratio.measured == pytest.approx(1.25)
+    assert c.ratio.predicted == pytest.approx(26 / 22)
+    assert c.ratio.error_pp == pytest.approx(100 * (26 / 22 - 1.25))
+    assert c.to_json()["ratio"]["error_pp"] == c.ratio.error_pp
+    assert c.to_json()["limit"]["ttft_p50_s"] == {"measured": 1.0, "predicted": 1.5, "error": 0.5}
+    miss = misses({"w": c})
     assert any("limit ttft_p50_s" in m for m in miss)
     assert any("limit/lookahead" in m for m in miss)  # -6.8 pp
     assert not any("lookahead output" in m for m in miss)  # exactly 10%: inside
@@ -348,7 +350,7 @@ def test_a_tiny_calibrate_run_produces_residuals() -> None:
 
     opts = _tiny_calibration()
     messages: list[str] = []
-    doc = calibrate(opts, messages.append, command="test")
+    profile = calibrate(opts, messages.append, command="test")
     # the held-out shape is measured in the middle of the fitted ones, not after them all
     probes = [m for m in messages if m.startswith(("fitted ", "held out "))]
     assert probes == [
@@ -358,15 +360,17 @@ def test_a_tiny_calibrate_run_produces_residuals() -> None:
         "fitted 3/4: block copies",
         "fitted 4/4: state writes",
     ]
-    shapes = {r["shape"] for r in doc["residuals"]}
+    shapes = {r.shape for r in profile.residuals}
     assert {"prefill n=64 c=0 k=2", "prefill n=64 c=64 k=2", "decode b=1 c=64 k=2"} <= shapes
     assert any(s.startswith("mixed b=1") for s in shapes)
-    (turns,) = (r for r in doc["residuals"] if r["shape"] == "turns b=2 c=64 + 2x16 k=2")
-    assert turns["requests"] == 4  # two decoding, two next turns in one step
-    assert {r["kind"] for r in doc["residuals"]} == {"step", "copies", "state_writes"}
-    assert [r["shape"] for r in doc["held_out"]] == ["prefill n=128 c=0 k=2"]
-    for r in doc["residuals"] + doc["held_out"]:
-        assert r["measured_s"] > 0 and r["predicted_s"] > 0
+    (turns,) = (r for r in profile.residuals if r.shape == "turns b=2 c=64 + 2x16 k=2")
+    assert turns.requests == 4  # two decoding, two next turns in one step
+    assert {r.kind for r in profile.residuals} == {"step", "copies", "state_writes"}
+    assert [r.shape for r in profile.held_out] == ["prefill n=128 c=0 k=2"]
+    for r in profile.residuals + profile.held_out:
+        assert r.measured_s > 0 and r.predicted_s > 0
+    assert profile.clock == "cpu"
+    doc = profile.to_json()
     assert doc["model"] == "tiny" and doc["calibration"]["extra"]["clock"] == "cpu"
     assert doc["calibration"]["extra"]["acceptance_rate"]["2"] >= 0.0
     from hycache.sim.presets import gpu_from_dict
@@ -432,41 +436,56 @@ def test_validate_recalibrates_between_the_engine_runs(tmp_path: Path) -> None:
     profile = json.loads(path.read_text())
     assert profile["calibration"]["extra"]["rounds"] == 2
     assert profile["calibration"]["extra"]["repeats"] == 2
-    assert doc["inputs"]["recalibrated"] is True and doc["inputs"]["clock"] == "cpu"
-    c = doc["workloads"]["family"]["comparison"]
+    assert doc.profile is not None and doc.profile.to_json() == profile
+    assert doc.inputs.recalibrated is True and doc.inputs.clock == "cpu"
+    family = doc.workloads["family"]
+    c = family.comparison.metrics
     for p in ("lookahead", "limit"):
         hits = c[p]["token_hit_rate"]
-        assert hits["measured"] == hits["predicted"] > 0
+        assert hits.measured == hits.predicted > 0
         # the engine's steps, priced: every step of a run is in one kind, and the kinds and
         # the loop between them add up to the run's time
-        kinds = doc["workloads"]["family"]["steps"][p]
+        att = family.prediction.steps[p]
+        kinds = att.kinds
         assert {"prefill", "decode", "all steps"} <= kinds.keys()
         total = kinds["all steps"]
-        assert total["measured_s"] == pytest.approx(
-            sum(v["measured_s"] for k, v in kinds.items() if k in STEP_KINDS)
+        assert total.measured_s == pytest.approx(
+            sum(v.measured_s for k, v in kinds.items() if k in STEP_KINDS)
         )
-        assert 0 <= kinds["outside_steps_s"] < total["measured_s"]
-        assert total["predicted_s"] > 0
+        assert 0 <= att.outside_steps_s < total.measured_s
+        assert total.predicted_s > 0
         # the simulator replays the engine's drafts; drawn at the rate, beside it
-        at_rate = doc["workloads"]["family"]["at_rate"]["comparison"][p]
-        assert at_rate["token_hit_rate"]["measured"] == hits["measured"]
-        assert doc["inputs"]["acceptance"] == "replay"
-        assert doc["inputs"]["drafts_accepted"]["family"][p] >= 0
+        at_rate = family.prediction.at_rate
+        assert at_rate is not None
+        assert at_rate.comparison.metrics[p]["token_hit_rate"].measured == hits.measured
+        assert doc.inputs.acceptance == "replay"
+        assert doc.inputs.drafts_accepted["family"][p] >= 0
         # TTFT p50 on the engine's own schedule: timed steps a little under the TTFT
-        ttft = doc["workloads"]["family"]["ttft_steps"][p]
-        assert 0 < ttft["measured_s"] <= c[p]["ttft_p50_s"]["measured"]
-        assert ttft["predicted_s"] > 0
-    assert doc["inputs"]["cross_fitted"] is True
+        ttft = family.prediction.ttft_steps[p]
+        assert 0 < ttft.measured_s <= c[p]["ttft_p50_s"].measured
+        assert ttft.predicted_s > 0
+    assert doc.inputs.cross_fitted is True
     for name, other in (("family", "multi-turn"), ("multi-turn", "family")):
-        part = doc["workloads"][name]
-        assert part["cross_fit"]["fitted_on"] == ["calibration probes", other]
-        assert {r["shape"].split(" · ")[0] for r in part["cross_fit"]["engine_steps"]} == {other}
-        assert {r["shape"].split(" · ")[0] for r in part["cross_fit"]["own_steps"]} == {name}
-        before = part["probes_only"]["comparison"]
-        assert before["limit"]["token_hit_rate"] == part["comparison"]["limit"]["token_hit_rate"]
+        part = doc.workloads[name]
+        assert part.cross_fit is not None and part.probes_only is not None
+        assert part.cross_fit.fitted_on == ("calibration probes", other)
+        assert {r.shape.split(" · ")[0] for r in part.cross_fit.engine_steps} == {other}
+        assert {r.shape.split(" · ")[0] for r in part.cross_fit.own_steps} == {name}
+        before = part.probes_only.comparison
+        limit_hits = part.comparison.metrics["limit"]["token_hit_rate"]
+        assert before.metrics["limit"]["token_hit_rate"] == limit_hits
         # the measured side is the same; the measured ratio pairs each repeat's two runs
-        r = part["comparison"]["ratio"]
-        assert r["paired"] is True and r["measured"] == before["ratio"]["measured"]
+        r = part.comparison.ratio
+        assert r is not None and before.ratio is not None
+        assert r.paired is True and r.measured == before.ratio.measured
+    # the --json document: the same figures, by key
+    js = json.loads(json.dumps(doc.to_json()))
+    assert list(js) == ["workloads", "inputs", "wall_s", "misses"]
+    assert list(js["workloads"]["family"]) == ["measured", "predicted", "steps", "ttft_steps",
+                                               "comparison", "at_rate", "probes_only",
+                                               "cross_fit", "size"]  # fmt: skip
+    assert js["workloads"]["family"]["comparison"]["ratio"]["paired"] is True
+    assert js["inputs"]["cross_fitted"] is True and js["misses"] == doc.misses()
     raw = pickle.loads((tmp_path / "raw.pkl").read_bytes())
     assert len(raw["rounds"]) == 2 and len(raw["steps"]["family"]["limit"]) == 2
     assert len(raw["spans"]["family"]["limit"]) == 2
@@ -490,10 +509,10 @@ def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
     messages: list[str] = []
     doc = validate(opts, messages.append, recalibrate=cal)
     assert "calibration round 1/1 (a fresh process)" in messages
-    part = doc["workloads"]["multi-turn"]
-    assert part["measured"]["limit"]["requests"] == part["size"]
-    hits = part["comparison"]["limit"]["token_hit_rate"]
-    assert hits["measured"] == hits["predicted"] > 0
+    part = doc.workloads["multi-turn"]
+    assert part.measured["limit"]["requests"] == part.size
+    hits = part.comparison.metrics["limit"]["token_hit_rate"]
+    assert hits.measured == hits.predicted > 0
     assert json.loads(path.read_text())["calibration"]["extra"]["rounds"] == 1
 
 
@@ -510,9 +529,9 @@ def test_ttft_priced_on_the_engines_own_schedule() -> None:
     spans = [(0, 0), (0, 1), (1, 2)]  # the middle one: prefill + one decode
     out = ttft_attribution([run, run], [spans, spans], cost)
     priced = cost.step_time(prefill) + cost.step_time(decode)
-    assert out["predicted_s"] == pytest.approx(priced)
-    assert out["measured_s"] == pytest.approx(1.25 * priced)
-    assert out["error"] == pytest.approx(-0.2)
+    assert out.predicted_s == pytest.approx(priced)
+    assert out.measured_s == pytest.approx(1.25 * priced)
+    assert out.error == pytest.approx(-0.2)
 
 
 def test_step_kinds_and_their_attribution() -> None:
@@ -528,10 +547,12 @@ def test_step_kinds_and_their_attribution() -> None:
     kinds = [step_kind(w) for w in (prefill, decode, mixed, copies)]
     assert kinds == ["prefill", "decode", "mixed", "copies"]
     run = [EngineStep(w, 1.25 * cost.step_time(w)) for w in (prefill, decode, decode, mixed)]
-    out = step_attribution([run, run], [10.0, 12.0], cost)
-    assert set(out) == {"prefill", "decode", "mixed", "all steps", "outside_steps_s"}
-    assert out["decode"]["steps"] == 2
-    assert out["decode"]["predicted_s"] == pytest.approx(2 * cost.step_time(decode))
+    att = step_attribution([run, run], [10.0, 12.0], cost)
+    out = att.kinds
+    assert list(out) == ["prefill", "mixed", "decode", "all steps"]
+    assert out["decode"].steps == 2
+    assert out["decode"].predicted_s == pytest.approx(2 * cost.step_time(decode))
     for kind in ("prefill", "decode", "mixed", "all steps"):
-        assert out[kind]["error"] == pytest.approx(-0.2)
-    assert out["outside_steps_s"] == pytest.approx(11.0 - out["all steps"]["measured_s"])
+        assert out[kind].error == pytest.approx(-0.2)
+    assert att.outside_steps_s == pytest.approx(11.0 - out["all steps"].measured_s)
+    assert list(att.to_json()) == [*out, "outside_steps_s"]

@@ -116,10 +116,11 @@ def test_validate_steps_the_policies_in_turn_unless_told_not_to(tmp_path: Any) -
         doc = validate(opts, messages.append, recalibrate=cal)
         runs = [m.split(" · ")[2] for m in messages if " · engine · " in m]
         assert runs == expected
-        part = doc["workloads"]["family"]
+        part = doc.workloads["family"]
         for p in POLICIES:
-            assert part["measured"][p]["requests"] == part["size"]
-        assert part["comparison"]["ratio"]["paired"] is True
+            assert part.measured[p]["requests"] == part.size
+        ratio = part.comparison.ratio
+        assert ratio is not None and ratio.paired is True
 
 
 def _shape(works: list[Any]) -> list[tuple[Any, ...]]:

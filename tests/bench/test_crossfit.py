@@ -52,8 +52,8 @@ def test_a_summed_sample_prices_the_sum_of_its_steps() -> None:
     assert total.wall_s == pytest.approx(sum(t for _, t in steps)) == total.cpu_s
     assert predict(total, TRUTH, MODEL, CPU, B) == pytest.approx(total.wall_s, rel=1e-12)
     (row,) = residuals([total], TRUTH, MODEL, CPU, B)
-    assert row["steps"] == len(steps) and row["error"] == pytest.approx(0.0, abs=1e-12)
-    assert row["tokens"] == sum(w.num_tokens for w, _ in steps)
+    assert row.steps == len(steps) and row.error == pytest.approx(0.0, abs=1e-12)
+    assert row.tokens == sum(w.num_tokens for w, _ in steps)
 
 
 def test_summed_samples_fit_like_the_steps_they_sum() -> None:
@@ -65,7 +65,7 @@ def test_summed_samples_fit_like_the_steps_they_sum() -> None:
               for i in range(2)]  # fmt: skip
     got = fit([*prefill, *groups, *rest[:2]], MODEL, CPU, block_size=B)
     for r in residuals(probes, got, MODEL, CPU, B):
-        assert abs(r["error"]) < 1e-3, r
+        assert abs(r.error) < 1e-3, r
 
 
 def test_summed_samples_are_whole_steps_of_the_linear_form() -> None:
@@ -112,19 +112,19 @@ def test_cross_fit_never_sees_the_workload_it_predicts() -> None:
     probes = _measured()
     runs = _runs({"a": 1.10, "b": 1.10, "c": 1.10})
     cf = cross_fit(probes, runs, "c", "tiny", 2, CPU)
-    assert cf.doc["fitted_on"] == ["calibration probes", "a", "b"] and cf.held_out == "c"
-    assert [r["shape"].split(" · ")[0] for r in cf.doc["own_steps"]] == ["c"] * 6
+    assert cf.fitted_on == ("calibration probes", "a", "b") and cf.held_out == "c"
+    assert [r.shape.split(" · ")[0] for r in cf.own_steps] == ["c"] * 6
     alone = fit(probes.fitted, MODEL, CPU, block_size=B, padded=True)
     c_steps = engine_samples("c", runs["c"], 2)
     probes_only = residuals(c_steps, alone, MODEL, CPU, B)
-    crossed = cf.doc["own_steps"]
-    assert max(abs(r["error"]) for r in crossed) < min(abs(r["error"]) for r in probes_only)
+    crossed = cf.own_steps
+    assert max(abs(r.error) for r in crossed) < min(abs(r.error) for r in probes_only)
     assert cf.gpu.name == CPU.name and cf.gpu.compute_efficiency > 0
     # its own runs twice as slow: the same fit; another workload's: a different one
     slower = _runs({"a": 1.10, "b": 1.10, "c": 2.2})
-    assert cross_fit(probes, slower, "c", "tiny", 2, CPU).doc["values"] == cf.doc["values"]
+    assert cross_fit(probes, slower, "c", "tiny", 2, CPU).values == cf.values
     moved = _runs({"a": 1.10, "b": 1.4, "c": 1.10})
-    assert cross_fit(probes, moved, "c", "tiny", 2, CPU).doc["values"] != cf.doc["values"]
+    assert cross_fit(probes, moved, "c", "tiny", 2, CPU).values != cf.values
 
 
 def test_the_paired_ratio_is_the_measured_ratio() -> None:
@@ -134,11 +134,13 @@ def test_the_paired_ratio_is_the_measured_ratio() -> None:
                        "token_hit_rate": 0.4}}  # fmt: skip
     p = {k: dict(v) for k, v in m.items()}
     c = compare(m, p, paired=1.25)
-    assert c["ratio"]["measured"] == 1.25 and c["ratio"]["of_medians"] == pytest.approx(1.2)
-    assert c["ratio"]["paired"] is True
-    assert c["ratio"]["error_pp"] == pytest.approx(100 * (1.2 - 1.25))
+    assert c.ratio is not None
+    assert c.ratio.measured == 1.25 and c.ratio.of_medians == pytest.approx(1.2)
+    assert c.ratio.paired is True
+    assert c.ratio.error_pp == pytest.approx(100 * (1.2 - 1.25))
     c = compare(m, p)
-    assert c["ratio"]["measured"] == pytest.approx(1.2) and c["ratio"]["paired"] is False
+    assert c.ratio is not None
+    assert c.ratio.measured == pytest.approx(1.2) and c.ratio.paired is False
 
 
 def test_a_calibration_round_every_other_engine_repeat() -> None:
@@ -167,4 +169,4 @@ def test_a_calibration_round_every_other_engine_repeat() -> None:
     pairs = ((1, "lookahead + limit"), (2, "limit + lookahead"))
     assert runs == [f"family · engine · {a} in turn · repeat {r}/2 (this process)"
                     for r, a in pairs]  # fmt: skip
-    assert doc["inputs"]["repeats"] == 2
+    assert doc.inputs.repeats == 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hycache.sim.costmodel import CostModel, StepWork
@@ -152,35 +152,28 @@ def engine_samples(
 class CrossFit:
     """The profile that predicts workload `held_out`: the probes and the other workloads'
     engine steps (`fitted_on`) fitted (`values`; `gpu`, the profile with them), and the
-    residuals of its samples and of `held_out`'s own engine steps."""
+    residuals of its samples and of `held_out`'s own engine steps (with their rms errors).
+    :meth:`to_json`: every field but `gpu`."""
 
     held_out: str
-    gpu: GpuSpec
     fitted_on: tuple[str, ...]
     values: Fit
+    rms_error_probes: float
+    rms_error_engine_steps: float
+    rms_error_own_steps: float
     engine_steps: tuple[Residual, ...]
     own_steps: tuple[Residual, ...]
-    rms_error_probes: float
-
-    @property
-    def rms_error_engine_steps(self) -> float:
-        return rms_error(self.engine_steps)
-
-    @property
-    def rms_error_own_steps(self) -> float:
-        return rms_error(self.own_steps)
+    gpu: GpuSpec
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "held_out": self.held_out,
-            "fitted_on": list(self.fitted_on),
-            "values": self.values.as_arguments(),
-            "rms_error_probes": self.rms_error_probes,
-            "rms_error_engine_steps": self.rms_error_engine_steps,
-            "rms_error_own_steps": self.rms_error_own_steps,
-            "engine_steps": [asdict(r) for r in self.engine_steps],
-            "own_steps": [asdict(r) for r in self.own_steps],
-        }
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "gpu"}
+
+
+def _plain(v: Any) -> Any:
+    """A field as JSON has it: a dataclass as its fields, a tuple as a list."""
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return asdict(v) if is_dataclass(v) and not isinstance(v, type) else v
 
 
 def cross_fit(
@@ -198,6 +191,8 @@ def cross_fit(
     fitted_rows, engine_rows, own_rows = (
         probes.residuals(ss, values, spec) for ss in (probes.fitted, engine, own)
     )
-    gpu = replace(profile, **values.as_arguments())
-    return CrossFit(held_out, gpu, ("calibration probes", *others), values, tuple(engine_rows),
-                    tuple(own_rows), rms_error(fitted_rows))  # fmt: skip
+    return CrossFit(
+        held_out, ("calibration probes", *others), values, rms_error(fitted_rows),
+        rms_error(engine_rows), rms_error(own_rows), tuple(engine_rows), tuple(own_rows),
+        replace(profile, **values.as_arguments()),
+    )  # fmt: skip

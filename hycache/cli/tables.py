@@ -302,8 +302,10 @@ def fit_table(profile: Profile) -> Table:
     for key in (k for k in PRESET_FIELDS if k not in skip):
         v = getattr(spec, key)
         t.add_row(key, "unset" if v is None else str(v) if isinstance(v, bool) else f"{v:.4g}")
-    t.add_row("rms error, fitted / held out", f"{profile.rms_error_fitted:.1%} / "
-              f"{profile.rms_error_held_out:.1%}")  # fmt: skip
+    from hycache.sim.fit import rms_error
+
+    t.add_row("rms error, fitted / held out", f"{rms_error(profile.residuals):.1%} / "
+              f"{rms_error(profile.held_out):.1%}")  # fmt: skip
     for name, rms in profile.ablation.items():
         t.add_row(f"ablation: {name}", f"{rms:.1%}")
     t.add_row("load before / after", f"{cond.load_before:.1f} / {cond.load_after:.1f}")

@@ -566,25 +566,12 @@ def residuals(
     for s in samples:
         pred = predict(s, values, model, gpu, block_size)
         measured = s.measured(clock)
-        out.append(
-            Residual(
-                shape=s.label,
-                kind=s.kind,
-                num_speculative_tokens=s.num_speculative_tokens,
-                steps=len(s.works),
-                requests=sum(len(w.seqs) for w in s.works),
-                tokens=sum(w.num_tokens for w in s.works),
-                block_copies=sum(w.num_block_copies for w in s.works),
-                measured_s=measured,
-                wall_s=s.wall_s,
-                cpu_s=s.cpu_s,
-                repeats=s.repeats,
-                spread=s.spread,
-                load=s.load,
-                predicted_s=pred,
-                error=pred / measured - 1.0,
-            )
-        )
+        works = s.works
+        counts = (len(works), sum(len(w.seqs) for w in works), sum(w.num_tokens for w in works),
+                  sum(w.num_block_copies for w in works))  # fmt: skip
+        out.append(Residual(s.label, s.kind, s.num_speculative_tokens, *counts, measured,
+                            s.wall_s, s.cpu_s, s.repeats, s.spread, s.load, pred,
+                            pred / measured - 1.0))  # fmt: skip
     return out
 
 
@@ -639,14 +626,6 @@ class Profile:
     def clock(self) -> str:
         return str(self.conditions.extra.get("clock", "wall"))
 
-    @property
-    def rms_error_fitted(self) -> float:
-        return rms_error(self.residuals)
-
-    @property
-    def rms_error_held_out(self) -> float:
-        return rms_error(self.held_out)
-
     def to_json(self) -> dict[str, Any]:
         spec = self.spec
         doc = {k: getattr(spec, k) for k in PRESET_FIELDS if getattr(spec, k) not in (None, "")}
@@ -657,8 +636,8 @@ class Profile:
             "command": self.command,
             "max_abs_error_fitted": max_abs_error(self.residuals),
             "max_abs_error_held_out": max_abs_error(self.held_out),
-            "rms_error_fitted": self.rms_error_fitted,
-            "rms_error_held_out": self.rms_error_held_out,
+            "rms_error_fitted": rms_error(self.residuals),
+            "rms_error_held_out": rms_error(self.held_out),
             "ablation_rms_error": dict(self.ablation),
             **asdict(self.conditions),
         }

@@ -4,7 +4,9 @@ A state written inside a forward costs no pass, but it still costs a page, and i
 every page taken evicts a cached entry. So before a state page is taken (a checkpoint written
 inside a chunk or at its end, a decode snapshot) the manager asks `Admission.admit`:
 
-    worth(kind, n)  = chance(kind) * n          the state about to be kept, at position n
+    worth(kind, n)  = chance(kind) * saved      the state about to be kept, at position n:
+                                                `saved` is n, or u for the drop scheme's
+                                                junction (`Boundaries.hit_saving`)
     displaced       = chance(kind_v) * n_v      the cached entry the pool evicts first: 0
                       until the pool has first evicted one (nothing is displaced yet); with
                       no cached entry left, 0 while more pages are free than the running
@@ -25,6 +27,11 @@ inside a chunk or at its end, a decode snapshot) the manager asks `Admission.adm
   (without the state it falls back to an earlier one), and the entry displaced, a state at
   `n_v` or an attention block ending at `n_v` (every hit through it needs it), takes the hits
   at `n_v` and above with it. Every page has the same size, so the bytes cancel.
+* Observed junctions and hint stops (`JUNCTION`) and the replay boundary (`REPLAY`) are kept
+  whatever cached entry they displace (never a page the running requests need): they are the
+  states a `-split` arm's stops keep, so `limit` keeps everything `limit-split` does. Gating
+  them lost hit rate on every trace tried: the victim a state is compared with is evicted at
+  the next allocation anyway, so a refusal rarely saves it (docs/admission.md).
 * A refused kind is still admitted once in `explore` refusals (a per-kind counter, no
   randomness), so that its estimate keeps following the workload.
 
@@ -41,10 +48,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 
 from hycache.cache.block_pool import BlockPool
 from hycache.cache.boundaries import StateKind
 
+ALWAYS_KEPT = frozenset({StateKind.JUNCTION, StateKind.REPLAY})
 ADMIT_EXPLORE = 8  # a refused kind is still admitted once in this many refusals
 REPLACE_CHANCE = 0.5  # decode snapshots hit more often than this replace the oldest freely
 
@@ -52,17 +61,26 @@ REPLACE_CHANCE = 0.5  # decode snapshots hit more often than this replace the ol
 class Admission:
     """The admission rule of one pool (see the module docstring)."""
 
-    def __init__(self, pool: BlockPool, explore: int = ADMIT_EXPLORE) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        explore: int = ADMIT_EXPLORE,
+        saving: Callable[[str, int], int] = lambda kind, position: position,
+    ) -> None:
+        """`saving(kind, position)`: what a hit on a cached entry saves, in tokens
+        (`Boundaries.hit_saving`; by default its position)."""
         if explore < 1:
             raise ValueError(f"explore: must be >= 1, got {explore}")
         self.pool = pool
+        self.saving = saving
         self.explore = explore
         self.refused: Counter[str] = Counter()  # per kind, refusals so far (explored ones too)
         self.admitted: Counter[str] = Counter()
 
-    def worth(self, kind: str, position: int) -> float:
-        """What keeping an entry of `kind` at `position` is expected to save, in tokens."""
-        return self.pool.reuse.chance(kind) * position
+    def worth(self, kind: str, saved: int) -> float:
+        """What keeping an entry of `kind` whose hit saves `saved` tokens is expected to
+        save, in tokens."""
+        return self.pool.reuse.chance(kind) * saved
 
     def displaced(self, kind: str = "", reserve: int = 0) -> float:
         """The worth of the entry the pool would evict for the next page of `kind` (see the
@@ -77,13 +95,15 @@ class Admission:
             and self.pool.reuse.chance(kind) > REPLACE_CHANCE
         ):
             return 0.0  # the oldest snapshot, when snapshots are mostly hit: a fresh one wins
+        kind_v = self.pool.kind[victim]
         position = max(pos for _, pos in self.pool.keys[victim])
-        return self.worth(self.pool.kind[victim], position)
+        return self.worth(kind_v, self.saving(kind_v, position))
 
-    def admit(self, kind: str, position: int, reserve: int = 0) -> bool:
-        """Whether a state of `kind` at `position` takes a page now; `reserve`: the free pages
-        the running requests are about to need (one each)."""
-        if self.worth(kind, position) >= self.displaced(kind, reserve):
+    def admit(self, kind: str, saved: int, reserve: int = 0) -> bool:
+        """Whether a state of `kind` whose hit saves `saved` tokens takes a page now;
+        `reserve`: the free pages the running requests are about to need (one each)."""
+        displaced = self.displaced(kind, reserve)
+        if self.worth(kind, saved) >= displaced or (kind in ALWAYS_KEPT and displaced < math.inf):
             self.admitted[kind] += 1
             return True
         self.refused[kind] += 1

@@ -389,24 +389,26 @@ class Boundaries:
         fine = self.effective_policy in (Policy.JUNCTION, Policy.LIMIT)
         return fine and self.is_block_grid_resume_point(end)
 
+    def hit_saving(self, kind: str, position: int) -> int:
+        """Tokens a hit on the state at `position` saves over what the hitting request would
+        resume from without it: `position` itself (the prefill of [0, position)), except for
+        the drop scheme's junction, kept a unit above the request's own junction state (a
+        stop too), whose consumers would otherwise resume there: `u`."""
+        return self.unit if kind == StateKind.DROP_JUNCTION else position
+
     def state_kind(
-        self, position: int, num_prompt_tokens: int, junction_stops: tuple[int, ...] = ()
+        self,
+        position: int,
+        num_prompt_tokens: int,
+        junction_stops: tuple[int, ...] = (),
+        drop_stops: tuple[int, ...] = (),
     ) -> StateKind:
         """Why the prompt state at `position` is kept (a decode snapshot is named by its
-        caller); the first reason that applies, in `StateKind`'s order."""
+        caller); the first reason that applies, in `StateKind`'s order. `drop_stops`: of
+        `junction_stops`, those only `drop_junction_stops` makes."""
         t = num_prompt_tokens
         if position in junction_stops:
-            # `drop_junction_stops`: a unit above the junction j (a stop itself), unless it is
-            # also the block boundary after j that `junction_stops` keeps
-            if (
-                position - self.unit in junction_stops
-                and position % self.block_size
-                and self.internal
-                and self.keys_every_unit
-                and self.lookahead
-            ):
-                return StateKind.DROP_JUNCTION
-            return StateKind.JUNCTION
+            return StateKind.DROP_JUNCTION if position in drop_stops else StateKind.JUNCTION
         tail = self.tail_checkpoint(t)
         if position == tail:
             return StateKind.TAIL

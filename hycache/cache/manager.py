@@ -86,7 +86,9 @@ class CacheManager:
                 self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
         self._live: set[str] = set()
-        self.admission = Admission(self.state_pool) if cache.admission else None
+        self.admission = (
+            Admission(self.state_pool, saving=self.bounds.hit_saving) if cache.admission else None
+        )
         self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
         self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
@@ -204,8 +206,11 @@ class CacheManager:
         if not self.gates_prompt_states:
             return True
         assert self.admission is not None
-        kind = self.bounds.state_kind(position, req.num_prompt_tokens, req.junction_stops)
-        return self.admission.admit(kind, position, len(self._live))
+        kind = self.bounds.state_kind(
+            position, req.num_prompt_tokens, req.junction_stops, req.drop_stops
+        )
+        saved = self.bounds.hit_saving(kind, position)
+        return self.admission.admit(kind, saved, len(self._live))
 
     def _fit_writes(self, req: Request, writes: tuple[int, ...], need: int) -> tuple[int, ...]:
         """The internal checkpoints this step can write beside the `need` pages it takes from
@@ -289,9 +294,9 @@ class CacheManager:
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        t, stops = req.num_prompt_tokens, req.junction_stops
-        kinds = tuple(self.bounds.state_kind(p, t, stops) for p in internal)
-        kind = self.bounds.state_kind(end, t, stops) if checkpoint else ""
+        t, stops, drop = req.num_prompt_tokens, req.junction_stops, req.drop_stops
+        kinds = tuple(self.bounds.state_kind(p, t, stops, drop) for p in internal)
+        kind = self.bounds.state_kind(end, t, stops, drop) if checkpoint else ""
         states = tuple(
             s.plan_step(rid, end, checkpoint, snapshot, internal, kinds, kind) for s in self.ssm
         )

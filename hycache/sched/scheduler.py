@@ -220,14 +220,14 @@ class Scheduler:
                 deferred.append(req)
                 continue
             start = hit.resume_point
-            req.junction_stops = self._extra_stops(req, hit, start)
+            req.junction_stops, req.drop_stops = self._extra_stops(req, hit, start)
             req.num_computed_tokens = start
             end = self._chunk_end(req, start, budget, hit.junction)
             ahead = self._lookahead(req, end, [])
             alloc = self.cache.allocate(req, start, end, ahead, hit) if end > start else None
             if alloc is None:
                 req.num_computed_tokens = 0
-                req.junction_stops = ()
+                req.junction_stops = req.drop_stops = ()
                 self.waiting.appendleft(req)
                 break
             req.status = RequestStatus.RUNNING
@@ -248,18 +248,18 @@ class Scheduler:
         self.cache.unstage()
         return budget
 
-    def _extra_stops(self, req: Request, hit: CacheHit, start: int) -> tuple[int, ...]:
+    def _extra_stops(
+        self, req: Request, hit: CacheHit, start: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Stops (and checkpoints) for the observed junction, the drop scheme's junction
-        (`limit` with internal checkpoints) and the request's prefix hints."""
+        (`limit` with internal checkpoints) and the request's prefix hints; and, of them, the
+        drop scheme's junction when it is nothing else (`StateKind.DROP_JUNCTION`)."""
         t = req.num_prompt_tokens
-        stops = (
-            *self.bounds.junction_stops(hit.junction, start, t),
-            *self.bounds.drop_junction_stops(hit.attention_match, start, t),
-        )
-        stops = tuple(sorted(set(stops)))
+        stops = set(self.bounds.junction_stops(hit.junction, start, t))
         if req.prefix_hints and self.cache.config.enable_prefix_caching:
-            stops = tuple(sorted({*stops, *self.bounds.hint_stops(req.prefix_hints, start, t)}))
-        return stops
+            stops.update(self.bounds.hint_stops(req.prefix_hints, start, t))
+        drop = set(self.bounds.drop_junction_stops(hit.attention_match, start, t)) - stops
+        return tuple(sorted(stops | drop)), tuple(sorted(drop))
 
     def _lookahead(self, req: Request, end: int, drafts: list[int]) -> int:
         """Slots past `end`: the drafts verified in this step, and, when the step samples, the
@@ -292,7 +292,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
-        req.junction_stops = ()
+        req.junction_stops = req.drop_stops = ()
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hycache.cache.admission import ADMIT_EXPLORE, Admission
 from hycache.cache.block_pool import BlockPool, CacheKey
 from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
-from hycache.config import GroupKind
+from hycache.config import GroupKind, Policy
 from hycache.sched.executor import run_to_completion
 from hycache.sched.scheduler import Scheduler
 from tests.helpers import RecordingExecutor, make_config, new_request, tokens
@@ -45,13 +45,43 @@ def test_under_pressure_a_state_must_outweigh_the_entry_it_displaces() -> None:
     pool.evicted[(0, False, False)] += 1  # the pool has filled once
     pool.reuse.hit[ATTENTION_KIND] = pool.reuse.resolved[ATTENTION_KIND] = 8  # 0.9
     assert adm.displaced() == 0.9 * 40
-    # a replay boundary hit half the time: worth 0.5 * n
-    assert adm.admit(StateKind.REPLAY, 80)  # 40 >= 36
-    assert not adm.admit(StateKind.REPLAY, 64)  # 32 < 36
+    # the unit below the tail, hit half the time: worth 0.5 * n
+    assert adm.admit(StateKind.BELOW_TAIL, 80)  # 40 >= 36
+    assert not adm.admit(StateKind.BELOW_TAIL, 64)  # 32 < 36
     # refused states are still explored, one in ADMIT_EXPLORE per kind
     decisions = [adm.admit(StateKind.GRID, 8) for _ in range(4 * ADMIT_EXPLORE)]
     assert sum(decisions) == 4 and decisions[ADMIT_EXPLORE - 1]
     assert adm.refused[StateKind.GRID] == 4 * ADMIT_EXPLORE
+
+
+def test_junction_and_replay_states_displace_any_cached_entry_but_no_running_page() -> None:
+    """The states a `-split` arm's stops keep are kept by `limit` too, whatever cached entry
+    they push out, so `limit` never keeps less than `limit-split`; a page the running
+    requests are about to need is still refused."""
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    _cached(pool, 40_000, ATTENTION_KIND)
+    pool.evicted[(0, False, False)] += 1
+    pool.reuse.hit[ATTENTION_KIND] = pool.reuse.resolved[ATTENTION_KIND] = 8
+    pool.reuse.resolved[StateKind.JUNCTION] = pool.reuse.resolved[StateKind.REPLAY] = 50
+    assert adm.displaced() > adm.worth(StateKind.JUNCTION, 64)
+    for _ in range(2 * ADMIT_EXPLORE):
+        assert adm.admit(StateKind.JUNCTION, 64) and adm.admit(StateKind.REPLAY, 64)
+    assert adm.refused[StateKind.JUNCTION] == adm.refused[StateKind.REPLAY] == 0
+    assert not adm.admit(StateKind.BELOW_TAIL, 64)  # any other kind is compared
+    empty = Admission(BlockPool(8))
+    empty.pool.evicted[(0, False, False)] += 1
+    assert not empty.admit(StateKind.JUNCTION, 4096, reserve=7)
+
+
+def test_a_drop_junction_state_is_worth_one_unit() -> None:
+    """The drop scheme's junction sits a unit above the request's own junction state, so a
+    hit on it saves `u` tokens, wherever it lies (`Boundaries.hit_saving`)."""
+    b = Boundaries(block_size=4416, unit=64, drafter=True, policy=Policy.LIMIT)
+    assert b.hit_saving(StateKind.DROP_JUNCTION, 57_600) == 64
+    assert b.hit_saving(StateKind.JUNCTION, 57_536) == 57_536
+    assert b.state_kind(57_600, 64_016, (57_536, 57_600), (57_600,)) is StateKind.DROP_JUNCTION
+    assert b.state_kind(57_536, 64_016, (57_536, 57_600), (57_600,)) is StateKind.JUNCTION
 
 
 def test_the_chance_of_a_kind_follows_hits_and_evictions() -> None:

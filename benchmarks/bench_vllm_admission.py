@@ -44,7 +44,7 @@ PLUGIN = "hycache.vllm.SyncScheduler"
 
 
 def families(order: str, hint: bool = False, seed: int = 0) -> list[Any]:
-    from hycache.vllm.scenario import Turn
+    from hycache.bench.vllm.scenario import Turn
 
     rng = random.Random(seed)
     fams = []
@@ -69,8 +69,8 @@ def measure() -> list[dict[str, Any]]:
     """Every arm this vLLM has, on every order and pool."""
     import vllm
 
+    from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
     from hycache.vllm import compat
-    from hycache.vllm.reference import ReferenceScheduler, VllmSetup
 
     admission = compat.has_cache_aware_admission()
     arms = {"stock": (None, 0, False), "plugin": (PLUGIN, 0, False), "hinted": (PLUGIN, 0, True)}

@@ -22,9 +22,13 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hycache.engine": ("server", "cli", "bench", "sim", "vllm"),
     "hycache.sim": ("engine", "server", "cli", "bench", "vllm"),
     "hycache.server": ("sim", "cli", "bench", "vllm"),
-    "hycache.bench": ("server", "cli", "vllm"),
-    "hycache.vllm": ("engine", "server", "cli", "bench"),
+    "hycache.bench": ("server", "cli"),
+    "hycache.vllm": ("engine", "server", "cli", "bench", "sim"),
 }
+
+# what `--scheduler-cls hycache.vllm.Scheduler` loads in a vLLM deployment, and nothing else:
+# the harness beside vLLM's real scheduler lives with the benchmarks (hycache/bench/vllm)
+VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "cpu_fixes"}
 
 
 def module_name(path: Path) -> str:
@@ -101,6 +105,11 @@ def test_lower_layers_do_not_import_upper_ones(layer: str) -> None:
         if any(_within(n, f"hycache.{up}") for up in FORBIDDEN[layer])
     )
     assert not bad, "\n".join(bad)
+
+
+def test_the_vllm_package_is_the_plugin_only() -> None:
+    present = {p.stem for p in (ROOT / "vllm").iterdir() if p.suffix == ".py" or p.is_dir()}
+    assert present - {"__pycache__"} == VLLM_PLUGIN
 
 
 def test_the_checker_finds_a_cycle() -> None:

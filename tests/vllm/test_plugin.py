@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
+from hycache.bench.vllm.scenario import RequestTrace, Turn, run_hycache
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
 from hycache.vllm import Scheduler, SyncScheduler
-from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
-from hycache.vllm.scenario import RequestTrace, Turn, run_hycache
 from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
 from tests.cli.test_cli import WORKED
 from tests.helpers import tokens

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
-from hycache.vllm.scenario import Turn, run_hycache
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
+from hycache.bench.vllm.scenario import Turn, run_hycache
 from tests.helpers import tokens
 from tests.vllm.shapes import GEOMETRIES, budget, hycache_config, scenario
 

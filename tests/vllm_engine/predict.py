@@ -16,8 +16,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from hycache.vllm.reference import ReferenceScheduler, VllmSetup
-from hycache.vllm.scenario import Turn
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
+from hycache.bench.vllm.scenario import Turn
 
 
 def engine_core(llm: Any) -> Any:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
+from hycache.bench.vllm.scenario import Turn
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
 from hycache.sim.explain import NUM_SIBLINGS, ExplainInputs
 from hycache.vllm import compat
-from hycache.vllm.reference import ReferenceScheduler, VllmSetup
-from hycache.vllm.scenario import Turn
 
 BACKENDS = {"vllm": None, "hycache.vllm.Scheduler": "hycache.vllm.Scheduler"}
 MAMBA_GROUP = 1  # the harness's KV cache groups: attention, then Mamba

@@ -5,7 +5,7 @@ Run with `PYTHONPATH=$PWD /work/main/.venv/bin/python benchmarks/bench_vllm_admi
 child process with `.vllm-0.34` first on `PYTHONPATH`, vLLM 0.34.0 (`make setup` installs
 both), and prints one table.
 
-vLLM's real scheduler (`hycache.vllm.reference.ReferenceScheduler.run_concurrent`, no model)
+vLLM's real scheduler (`hycache.bench.vllm.reference.ReferenceScheduler.run_concurrent`, no model)
 gets 8 families x 4 siblings (B=64, u=16, MTP k=1; 640 shared + 83 private tokens, 8 output
 tokens each) arriving together, in two orders (`grouped`: family by family; `interleaved`:
 the first of every family, then the second, ...) and two pools (`roomy`: nothing evicted;

@@ -23,7 +23,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hycache.sim": ("engine", "server", "cli", "bench", "vllm"),
     "hycache.server": ("sim", "cli", "bench", "vllm"),
     "hycache.bench": ("server", "cli"),
-    "hycache.vllm": ("engine", "server", "cli", "bench", "sim"),
+    "hycache.vllm": ("sched", "model", "engine", "server", "cli", "bench", "sim"),
 }
 
 # what `--scheduler-cls hycache.vllm.Scheduler` loads in a vLLM deployment, and nothing else:

@@ -1,5 +1,5 @@
 """`hycache explain`: its flags and command (the work is hycache.sim.explain, or
-hycache.vllm.explain for `--backend vllm`)."""
+hycache.bench.vllm.explain for `--backend vllm`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 with `.vllm-0.34` first on `PYTHONPATH`: docs/vllm-plugin.md).
 
 Every run builds the scheduler as `vllm serve --scheduler-cls` does (`SchedulerConfig(
-scheduler_cls=...)`, then `get_scheduler_cls()`, in `hycache.vllm.reference`); stock is vLLM's
+scheduler_cls=...)`, then `get_scheduler_cls()`, in `hycache.bench.vllm.reference`); stock is vLLM's
 own `Scheduler` on the same deployment. Passes are prefill chunks (one forward each).
 """
 

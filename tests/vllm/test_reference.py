@@ -1,4 +1,4 @@
-"""hycache against vLLM's real scheduler (`hycache.vllm.reference`; 0.33.0, or 0.34.0 with
+"""hycache against vLLM's real scheduler (`hycache.bench.vllm.reference`; 0.33.0, or 0.34.0 with
 `.vllm-0.34` first on `PYTHONPATH`).
 
 `lookahead` is vLLM's default EAGLE/MTP setup: hit for hit, and chunk end for chunk end with a

@@ -40,10 +40,9 @@ from hycache.bench.closed_loop import ClosedLoop, run_interleaved
 from hycache.bench.steps import EngineStep, cross_fit, step_attribution, ttft_attribution
 from hycache.sim import build as sim_build
 from hycache.sim.build import DEFAULT_SHAPES, WorkloadSizes, WorkloadSpec
-from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
-from hycache.sim.workloads import RequestSpec
+from hycache.sim.workloads import RequestSpec, Workload
 
 if TYPE_CHECKING:
     from hycache.bench.calibrate import CalibrateOptions

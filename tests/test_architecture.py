@@ -112,6 +112,18 @@ def test_the_vllm_package_is_the_plugin_only() -> None:
     assert present - {"__pycache__"} == VLLM_PLUGIN
 
 
+def test_only_the_coordinator_applies_the_eagle_drop() -> None:
+    """architecture §4.4: `Boundaries.drop` is read where it is defined and in the coordinator
+    (`usable_match`), nowhere else; a second reader would apply the drop twice or differently."""
+    readers = sorted(
+        str(p.relative_to(ROOT.parent))
+        for p in ROOT.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.Attribute) and node.attr == "drop"
+    )
+    assert set(readers) <= {"hycache/cache/boundaries.py", "hycache/cache/coordinator.py"}, readers
+
+
 def test_the_checker_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1] / "hycache"
 # a package -> the packages it must never import (the layers of docs/architecture.md §2)
 UPPER = ("engine", "server", "cli", "bench", "sim", "vllm")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "hycache.hashing": ("config", "request", "cache", "store", "sched", "model", *UPPER),
+    "hycache.request": ("cache", "store", "sched", "model", *UPPER),
     "hycache.store": ("cache", "sched", "model", *UPPER),
     "hycache.cache": ("sched", "model", *UPPER),
     "hycache.sched": ("model", *UPPER),

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import KeyLookup
 from hycache.cache.boundaries import Boundaries
-from hycache.cache.hashing import PrefixHashes
 from hycache.cache.ssm import SSMManager
+from hycache.hashing import PrefixHashes
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import random
 import statistics
 import time
 
-from hycache.cache.hashing import PrefixHashes
 from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
+from hycache.hashing import PrefixHashes
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
 from hycache.sched.scheduler import Scheduler

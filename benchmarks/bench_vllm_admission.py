@@ -5,7 +5,7 @@ Run with `PYTHONPATH=$PWD /work/main/.venv/bin/python benchmarks/bench_vllm_admi
 child process with `.vllm-0.34` first on `PYTHONPATH`, vLLM 0.34.0 (`make setup` installs
 both), and prints one table.
 
-vLLM's real scheduler (`hycache.vllm.reference.ReferenceScheduler.run_concurrent`, no model)
+vLLM's real scheduler (`hycache.bench.vllm.reference.ReferenceScheduler.run_concurrent`, no model)
 gets 8 families x 4 siblings (B=64, u=16, MTP k=1; 640 shared + 83 private tokens, 8 output
 tokens each) arriving together, in two orders (`grouped`: family by family; `interleaved`:
 the first of every family, then the second, ...) and two pools (`roomy`: nothing evicted;
@@ -44,7 +44,7 @@ PLUGIN = "hycache.vllm.SyncScheduler"
 
 
 def families(order: str, hint: bool = False, seed: int = 0) -> list[Any]:
-    from hycache.vllm.scenario import Turn
+    from hycache.bench.vllm.scenario import Turn
 
     rng = random.Random(seed)
     fams = []
@@ -69,8 +69,8 @@ def measure() -> list[dict[str, Any]]:
     """Every arm this vLLM has, on every order and pool."""
     import vllm
 
+    from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
     from hycache.vllm import compat
-    from hycache.vllm.reference import ReferenceScheduler, VllmSetup
 
     admission = compat.has_cache_aware_admission()
     arms = {"stock": (None, 0, False), "plugin": (PLUGIN, 0, False), "hinted": (PLUGIN, 0, True)}

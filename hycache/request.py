@@ -12,7 +12,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from hycache.cache.hashing import PrefixHashes
+from hycache.hashing import PrefixHashes
 
 MAX_LOGPROBS = 20  # the most alternatives per token a request may ask for (OpenAI's cap)
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's, vLLM's range)

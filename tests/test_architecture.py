@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1] / "hycache"
 # a package -> the packages it must never import (the layers of docs/architecture.md §2)
 UPPER = ("engine", "server", "cli", "bench", "sim", "vllm")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "hycache.hashing": ("config", "request", "cache", "store", "sched", "model", *UPPER),
+    "hycache.request": ("cache", "store", "sched", "model", *UPPER),
     "hycache.store": ("cache", "sched", "model", *UPPER),
     "hycache.cache": ("sched", "model", *UPPER),
     "hycache.sched": ("model", *UPPER),
@@ -22,9 +24,13 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hycache.engine": ("server", "cli", "bench", "sim", "vllm"),
     "hycache.sim": ("engine", "server", "cli", "bench", "vllm"),
     "hycache.server": ("sim", "cli", "bench", "vllm"),
-    "hycache.bench": ("server", "cli", "vllm"),
-    "hycache.vllm": ("engine", "server", "cli", "bench"),
+    "hycache.bench": ("server", "cli"),
+    "hycache.vllm": ("sched", "model", "engine", "server", "cli", "bench", "sim"),
 }
+
+# what `--scheduler-cls hycache.vllm.Scheduler` loads in a vLLM deployment, and nothing else:
+# the harness beside vLLM's real scheduler lives with the benchmarks (hycache/bench/vllm)
+VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "cpu_fixes"}
 
 
 def module_name(path: Path) -> str:
@@ -101,6 +107,23 @@ def test_lower_layers_do_not_import_upper_ones(layer: str) -> None:
         if any(_within(n, f"hycache.{up}") for up in FORBIDDEN[layer])
     )
     assert not bad, "\n".join(bad)
+
+
+def test_the_vllm_package_is_the_plugin_only() -> None:
+    present = {p.stem for p in (ROOT / "vllm").iterdir() if p.suffix == ".py" or p.is_dir()}
+    assert present - {"__pycache__"} == VLLM_PLUGIN
+
+
+def test_only_the_coordinator_applies_the_eagle_drop() -> None:
+    """architecture §4.4: `Boundaries.drop` is read where it is defined and in the coordinator
+    (`usable_match`), nowhere else; a second reader would apply the drop twice or differently."""
+    readers = sorted(
+        str(p.relative_to(ROOT.parent))
+        for p in ROOT.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.Attribute) and node.attr == "drop"
+    )
+    assert set(readers) <= {"hycache/cache/boundaries.py", "hycache/cache/coordinator.py"}, readers
 
 
 def test_the_checker_finds_a_cycle() -> None:

@@ -26,8 +26,7 @@ from typing import Any
 import numpy as np
 
 from hycache.bench.steps import EngineStep
-from hycache.sim.compare import Workload
-from hycache.sim.workloads import SessionSpec
+from hycache.sim.workloads import SessionSpec, Workload
 
 CLOCKS: tuple[str, ...] = ("wall", "cpu")
 

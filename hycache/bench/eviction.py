@@ -24,8 +24,9 @@ from typing import Any
 
 from hycache.bench.suite import SimBench, sim_config, sim_cost, timed_workload
 from hycache.config import DEFAULT_EVICTION_ALPHA
-from hycache.sim.compare import Workload, compare_policies
+from hycache.sim.compare import compare_policies
 from hycache.sim.costmodel import CostModel
+from hycache.sim.workloads import Workload
 
 Progress = Callable[[str], None]
 

@@ -44,7 +44,6 @@ from hycache.sim.compare import (
     HEADLINE,
     HEADLINE_SPLIT,
     NO_CACHING,
-    Workload,
     caching_overhead,
     compare_policies,
     headline,
@@ -54,7 +53,7 @@ from hycache.sim.compare import (
 from hycache.sim.costmodel import CostModel, PoolLayout
 from hycache.sim.load import DEFAULT_LOAD, sustainable_arrivals
 from hycache.sim.trace_gen import generate_mooncake_like
-from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape
+from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape, Workload
 
 Progress = Callable[[str], None]
 

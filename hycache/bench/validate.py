@@ -48,10 +48,9 @@ from hycache.bench.steps import (
 )
 from hycache.sim import build as sim_build
 from hycache.sim.build import DEFAULT_SHAPES, WorkloadSizes, WorkloadSpec
-from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import GpuSpec, load_gpu, load_model_spec
-from hycache.sim.workloads import RequestSpec
+from hycache.sim.workloads import RequestSpec, Workload
 
 if TYPE_CHECKING:
     from hycache.bench.calibrate import CalibrateOptions

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from hycache.cache.block_pool import NULL_BLOCK, BlockPool, CacheKey, KeyLookup
 from hycache.cache.boundaries import ATTENTION_KIND, Boundaries
-from hycache.cache.hashing import PrefixHashes
+from hycache.hashing import PrefixHashes
 
 
 def find_attention_hit(

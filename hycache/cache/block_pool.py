@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from hycache.cache.hashing import Hash
+from hycache.hashing import Hash
 
 NULL_BLOCK = 0
 

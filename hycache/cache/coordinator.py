@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import KeyLookup
 from hycache.cache.boundaries import Boundaries
-from hycache.cache.hashing import PrefixHashes
 from hycache.cache.ssm import SSMManager
+from hycache.hashing import PrefixHashes
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,13 @@ class CacheHit:
     def lost_reuse(self) -> int:
         """Tokens the attention groups could serve (after the drop) that the joint hit misses."""
         return self.junction - self.resume_point if self.junction else 0
+
+
+def usable_match(attention_match: int, bounds: Boundaries) -> int:
+    """What an attention match `A` can resume at: `A - d` after the EAGLE drop (0 when nothing
+    is left). The one place the drop is applied (architecture §4.4); the junction a lookup or the
+    store reveals is this value."""
+    return max(attention_match - bounds.drop, 0)
 
 
 def find_joint_hit(
@@ -52,7 +59,7 @@ def find_joint_hit(
         attn_blocks.append(blocks)
     if not attention:
         a = limit
-    after_drop = max(a - bounds.drop, 0) if a else 0
+    after_drop = usable_match(a, bounds)
     n = after_drop
     ssm_blocks: list[int | None] = [None] * len(ssm)
     changed = bool(ssm)

@@ -40,7 +40,7 @@ from typing import Protocol
 from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import BlockEvent, BlockPool, CacheKey
 from hycache.cache.boundaries import Boundaries, floor_to
-from hycache.cache.coordinator import CacheHit, find_joint_hit
+from hycache.cache.coordinator import CacheHit, find_joint_hit, usable_match
 from hycache.cache.ssm import SSMManager
 from hycache.config import GroupKind
 from hycache.request import Request
@@ -384,7 +384,7 @@ class StoreMirror:
 
     def _observe(self, hit: CacheHit, seen: CacheHit) -> CacheHit:
         """`hit` with the junction the store revealed, when it lies further than the device's."""
-        after_drop = max(seen.attention_match - self.bounds.drop, 0)
+        after_drop = usable_match(seen.attention_match, self.bounds)
         if after_drop <= max(hit.junction, hit.resume_point):
             return hit
         return replace(

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup
 from hycache.cache.boundaries import Boundaries, StateKind
-from hycache.cache.hashing import PrefixHashes
+from hycache.hashing import PrefixHashes
 
 
 def find_ssm_hit(

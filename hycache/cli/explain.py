@@ -1,5 +1,5 @@
 """`hycache explain`: its flags and command (the work is hycache.sim.explain, or
-hycache.vllm.explain for `--backend vllm`)."""
+hycache.bench.vllm.explain for `--backend vllm`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def inputs_from_cli_args(cache: CacheArgs, args: argparse.Namespace) -> ExplainI
 
 
 def run_vllm(inputs: ExplainInputs, policy: str | None) -> dict[str, object]:
-    from hycache.vllm.reference import available
+    from hycache.bench.vllm.reference import available
 
     if policy:
         raise SystemExit("hycache explain: --policy applies to --backend hycache only")
@@ -41,7 +41,7 @@ def run_vllm(inputs: ExplainInputs, policy: str | None) -> dict[str, object]:
             "installs vLLM 0.33.0 (pip install vllm==0.33.0 --no-deps, then "
             "requirements/vllm.txt) and 0.34.0 (in .vllm-0.34: put it first on PYTHONPATH)"
         )
-    from hycache.vllm.explain import explain_vllm
+    from hycache.bench.vllm.explain import explain_vllm
 
     return explain_vllm(inputs)
 

@@ -37,9 +37,9 @@ from hycache.sim.build import (
     open_loop,
     sim_pools,
 )
-from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel
 from hycache.sim.tier import TierConfig
+from hycache.sim.workloads import Workload
 
 SIZE_FLAGS = ("--shared-prefix-tokens", "--suffix-tokens", "--output-tokens", "--num-requests",
               "--families", "--requests-per-family", "--sessions", "--turns", "--user-tokens",

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from hycache.cache import layout
-from hycache.cache.hashing import extra_key_bytes
 from hycache.config import (
     DEFAULT_EVICTION_ALPHA,
     CacheConfig,
@@ -35,6 +34,7 @@ from hycache.engine.host_memory import keep_freed_memory
 from hycache.engine.outputs import EngineSnapshot, EngineStats, RequestOutput, StreamEvent
 from hycache.engine.runner import ModelRunner
 from hycache.engine.tier import attach_store, engine_fingerprint
+from hycache.hashing import extra_key_bytes
 from hycache.model.configs.base import HybridConfig
 from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.eagle import EagleHead

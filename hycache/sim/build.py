@@ -28,7 +28,6 @@ from hycache.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from hycache.sim.compare import Workload
 from hycache.sim.costmodel import CostModel, PoolLayout
 from hycache.sim.load import OfferedLoad
 from hycache.sim.tier import TierConfig
@@ -41,6 +40,7 @@ from hycache.sim.workloads import (
     RequestSpec,
     SessionSpec,
     SystemPromptShape,
+    Workload,
 )
 
 WORKLOAD_KINDS: tuple[str, ...] = ("system-prompt", "family", "multi-turn", "trace")

@@ -25,7 +25,7 @@ from hycache.config import POLICY_NAMES, CacheConfig, Eviction, HycacheConfig, P
 from hycache.sim.costmodel import CostModel
 from hycache.sim.simulator import RequestRecord, SimResult, Simulator
 from hycache.sim.tier import TierConfig
-from hycache.sim.workloads import RequestSpec, SessionSpec
+from hycache.sim.workloads import Workload
 
 EAGLE_OFF = "eagle-off"
 NO_CACHING = "no-caching"  # prefix caching off (`--no-prefix-caching`), the drafter on
@@ -202,28 +202,6 @@ def caching_overhead(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any
             for k in ("output_tokens_per_s", "ttft_p50_s", "ttft_p95_s")
         },
     }
-
-
-@dataclass
-class Workload:
-    """A request stream: open/closed-loop requests or multi-turn sessions."""
-
-    name: str
-    requests: Sequence[RequestSpec] = ()
-    sessions: Sequence[SessionSpec] = ()
-    concurrency: int | None = None
-    sequential: bool = False
-
-    @property
-    def size(self) -> int:
-        return len(self.requests) + sum(s.num_turns for s in self.sessions)
-
-    def max_tokens_per_request(self) -> int:
-        longest = max((r.prompt_len + r.max_tokens for r in self.requests), default=0)
-        for s in self.sessions:
-            total = sum(m.size for m in s.user_messages) + sum(s.output_tokens)
-            longest = max(longest, total)
-        return longest
 
 
 def extra_prefill_steps(base: SimResult, other: SimResult) -> int:

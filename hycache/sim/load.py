@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hycache.config import HycacheConfig
-from hycache.sim.compare import BASELINE, Workload, compare_policies
+from hycache.sim.compare import BASELINE, compare_policies
 from hycache.sim.costmodel import CostModel
-from hycache.sim.workloads import RequestSpec, poisson_arrivals
+from hycache.sim.workloads import RequestSpec, Workload, poisson_arrivals
 
 DEFAULT_LOAD = 0.75  # offered load as a fraction of what the baseline sustains
 

@@ -1,7 +1,8 @@
 """Synthetic workloads for the simulator: what requests arrive and what their prompts are.
 
 This module owns the request and session descriptions the simulator consumes
-(:class:`RequestSpec`, :class:`SessionSpec`), the ``LO:HI`` length ranges the command line
+(:class:`RequestSpec`, :class:`SessionSpec`), the stream of them one run replays
+(:class:`Workload`), the ``LO:HI`` length ranges the command line
 accepts (:func:`parse_int_or_range`), and the seeded generators of the shapes the project
 measures:
 
@@ -34,6 +35,7 @@ __all__ = [
     "RequestSpec",
     "SessionSpec",
     "SystemPromptShape",
+    "Workload",
     "family_workload",
     "multi_turn_workload",
     "parse_int_or_range",
@@ -336,6 +338,30 @@ def multi_turn_workload(
             )
         )
     return out
+
+
+@dataclass
+class Workload:
+    """What the simulator, the engine benches and the load search run: a stream of requests
+    (open loop with arrival times, or closed loop under `concurrency`; `sequential` runs one
+    at a time) or of multi-turn sessions, under a name for the tables."""
+
+    name: str
+    requests: Sequence[RequestSpec] = ()
+    sessions: Sequence[SessionSpec] = ()
+    concurrency: int | None = None
+    sequential: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.requests) + sum(s.num_turns for s in self.sessions)
+
+    def max_tokens_per_request(self) -> int:
+        longest = max((r.prompt_len + r.max_tokens for r in self.requests), default=0)
+        for s in self.sessions:
+            total = sum(m.size for m in s.user_messages) + sum(s.output_tokens)
+            longest = max(longest, total)
+        return longest
 
 
 @dataclass(frozen=True)

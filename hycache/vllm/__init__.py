@@ -1,6 +1,8 @@
-"""hycache and vLLM: vLLM's real scheduler (0.33 or 0.34) as the reference (`reference`), and
-hycache's `limit` policy as a vLLM scheduler class (`scheduler`): `--scheduler-cls
-hycache.vllm.Scheduler`. Every vLLM internal they use is named in `compat`, per release.
+"""The vLLM plugin, and only it: hycache's `limit` policy as a vLLM scheduler class
+(`scheduler`, with the KV cache managers it re-classes in `managers`): `--scheduler-cls
+hycache.vllm.Scheduler`. Every vLLM internal they use is named in `compat`, per release;
+`cpu_fixes` is the general plugin vLLM loads in its engine processes on CPU. The harness on
+vLLM's real scheduler (reference, scenarios, `explain --backend vllm`) is hycache.bench.vllm.
 
 `Scheduler` and `SyncScheduler` are imported on first use, so `import hycache` (and this
 package) never needs vllm.

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+from hycache.cache.coordinator import usable_match
 from hycache.cache.manager import CacheManager
 from tests.helpers import make_config, new_request, run_sequential, tokens
 
@@ -63,3 +66,24 @@ def test_internal_writes_under_page_pressure_keep_junctions_first() -> None:
     assert cache._fit_writes(req, writes, free - 3) == (16, 44, 48)
     assert cache._fit_writes(req, writes, 0) == writes
     assert cache.internal_writes_dropped == 6 + 5 + 3
+
+
+@pytest.mark.parametrize("policy", ["tail", "replay", "junction", "lookahead", "limit"])
+@pytest.mark.parametrize("eagle", [True, False])
+def test_the_junction_is_the_usable_match(policy: str, eagle: bool) -> None:
+    """`usable_match` is the one drop: the joint hit's junction is it (when the SSM groups stop
+    short), and no resume point lies beyond it, under every policy, with and without EAGLE."""
+    cfg = make_config(block_size=16, unit=4, policy=policy, eagle=eagle)
+    rng = random.Random(4)
+    shared = tokens(rng, 45)
+    sched, _ = run_sequential(cfg, [shared + tokens(rng, 30)])
+    cache: CacheManager = sched.cache
+    drop = cache.bounds.drop
+    assert drop == (4 if eagle and policy not in ("lookahead", "limit") else 0)
+    for a in (0, drop, drop + 1, 44):
+        assert usable_match(a, cache.bounds) == max(a - drop, 0)
+    hit = cache.lookup(new_request(cfg, "sibling", shared + tokens(rng, 30)))
+    usable = usable_match(hit.attention_match, cache.bounds)
+    assert hit.resume_point <= usable
+    assert hit.junction == (usable if usable > hit.resume_point else 0)
+    assert hit.attention_match > 0

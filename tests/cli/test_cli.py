@@ -635,7 +635,7 @@ def test_bench_store_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 def test_explain_backend_vllm_says_plainly_when_vllm_is_missing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import hycache.vllm.reference as reference
+    import hycache.bench.vllm.reference as reference
 
     monkeypatch.setattr(reference, "available", lambda: False)
     with pytest.raises(SystemExit, match="vllm is not installed here"):

@@ -150,7 +150,7 @@ def test_prompts_and_ids_are_refused_in_the_handler(served: Served) -> None:
 
 
 def test_stop_token_ids_are_checked_through_a_set() -> None:
-    from hycache.cache.hashing import PrefixHashes
+    from hycache.hashing import PrefixHashes
     from hycache.request import Request, RequestStatus, SamplingParams
 
     class NoScan(tuple):  # type: ignore[type-arg]

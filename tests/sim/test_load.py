@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
-from hycache.sim.compare import Workload, compare_policies
+from hycache.sim.compare import compare_policies
 from hycache.sim.costmodel import CostModel
 from hycache.sim.load import (
     at_rate,
@@ -18,7 +18,7 @@ from hycache.sim.load import (
 from hycache.sim.presets import load_gpu, load_model_spec
 from hycache.sim.trace import requests_from_records
 from hycache.sim.trace_gen import generate_mooncake_like
-from hycache.sim.workloads import RequestSpec, system_prompt_workload
+from hycache.sim.workloads import RequestSpec, Workload, system_prompt_workload
 
 
 def trace(n: int = 60) -> list[RequestSpec]:

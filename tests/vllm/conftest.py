@@ -9,7 +9,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from hycache.vllm.reference import available
+from hycache.bench.vllm.reference import available
 
 # default suite: 25 examples per property; `HYCACHE_VLLM_EXAMPLES=300 pytest tests/vllm` for
 # the long run the closing notes quote

@@ -29,7 +29,7 @@ def main() -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     import tests.vllm.conftest  # noqa: F401  (hypothesis profile, for the import below)
-    from hycache.vllm.reference import ReferenceScheduler, VllmSetup, _model_dir
+    from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, _model_dir
     from tests.vllm.test_plugin import family, hits
 
     # vLLM 0.34's CPU platform refuses an x86 machine without triton-cpu while it checks the

@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
+from hycache.bench.vllm.reference import VllmSetup
+from hycache.bench.vllm.scenario import Turn
 from hycache.config import HycacheConfig
-from hycache.vllm.reference import VllmSetup
-from hycache.vllm.scenario import Turn
 from tests.helpers import make_config, tokens
 
 GEOMETRIES = [(16, 4), (32, 8), (64, 16), (64, 8), (128, 8), (128, 32), (256, 64), (528, 66)]

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from hycache.bench.vllm.reference import VllmSetup, run_reference
 from hycache.sim.explain import ExplainInputs
 from hycache.vllm import compat
-from hycache.vllm.reference import VllmSetup, run_reference
 from tests.vllm.test_plugin import PLUGIN, SYNC, family, hits, with_cls
 
 SETUP = VllmSetup(64, 16, 8192)
@@ -143,8 +143,8 @@ def test_the_plugin_imports_on_a_vllm_it_cannot_carry(monkeypatch: pytest.Monkey
 def test_explain_says_the_plugin_is_inert(
     monkeypatch: pytest.MonkeyPatch, fresh_compat: None
 ) -> None:
+    from hycache.bench.vllm.explain import explain_vllm
     from hycache.cli.tables import explain_table
-    from hycache.vllm.explain import explain_vllm
 
     inputs = ExplainInputs(64, 16, True, 723, 640, num_speculative_tokens=1)
     on = explain_vllm(inputs)["policies"]

@@ -2,7 +2,7 @@
 with `.vllm-0.34` first on `PYTHONPATH`: docs/vllm-plugin.md).
 
 Every run builds the scheduler as `vllm serve --scheduler-cls` does (`SchedulerConfig(
-scheduler_cls=...)`, then `get_scheduler_cls()`, in `hycache.vllm.reference`); stock is vLLM's
+scheduler_cls=...)`, then `get_scheduler_cls()`, in `hycache.bench.vllm.reference`); stock is vLLM's
 own `Scheduler` on the same deployment. Passes are prefill chunks (one forward each).
 """
 
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
+from hycache.bench.vllm.scenario import RequestTrace, Turn, run_hycache
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
 from hycache.vllm import Scheduler, SyncScheduler
-from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
-from hycache.vllm.scenario import RequestTrace, Turn, run_hycache
 from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
 from tests.cli.test_cli import WORKED
 from tests.helpers import tokens

@@ -1,4 +1,4 @@
-"""hycache against vLLM's real scheduler (`hycache.vllm.reference`; 0.33.0, or 0.34.0 with
+"""hycache against vLLM's real scheduler (`hycache.bench.vllm.reference`; 0.33.0, or 0.34.0 with
 `.vllm-0.34` first on `PYTHONPATH`).
 
 `lookahead` is vLLM's default EAGLE/MTP setup: hit for hit, and chunk end for chunk end with a
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hycache.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
-from hycache.vllm.scenario import Turn, run_hycache
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
+from hycache.bench.vllm.scenario import Turn, run_hycache
 from tests.helpers import tokens
 from tests.vllm.shapes import GEOMETRIES, budget, hycache_config, scenario
 

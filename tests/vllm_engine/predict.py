@@ -1,5 +1,5 @@
-"""The scheduler-only harness (`hycache.vllm.reference.ReferenceScheduler`) shaped like one real
-vLLM 0.32 engine, to predict each request's `num_cached_tokens`.
+"""The scheduler-only harness (`hycache.bench.vllm.reference.ReferenceScheduler`) shaped like
+one real vLLM 0.32 engine, to predict each request's `num_cached_tokens`.
 
 `ReferenceScheduler` builds vLLM 0.33's config and block hasher, which 0.32 does not have (no
 lookahead hashes); here the real engine lends its own: the `VllmConfig` it runs, a copy of its
@@ -16,8 +16,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from hycache.vllm.reference import ReferenceScheduler, VllmSetup
-from hycache.vllm.scenario import Turn
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
+from hycache.bench.vllm.scenario import Turn
 
 
 def engine_core(llm: Any) -> Any:

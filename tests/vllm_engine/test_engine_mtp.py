@@ -23,7 +23,7 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from hycache.vllm.scenario import Turn
+from hycache.bench.vllm.scenario import Turn
 from tests.vllm_engine.predict import engine_core, predicted_hits
 from tests.vllm_engine.tiny_model import write
 

@@ -38,7 +38,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from hycache.vllm.scenario import RequestTrace, Turn, propose, verify
+from hycache.bench.vllm.scenario import RequestTrace, Turn, propose, verify
 
 # the model vLLM inspects: the packaged Nemotron-H-8B config.json (vLLM 0.33 refuses Bamba),
 # with one MTP layer and a context long enough for any scenario

@@ -1,4 +1,6 @@
-"""Chained, seeded prefix hashes in match units (architecture §4.1).
+"""Chained, seeded prefix hashes in match units (architecture §4.1): the keys a request
+carries (`Request.hashes`) and the cache and the store match on. Below both, so a request is
+hashed without importing the cache.
 
 Unit k's hash covers (hash of unit k-1, its u tokens, the request's extra keys), so it
 fingerprints the whole prefix [0, k*u). xxh3-128 with a configurable seed: two processes (or an

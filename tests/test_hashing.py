@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 
-from hycache.cache.hashing import PrefixHashes, extra_key_bytes
+from hycache.hashing import PrefixHashes, extra_key_bytes
 
 
 def hashes(tokens: list[int], unit: int = 4, seed: int = 0, extra: bytes = b"") -> PrefixHashes:

@@ -2,7 +2,7 @@
 (0.33 or 0.34, whichever is installed).
 
 Two columns: stock vLLM (its `Scheduler`) and `hycache.vllm.Scheduler`, each built as `vllm
-serve --scheduler-cls` builds it (`hycache.vllm.reference`), each running the same producer,
+serve --scheduler-cls` builds it (`hycache.bench.vllm.reference`), each running the same producer,
 three siblings and an identical resend as `hycache explain` does. The producer's Mamba
 checkpoints are read off vLLM's block pool after it finishes; each resume point is the hit
 vLLM's scheduler gave. The `scheduler` row says which vLLM ran, and whether the plugin was on
@@ -14,12 +14,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
+from hycache.bench.vllm.scenario import Turn
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
 from hycache.sim.explain import NUM_SIBLINGS, ExplainInputs
 from hycache.vllm import compat
-from hycache.vllm.reference import ReferenceScheduler, VllmSetup
-from hycache.vllm.scenario import Turn
 
 BACKENDS = {"vllm": None, "hycache.vllm.Scheduler": "hycache.vllm.Scheduler"}
 MAMBA_GROUP = 1  # the harness's KV cache groups: attention, then Mamba

@@ -66,11 +66,23 @@ def inert_reason(sched: Any) -> str | None:
         return "vLLM disabled sub-block prefix-cache hits for these KV cache groups"
     if not sched.num_spec_tokens:
         return "no EAGLE/MTP drafter"
-    if sched.num_hash_lookahead_tokens != 1:
-        return (
-            "the drafter's keys do not cover one token past each unit "
-            f"(num_hash_lookahead_tokens={sched.num_hash_lookahead_tokens})"
-        )
+    if compat.has_lookahead_keys():
+        lookahead = compat.num_hash_lookahead_tokens(sched)
+        if lookahead != 1:
+            return (
+                "the drafter's keys do not cover one token past each unit "
+                f"(num_hash_lookahead_tokens={lookahead})"
+            )
+    else:
+        # drop mode (vLLM 0.32): the EAGLE drop proves a hit's draft rows, and the Mamba
+        # manager keys a stop's state the way it keys a junction it observed itself
+        if not sched.use_eagle_block_drop:
+            return "the drafter neither hashes with lookahead keys nor drops the last unit"
+        if sched.kv_cache_manager.coordinator.num_reprefillable_tokens:
+            return (
+                "a multi-module MTP drafter re-prefills a tail (vLLM's Mamba manager then "
+                "caches no junction state)"
+            )
     found = managers.hybrid_managers(sched.kv_cache_manager)
     if found is None:
         return "no attention + Mamba manager pair in vLLM's KV cache manager"
@@ -78,7 +90,8 @@ def inert_reason(sched: Any) -> str | None:
 
 
 def boundaries_for(sched: Any) -> Boundaries:
-    """hycache's boundary arithmetic for this vLLM deployment (`limit`, lookahead keys)."""
+    """hycache's boundary arithmetic for this vLLM deployment: `limit`, with lookahead keys
+    (0.33, 0.34) or under the EAGLE drop (0.32's drop mode)."""
     interval = sched.kv_cache_config.prefix_cache_retention_interval
     retention: str | int = {0: "semantic", None: "dense"}.get(interval, interval)
     return Boundaries(
@@ -87,6 +100,7 @@ def boundaries_for(sched: Any) -> Boundaries:
         drafter=True,
         policy=Policy.LIMIT,
         retention=retention,
+        lookahead_keys=compat.num_hash_lookahead_tokens(sched) == 1,
     )
 
 

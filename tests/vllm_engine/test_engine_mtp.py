@@ -2,11 +2,12 @@
 tokens, accepted part of the time), block size 32, in three arms: no prefix caching, prefix
 caching (`mamba_cache_mode="align"`, `prefix_match_unit` 16, vLLM's scheduler) and the same
 with `hycache.vllm.SyncScheduler` (on: vLLM 0.32's EAGLE drop is its drop mode). Greedy tokens
-must be identical in all three on families, hinted families, a prompt that is a prefix of an earlier one, chat turns, a concurrent chunked batch
-that preempts (a small KV pool), and beside an abort; and each request's `num_cached_tokens`
-must equal the scheduler-only harness's prediction for the same shape (`predict.py`), and
-`hycache explain --backend vllm`'s columns for the explain shape (stock and the plugin, with and
-without a hint), the plugin's at least stock's and above it on a family.
+must be identical in all three on families, hinted families, a prompt that is a prefix of an
+earlier one, chat turns, a concurrent chunked batch that preempts (a small KV pool), and beside
+an abort; and each request's `num_cached_tokens` must equal the scheduler-only harness's
+prediction for the same shape (`predict.py`), and `hycache explain --backend vllm`'s columns for
+the explain shape (stock and the plugin, with and without a hint), the plugin's at least
+stock's and above it on a family.
 
 This runs every CPU fix: per-chunk SSD states (2), the fused align copies (3) and the
 spec-aware decode ops (4). Without fix 4 the MTP arms' tokens differ from greedy decoding."""

@@ -83,6 +83,9 @@ class Boundaries:
     policy: Policy
     retention: str | int = "semantic"
     internal: bool = False  # SSM checkpoints may be written inside a forward (`internal_writes`)
+    # `limit` hashes with lookahead keys (vLLM 0.33's default); False: `limit`'s unit keys under
+    # the EAGLE-drop scheme (vLLM 0.32, which has no lookahead keys: `hycache.vllm`'s drop mode)
+    lookahead_keys: bool = True
 
     @classmethod
     def from_config(cls, cache: CacheConfig, spec: SpeculativeConfig) -> Boundaries:
@@ -98,7 +101,7 @@ class Boundaries:
     @property
     def lookahead(self) -> bool:
         """Keys cover the token after their unit (vLLM 0.33's default EAGLE hashing)."""
-        return self.drafter and self.policy in LOOKAHEAD_POLICIES
+        return self.drafter and self.policy in LOOKAHEAD_POLICIES and self.lookahead_keys
 
     @property
     def drop(self) -> int:
@@ -204,6 +207,19 @@ class Boundaries:
             return floor_to(max(shared_prefix - 1, 0), self.unit)
         return floor_to(shared_prefix, self.unit)
 
+    def resume_limit(self, shared_prefix: int) -> int:
+        """The best resume point for a sibling sharing `shared_prefix` tokens under this key
+        scheme, when attention is keyed on every unit: `limit(P)` with lookahead keys or no
+        drafter; under the EAGLE drop, the match `floor(P/u)*u` less the dropped unit,
+        `floor(P/u)*u - u` (one unit under the limit, or the limit itself when P is on the
+        unit grid).
+
+            u = 16: P = 2000 -> 1984 (the limit); P = 2010 -> 1984 (limit 2000)
+        """
+        if not self.drop:
+            return self.limit(shared_prefix)
+        return max(floor_to(shared_prefix, self.unit) - self.unit, 0)
+
     # -- stops a request makes for what it shares ---------------------------------------------
 
     def junction_stops(self, junction: int, start: int, num_prompt_tokens: int) -> tuple[int, ...]:
@@ -266,14 +282,15 @@ class Boundaries:
         self, hints: Iterable[int], start: int, num_prompt_tokens: int
     ) -> tuple[int, ...]:
         """`limit`: the stops for prefix hints (token counts where the request's shared prefix
-        ends): each hint's limit, as if that junction had been observed. A hint past the
-        prompt, or whose limit is 0, is ignored; other policies ignore hints."""
+        ends): each hint's resume limit (`resume_limit`: the limit, or the drop scheme's resume
+        point), as if that junction had been observed. A hint past the prompt, or whose limit
+        is 0, is ignored; other policies ignore hints."""
         if self.effective_policy is not Policy.LIMIT:
             return ()
         out: set[int] = set()
         for h in hints:
             if 0 < h <= num_prompt_tokens:
-                out.update(self.junction_stops(self.limit(h), start, num_prompt_tokens))
+                out.update(self.junction_stops(self.resume_limit(h), start, num_prompt_tokens))
         return tuple(sorted(out))
 
     # -- what the scheduler stops at, what the SSM manager keeps ----------------------------

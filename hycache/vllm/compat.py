@@ -1,4 +1,4 @@
-"""Every vLLM internal `hycache.vllm` touches, per supported vLLM release (0.33.x, 0.34.x).
+"""Every vLLM internal `hycache.vllm` touches, per supported vLLM release (0.32.x, 0.33.x, 0.34.x).
 
 The plugin (`scheduler`, `managers`) and its harness (`reference`, `explain`) reach vLLM only
 through this module; nothing else in them looks at a version. `problem()` says, once per
@@ -8,7 +8,20 @@ or None; `runtime_problem(sched)` does the same for the attributes a built sched
 managers, a request and a block must have. Either makes the plugin inert: exactly vLLM's own
 scheduler, with a WARNING naming the internal or the version.
 
-What changed between the two releases around what the plugin touches (read from the wheels):
+What changed between the releases around what the plugin touches (read from the wheels):
+
+    drafter hashing       0.32 has no lookahead keys: an EAGLE/MTP drafter always hashes with
+                          the EAGLE drop (`SpeculativeConfig.disable_eagle_block_drop` turns the
+                          drop off, leaving draft rows unproven: the plugin is inert there), the
+                          request hasher takes no lookahead count, and the scheduler has no
+                          `num_hash_lookahead_tokens`. 0.33/0.34 hash with lookahead keys unless
+                          `disable_lookahead_block_hashes`. `Release.lookahead_keys` says which;
+                          the plugin's drop mode (`hycache.vllm.scheduler`) serves the drop.
+    Mamba manager         0.32 keys a junction state only while `request.num_computed_tokens <
+                          num_tokens <= num_prompt_tokens` (the chunk being cached), and only
+                          when the KV cache manager's `mamba_shared_prefix_checkpoint`
+                          predicate can hold (no multi-module MTP re-prefill tail:
+                          `coordinator.num_reprefillable_tokens == 0`).
 
     BlockHashToBlockMap   0.33: key -> block, or {block_id: block}; 0.34: key -> block id,
                           duplicates in `_dup_ids`. The plugin asks it `contain(key, id)` only
@@ -108,9 +121,13 @@ class Release:
 
     internals: tuple[Internal, ...]
     runner_output_has_index: bool  # ModelRunnerOutput(req_id_to_index=...) (0.33) or not
+    # the drafter can hash with lookahead keys (`disable_lookahead_block_hashes`, the
+    # scheduler's `num_hash_lookahead_tokens`); False: the EAGLE drop only (0.32)
+    lookahead_keys: bool = True
 
 
 RELEASES: dict[str, Release] = {
+    "0.32": Release(PLUGIN + HARNESS, runner_output_has_index=True, lookahead_keys=False),
     "0.33": Release(PLUGIN + HARNESS, runner_output_has_index=True),
     "0.34": Release(
         PLUGIN + HARNESS + (Internal(SCHED, "Scheduler._reorder_waiting_by_cached_prefix"),),
@@ -129,8 +146,11 @@ SCHEDULER_ATTRS = (
     "hash_block_size",
     "mamba_partial_cache_hit",
     "num_spec_tokens",
-    "num_hash_lookahead_tokens",
+    "use_eagle_block_drop",
+    "kv_cache_manager.mamba_shared_prefix_checkpoint",
+    "kv_cache_manager.coordinator.num_reprefillable_tokens",
 )
+LOOKAHEAD_SCHEDULER_ATTRS = ("num_hash_lookahead_tokens",)  # releases with lookahead keys
 ATTENTION_ATTRS = (
     "num_cached_block",
     "req_to_blocks",
@@ -220,7 +240,8 @@ def runtime_problem(sched: Any) -> str | None:
     why = problem()
     if why is not None:
         return why
-    why = _missing(sched, SCHEDULER_ATTRS, "the scheduler")
+    attrs = SCHEDULER_ATTRS + (LOOKAHEAD_SCHEDULER_ATTRS if has_lookahead_keys() else ())
+    why = _missing(sched, attrs, "the scheduler")
     if why is not None:
         return why
     try:
@@ -274,6 +295,37 @@ def make_block_hash_with_group_id(block_hash: Any, group: int) -> Any:
 
 def get_group_id(key: Any) -> int:
     return int(resolve(Internal(UTILS, "get_group_id"))(key))
+
+
+def has_lookahead_keys() -> bool:
+    """Whether this vLLM's drafter can hash with lookahead keys (0.33, 0.34; not 0.32)."""
+    release = RELEASES.get(release_of(version()) or "")
+    return release.lookahead_keys if release is not None else True
+
+
+def num_hash_lookahead_tokens(sched: Any) -> int:
+    """The tokens past each unit a drafter's keys cover: 1 with lookahead keys, 0 with the
+    EAGLE drop or without a drafter (0.32 has no such attribute: always 0)."""
+    return int(getattr(sched, "num_hash_lookahead_tokens", 0)) if has_lookahead_keys() else 0
+
+
+def drafter_hashing(lookahead: bool) -> dict[str, Any]:
+    """`SpeculativeConfig` arguments for the harness's drafter hashing: lookahead keys or the
+    EAGLE drop (0.32 knows only the drop: asking it for lookahead keys is a ValueError)."""
+    if has_lookahead_keys():
+        return {"disable_lookahead_block_hashes": not lookahead}
+    if lookahead:
+        raise ValueError(f"vLLM {version()} has no lookahead block hashes (the EAGLE drop only)")
+    return {}
+
+
+def request_block_hasher(hash_block_size: int, hash_fn: Any, vllm_config: Any) -> Any:
+    """The request block hasher `EngineCore` builds (with vLLM's lookahead count where the
+    release has one)."""
+    make = resolve(Internal(UTILS, "get_request_block_hasher"))
+    if has_lookahead_keys():
+        return make(hash_block_size, hash_fn, vllm_config.num_hash_lookahead_tokens)
+    return make(hash_block_size, hash_fn)
 
 
 def has_cache_aware_admission() -> bool:

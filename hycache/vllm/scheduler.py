@@ -1,4 +1,4 @@
-"""`hycache.vllm.Scheduler`: hycache's `limit` policy inside vLLM 0.33/0.34 (`--scheduler-cls`).
+"""`hycache.vllm.Scheduler`: hycache's `limit` policy inside vLLM 0.32-0.34 (`--scheduler-cls`).
 
 `Scheduler` subclasses vLLM's `AsyncScheduler` (async scheduling kept), `SyncScheduler` its
 `Scheduler`. Both add `limit`'s prompt-side mechanisms to vLLM's own scheduling, and nothing
@@ -21,12 +21,18 @@ chunk end, one forward pass each; the final chunk still exports the tail checkpo
 replay boundary, where hycache's own scheduler also stops, gets no stop here: vLLM's final
 chunk spans it to export the tail, and the stop would cost every request two passes.
 
+Drop mode (vLLM 0.32, which hashes an MTP drafter with the EAGLE drop, no lookahead keys): the
+same mechanisms with `Boundaries(..., lookahead_keys=False)`. A lookup matching attention to n
+resumes at n - u, so vLLM's observed junction is the drop's resume point and a hint stops at
+`Boundaries.resume_limit(h)` = floor(h/u)*u - u; the Mamba manager keys each stop as 0.32 keys
+a junction it observed with `enable_mamba_shared_prefix_checkpoint` (the flag may be on or off).
+
 Inert (exactly vLLM's scheduler, one WARNING with the reason at startup) on a vLLM release
 `hycache.vllm.compat` does not list or one missing an internal it names, and unless the model
 has a Mamba group in `mamba_cache_mode="align"`, prefix caching is on, `prefix_match_unit <
 block_size` with vLLM's sub-block hits, and an EAGLE/MTP drafter hashes with vLLM's lookahead
-keys. vLLM is reached only through `compat`: this module imports on any vLLM that has a
-`Scheduler`.
+keys (0.33/0.34) or with the EAGLE drop and no multi-module re-prefill tail (0.32). vLLM is
+reached only through `compat`: this module imports on any vLLM that has a `Scheduler`.
 """
 
 from __future__ import annotations
@@ -66,11 +72,23 @@ def inert_reason(sched: Any) -> str | None:
         return "vLLM disabled sub-block prefix-cache hits for these KV cache groups"
     if not sched.num_spec_tokens:
         return "no EAGLE/MTP drafter"
-    if sched.num_hash_lookahead_tokens != 1:
-        return (
-            "the drafter's keys do not cover one token past each unit "
-            f"(num_hash_lookahead_tokens={sched.num_hash_lookahead_tokens})"
-        )
+    if compat.has_lookahead_keys():
+        lookahead = compat.num_hash_lookahead_tokens(sched)
+        if lookahead != 1:
+            return (
+                "the drafter's keys do not cover one token past each unit "
+                f"(num_hash_lookahead_tokens={lookahead})"
+            )
+    else:
+        # drop mode (vLLM 0.32): the EAGLE drop proves a hit's draft rows, and the Mamba
+        # manager keys a stop's state the way it keys a junction it observed itself
+        if not sched.use_eagle_block_drop:
+            return "the drafter neither hashes with lookahead keys nor drops the last unit"
+        if sched.kv_cache_manager.coordinator.num_reprefillable_tokens:
+            return (
+                "a multi-module MTP drafter re-prefills a tail (vLLM's Mamba manager then "
+                "caches no junction state)"
+            )
     found = managers.hybrid_managers(sched.kv_cache_manager)
     if found is None:
         return "no attention + Mamba manager pair in vLLM's KV cache manager"
@@ -78,7 +96,8 @@ def inert_reason(sched: Any) -> str | None:
 
 
 def boundaries_for(sched: Any) -> Boundaries:
-    """hycache's boundary arithmetic for this vLLM deployment (`limit`, lookahead keys)."""
+    """hycache's boundary arithmetic for this vLLM deployment: `limit`, with lookahead keys
+    (0.33, 0.34) or under the EAGLE drop (0.32's drop mode)."""
     interval = sched.kv_cache_config.prefix_cache_retention_interval
     retention: str | int = {0: "semantic", None: "dense"}.get(interval, interval)
     return Boundaries(
@@ -87,6 +106,7 @@ def boundaries_for(sched: Any) -> Boundaries:
         drafter=True,
         policy=Policy.LIMIT,
         retention=retention,
+        lookahead_keys=compat.num_hash_lookahead_tokens(sched) == 1,
     )
 
 

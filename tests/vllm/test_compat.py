@@ -93,7 +93,7 @@ def unsupported_release(monkeypatch: pytest.MonkeyPatch) -> str:
     import vllm
 
     monkeypatch.setattr(vllm, "__version__", "0.35.0")
-    return "vLLM 0.35.0 is not a supported release (0.33.x, 0.34.x)"
+    return "vLLM 0.35.0 is not a supported release (0.32.x, 0.33.x, 0.34.x)"
 
 
 def missing_scheduler_attribute(monkeypatch: pytest.MonkeyPatch) -> str:
@@ -155,7 +155,7 @@ def test_explain_says_the_plugin_is_inert(
     cols = off["policies"]
     assert cols["vllm"]["scheduler"] == "vLLM 0.35.0"
     assert cols["hycache.vllm.Scheduler"]["scheduler"] == (
-        "vLLM 0.35.0, INERT: vLLM 0.35.0 is not a supported release (0.33.x, 0.34.x)"
+        "vLLM 0.35.0, INERT: vLLM 0.35.0 is not a supported release (0.32.x, 0.33.x, 0.34.x)"
     )
     assert cols["vllm"]["siblings"] == cols["hycache.vllm.Scheduler"]["siblings"]
     from rich.console import Console

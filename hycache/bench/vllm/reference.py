@@ -39,6 +39,7 @@ from importlib import resources
 from typing import Any
 
 from hycache.bench.vllm.scenario import RequestTrace, Turn, propose, verify
+from hycache.vllm import compat
 
 # the model vLLM inspects: the packaged Nemotron-H-8B config.json (vLLM 0.33 refuses Bamba),
 # with one MTP layer and a context long enough for any scenario
@@ -160,7 +161,7 @@ class ReferenceScheduler:
                 num_speculative_tokens=k,
                 target_model_config=model,
                 target_parallel_config=parallel,
-                disable_lookahead_block_hashes=not setup.lookahead,
+                **compat.drafter_hashing(setup.lookahead),
             )
             if k
             else None
@@ -212,7 +213,6 @@ class ReferenceScheduler:
     def _build(self) -> Any:
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import (
-            get_request_block_hasher,
             init_none_hash,
             resolve_cache_hit_alignment_tokens,
             resolve_kv_cache_block_sizes,
@@ -237,8 +237,8 @@ class ReferenceScheduler:
         )
         hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
-        self.hasher: Callable[[Any], Any] = get_request_block_hasher(
-            hash_block_size, hash_fn, vc.num_hash_lookahead_tokens
+        self.hasher: Callable[[Any], Any] = compat.request_block_hasher(
+            hash_block_size, hash_fn, vc
         )
         return sched
 

@@ -1,0 +1,226 @@
+"""`hycache.vllm.Scheduler`'s drop mode on vLLM 0.32's real scheduler (no model: the
+scheduler-only harness `hycache.bench.vllm.reference`, as `tests/vllm` drives 0.33/0.34).
+
+vLLM 0.32 hashes an MTP drafter's blocks with the EAGLE drop (no lookahead keys): a sibling
+matching attention up to n resumes at n - u. With `prefix_match_unit` u < B the plugin keys
+every unit, so a sibling sharing P tokens matches floor(P/u)*u and resumes at
+`Boundaries.resume_limit(P)`; it stops at the junction it observes (with or without vLLM's
+`enable_mamba_shared_prefix_checkpoint`) and at its prefix hints on the first pass. Per
+request it is never below stock, with the junction flag on or off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
+from hycache.bench.vllm.scenario import RequestTrace, Turn
+from hycache.cache.boundaries import Boundaries
+from hycache.config import Policy
+from tests.helpers import tokens
+from tests.vllm.shapes import GEOMETRIES, budget, scenario
+
+settings.register_profile(
+    "vllm-032",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("vllm-032")
+
+PLUGIN = "hycache.vllm.SyncScheduler"
+
+
+def family(seed: int, shared: int, private: int, n: int, hint: int = 0) -> list[Turn]:
+    """A producer and n-1 siblings sharing `shared` tokens; the producer may carry a hint."""
+    rng = random.Random(seed)
+    prefix = tokens(rng, shared)
+    return [
+        Turn(prefix + tokens(rng, private), [5], (), (hint,) if hint and i == 0 else ())
+        for i in range(n)
+    ]
+
+
+def hits(traces: list[RequestTrace]) -> list[int]:
+    return [t.hit for t in traces]
+
+
+def drop(b: int, u: int, flag: bool = True, cls: str | None = None, **kw: object) -> VllmSetup:
+    """vLLM 0.32's MTP setup: the EAGLE drop, optionally with the junction flag."""
+    return VllmSetup(b, u, lookahead=False, shared_prefix_checkpoint=flag, scheduler_cls=cls, **kw)  # type: ignore[arg-type]
+
+
+def bounds(b: int, u: int) -> Boundaries:
+    return Boundaries(b, u, True, Policy.LIMIT, lookahead_keys=False)
+
+
+def test_the_plugin_is_on_in_drop_mode() -> None:
+    sched = ReferenceScheduler(drop(64, 16, cls=PLUGIN)).scheduler
+    assert sched.hycache_inert_reason is None
+    assert sched.hycache_bounds == bounds(64, 16)
+    assert sched.hycache_bounds.drop == 16 and not sched.hycache_bounds.lookahead
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_seed_shape(flag: bool) -> None:
+    """Producer + 3 siblings, 2,000 shared + 200 distinct, B=64, u=16, MTP k=1: stock siblings
+    0 / 1,968 / 1,968 with the junction flag (0 / 1,920 / 1,920 without); the plugin 0 / 1,984 /
+    1,984, and 1,984 from the first sibling on with a hint on the producer."""
+    limit = bounds(64, 16).resume_limit(2000)
+    assert limit == 1984 == Boundaries(64, 16, True, Policy.LIMIT).limit(2000)
+    stock = run_reference(drop(64, 16, flag), family(0, 2000, 200, 4))
+    plugin = run_reference(drop(64, 16, flag, PLUGIN), family(0, 2000, 200, 4))
+    hinted = run_reference(drop(64, 16, flag, PLUGIN), family(0, 2000, 200, 4, hint=2000))
+    assert hits(stock) == ([0, 0, 1968, 1968] if flag else [0, 0, 1920, 1920])
+    assert hits(plugin) == [0, 0, limit, limit]
+    assert hits(hinted) == [0, limit, limit, limit]
+    # the observing sibling stops at its junction (the drop's resume point); the hinted
+    # producer at its hint's resume limit, on its first pass
+    assert plugin[1].chunk_ends == [limit, 2200]
+    assert hinted[0].chunk_ends == [limit, 2200]
+
+
+def test_a_prefix_off_the_unit_grid_resumes_one_unit_under_the_limit() -> None:
+    """P = 2,010: the limit is 2,000, the drop's best resume point 1,984 (the match 2,000 less
+    the dropped unit). Stops: the block floor 1,984 (which is the junction here) and no more."""
+    b = bounds(64, 16)
+    assert (b.limit(2010), b.resume_limit(2010)) == (2000, 1984)
+    stock = run_reference(drop(64, 16), family(1, 2010, 150, 4))
+    plugin = run_reference(drop(64, 16, cls=PLUGIN), family(1, 2010, 150, 4))
+    hinted = run_reference(drop(64, 16, cls=PLUGIN), family(1, 2010, 150, 4, hint=2010))
+    assert hits(stock) == [0, 0, 1968, 1968]
+    assert hits(plugin) == [0, 0, 1984, 1984]
+    assert hits(hinted) == [0, 1984, 1984, 1984]
+
+
+def test_hinted_mid_block_junction() -> None:
+    """B=128, u=16, 700 shared: the resume limit 672 (floor(700/16)*16 - 16) lies mid-block;
+    the hint stops the producer at the block floor 640, at 672 and at the block after
+    (768)."""
+    limit = bounds(128, 16).resume_limit(700)
+    assert limit == 672
+    hinted = run_reference(drop(128, 16, cls=PLUGIN), family(2, 700, 300, 3, hint=700))
+    assert hinted[0].chunk_ends == [640, 672, 768, 1000]
+    assert hits(hinted) == [0, limit, limit]
+    stock = run_reference(drop(128, 16), family(2, 700, 300, 3))
+    assert all(s <= p for s, p in zip(hits(stock), hits(hinted), strict=True))
+
+
+def test_a_prompt_that_is_a_prefix_of_an_earlier_one() -> None:
+    """T, then T[:q] twice, then T again: never below stock per request; the second T[:q]
+    resumes at the junction the first one observed and kept."""
+    rng = random.Random(3)
+    t = tokens(rng, 900)
+    for q in (600, 613, 880, 899):
+        turns = [Turn(t, [5]), Turn(t[:q], [5]), Turn(t[:q], [5]), Turn(t, [5])]
+        for flag in (True, False):
+            stock = hits(run_reference(drop(64, 16, flag), turns))
+            plugin = hits(run_reference(drop(64, 16, flag, PLUGIN), turns))
+            assert all(s <= p for s, p in zip(stock, plugin, strict=True)), (q, flag)
+            assert plugin[2] == bounds(64, 16).resume_limit(q), (q, flag, plugin)
+
+
+# -- random sharing shapes --------------------------------------------------------------------
+
+STOPS_SEEN: dict[str, tuple[int, ...]] = {}
+
+
+def _recording_cls() -> type:
+    from hycache.vllm import SyncScheduler
+
+    class Recording(SyncScheduler):  # type: ignore[misc,valid-type]
+        def hycache_stops(self, request, hit, junction):  # type: ignore[no-untyped-def]
+            stops = super().hycache_stops(request, hit, junction)
+            STOPS_SEEN[request.request_id] = stops
+            return stops
+
+    return Recording
+
+
+RecordingScheduler = _recording_cls()
+
+
+@st.composite
+def shapes(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn]]:
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    b, u = rng.choice(GEOMETRIES)
+    k = rng.choice([1, 1, 2, 3])
+    turns = scenario(rng, b, u, k, drafts=True)
+    if rng.random() < 0.4:  # a hint on some turns: the length of a prompt shared with others
+        turns = [
+            dataclasses.replace(t, prefix_hints=(rng.randint(1, len(t.prompt)),))
+            if rng.random() < 0.5
+            else t
+            for t in turns
+        ]
+    setup = VllmSetup(
+        b,
+        u,
+        budget(rng, b),
+        k,
+        lookahead=False,
+        shared_prefix_checkpoint=draw(st.booleans()),
+        exporting=draw(st.booleans()),
+    )
+    return setup, turns
+
+
+@given(case=shapes())
+def test_random_shapes_never_below_stock(case: tuple[VllmSetup, list[Turn]]) -> None:
+    """Per request the plugin's hit is at least stock's (families, resends, nested prefixes,
+    chains, mid-block resumes, forks, chat turns, random hints; the junction flag on or off);
+    until a request acts on a junction or hint, or resumes higher (the unit keys let the drop
+    land on a kept state stock's block keys miss), every request chunks exactly as on stock."""
+    setup, turns = case
+    stock = run_reference(setup, turns)
+    STOPS_SEEN.clear()
+    plugin = run_reference(
+        dataclasses.replace(setup, scheduler_cls=f"{__name__}.RecordingScheduler"), turns
+    )
+    for i, (s, p) in enumerate(zip(hits(stock), hits(plugin), strict=True)):
+        assert s <= p, (i, hits(stock), hits(plugin))
+    for s, p in zip(stock, plugin, strict=True):
+        if p.hit != s.hit or STOPS_SEEN.get(p.request_id):
+            break  # the caches part here
+        assert p.chunk_ends == s.chunk_ends
+
+
+# -- inert where drop mode cannot apply ---------------------------------------------------------
+
+
+def _without_drop(setup: VllmSetup) -> ReferenceScheduler:
+    vc = ReferenceScheduler(dataclasses.replace(setup, scheduler_cls=None)).vllm_config
+    vc.speculative_config.disable_eagle_block_drop = True
+    if setup.scheduler_cls:
+        vc.scheduler_config.scheduler_cls = setup.scheduler_cls
+    return ReferenceScheduler(setup, vllm_config=vc)
+
+
+@pytest.mark.parametrize(
+    "build,reason",
+    [
+        (lambda cls: ReferenceScheduler(drop(64, 64, cls=cls)), "prefix_match_unit equals"),
+        (
+            lambda cls: ReferenceScheduler(drop(64, 16, cls=cls, num_speculative_tokens=0)),
+            "no EAGLE/MTP drafter",
+        ),
+        (lambda cls: _without_drop(drop(64, 16, cls=cls)), "neither hashes with lookahead"),
+    ],
+)
+def test_inert_is_stock_and_says_why_once(
+    build: object, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    turns = family(0, 640, 83, 3, hint=640) + family(2, 200, 300, 2)
+    with caplog.at_level(logging.INFO, logger="hycache.vllm"):
+        plugin = build(PLUGIN).run_all(turns)  # type: ignore[operator]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hycache.vllm"]
+    assert len(lines) == 1 and "inert" in lines[0] and reason in lines[0], lines
+    stock = build(None).run_all(turns)  # type: ignore[operator]
+    assert [(t.hit, t.chunk_ends) for t in plugin] == [(t.hit, t.chunk_ends) for t in stock]

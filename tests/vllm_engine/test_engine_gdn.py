@@ -4,7 +4,8 @@ drafter (2 speculative tokens), block size 640 (vLLM's pick: one GDN state page 
 `prefix_match_unit=64`. Greedy tokens are identical without prefix caching, with it
 (`mamba_cache_mode="align"`, vLLM's scheduler) and with `hycache.vllm.SyncScheduler`, on a
 family of three sharing 1,300 tokens; stock's siblings resume a block below the junction's
-block (640), the plugin's second sibling at the limit floor((P-1)/u)*u = 1,280."""
+block (640), the plugin's second sibling at the limit floor((P-1)/u)*u = 1,280; and every hit
+is the scheduler-only harness's prediction on the engine's own config (`predict.py`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from tests.vllm_engine.predict import engine_core
+from hycache.vllm.scenario import Turn
+from tests.vllm_engine.predict import engine_core, predicted_hits
 from tests.vllm_engine.tiny_qwen3_next import write
 
 pytestmark = pytest.mark.slow  # three engines: 4.2 min on 2 cores at load ~10
@@ -59,6 +61,9 @@ def _run(
         (o,) = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)
         out.append((o.num_cached_tokens or 0, list(o.outputs[0].token_ids)))
     inert = getattr(engine_core(llm).scheduler, "hycache_inert_reason", None)
+    if cache:  # the scheduler-only harness, on this engine's config, predicts every hit
+        turns = [Turn(p, t) for p, (_, t) in zip(prompts, out, strict=True)]
+        assert predicted_hits(llm, turns) == [h for h, _ in out], arm
     del llm
     return out, inert
 

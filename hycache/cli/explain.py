@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hycache.cli.args import CacheArgs, add_cache_flags, add_flag, prefix_hints
+from hycache.cli.args import CacheArgs, UserError, add_cache_flags, add_flag, prefix_hints
 from hycache.cli.tables import console, explain_table
 from hycache.config import POLICY_NAMES
 from hycache.sim.build import build_config
@@ -30,8 +30,8 @@ def inputs_from_cli_args(cache: CacheArgs, args: argparse.Namespace) -> ExplainI
     )
 
 
-def run_vllm(inputs: ExplainInputs, policy: str | None) -> dict[str, object]:
-    from hycache.bench.vllm.reference import available
+def run_vllm(inputs: ExplainInputs, policy: str | None, model: str | None) -> dict[str, object]:
+    from hycache.bench.vllm.reference import NEMOTRON_H, available
 
     if policy:
         raise SystemExit("hycache explain: --policy applies to --backend hycache only")
@@ -43,7 +43,7 @@ def run_vllm(inputs: ExplainInputs, policy: str | None) -> dict[str, object]:
         )
     from hycache.bench.vllm.explain import explain_vllm
 
-    return explain_vllm(inputs)
+    return explain_vllm(inputs, model or NEMOTRON_H)  # ValueError: a block size vLLM refuses
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -60,7 +60,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         num_blocks=10**6,
     )
     if args.backend == "vllm":
-        result = run_vllm(inputs, args.policy)
+        result = run_vllm(inputs, args.policy, args.model)
+    elif args.model:
+        raise UserError(
+            "hycache explain: --model applies to --backend vllm only (hycache's explain is "
+            "model-free: its positions depend on B, u, T and P alone)"
+        )
     else:
         result = explain(inputs, tuple(policies))
     if args.json:
@@ -71,6 +76,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from hycache.bench.vllm.reference import MODELS  # vllm-free: vLLM is imported when it runs
+
     p = sub.add_parser("explain", help="where siblings and resends resume, per policy")
     add_cache_flags(p)
     p.add_argument("--prompt-tokens", type=int, required=True, help="producer prompt length T")
@@ -83,6 +90,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="hycache",
         help="hycache: one column per policy; vllm: vLLM's real scheduler (0.33 or 0.34), stock "
         "beside hycache.vllm.Scheduler (needs vllm installed)",
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default=None,
+        help="--backend vllm: the hybrid whose KV cache config vLLM's scheduler gets (default "
+        "nemotron-h-8b: one Mamba2 group; qwen3-next-80b-a3b: three GDN groups, with vLLM's "
+        "block size 576 on Hopper: pass --block-size 576)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_explain)

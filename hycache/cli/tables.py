@@ -87,6 +87,8 @@ def explain_table(result: Mapping[str, Any]) -> Table:
         f"EAGLE {'on' if inp['eagle'] else 'off'}  T={inp['prompt_tokens']:,}  "
         f"P={inp['shared_prefix']:,}"
     )
+    if "model" in inp:  # `--backend vllm`: the KV cache config vLLM scheduled
+        title += f"  model={inp['model']}"
     policies = result["policies"]
     table = Table(title=title)
     table.add_column("position")

@@ -6,8 +6,7 @@ interface the model runner drives) built from the checkpoint's `mtp.*` tensors:
 
     x = fc(concat(pre_fc_norm_embedding(embed(token_{t+1})), pre_fc_norm_hidden(hidden_t)))
     h = x + gated_attn(input_layernorm(x))          the target's gated attention, own KV
-    h = h + moe_or_mlp(post_attention_layernorm(h))  the target's MLP kind (MoE when it has
-                                                     experts)
+    h = h + moe_or_mlp(post_attention_layernorm(h))  layer 0's MLP kind (vLLM's rule)
     h = norm(h)                                      returned (and fed back when chaining)
     logits = target.lm_head(h)
 
@@ -48,8 +47,11 @@ class MtpHead(DraftHead):
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = ZeroCentredRMSNorm(h, eps)
         self.pre_fc_norm_hidden = ZeroCentredRMSNorm(h, eps)
+        # vLLM builds this layer under the prefix `mtp.layers.0`, so its MLP kind is layer 0's
+        # (`Qwen3NextDecoderLayer` reads the index off the prefix): MoE unless
+        # `decoder_sparse_step` > 1 or 0 is in `mlp_only_layers`
         self.layers = nn.ModuleList(
-            [Qwen3NextDecoderLayer(cfg, 0, attention=True, moe=cfg.num_experts > 0)]
+            [Qwen3NextDecoderLayer(cfg, 0, attention=True, moe=cfg.is_moe_layer(0))]
         )
         self.norm = ZeroCentredRMSNorm(h, eps)
 

@@ -3,10 +3,12 @@
 
 Two columns: stock vLLM (its `Scheduler`) and `hycache.vllm.Scheduler`, each built as `vllm
 serve --scheduler-cls` builds it (`hycache.bench.vllm.reference`), each running the same producer,
-three siblings and an identical resend as `hycache explain` does. The producer's Mamba
-checkpoints are read off vLLM's block pool after it finishes; each resume point is the hit
-vLLM's scheduler gave. The `scheduler` row says which vLLM ran, and whether the plugin was on
-or inert (and why: an unsupported release, a missing internal, the deployment).
+three siblings and an identical resend as `hycache explain` does, on the KV cache config of
+`--model` (Nemotron-H's Mamba2 groups, or Qwen3-Next's GDN ones: `hycache.bench.vllm.reference`).
+The producer's Mamba checkpoints are read off vLLM's block pool (the first Mamba group) after
+it finishes; each resume point is the hit vLLM's scheduler gave. The `scheduler` row says
+which vLLM ran, and whether the plugin was on or inert (and why: an unsupported release, a
+missing internal, the deployment).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
+from hycache.bench.vllm.reference import NEMOTRON_H, ReferenceScheduler, VllmSetup
 from hycache.bench.vllm.scenario import Turn
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
@@ -22,16 +24,17 @@ from hycache.sim.explain import NUM_SIBLINGS, ExplainInputs
 from hycache.vllm import compat
 
 BACKENDS = {"vllm": None, "hycache.vllm.Scheduler": "hycache.vllm.Scheduler"}
-MAMBA_GROUP = 1  # the harness's KV cache groups: attention, then Mamba
 
 
 def mamba_checkpoints(ref: ReferenceScheduler) -> list[int]:
-    """Positions of the Mamba states keyed in vLLM's block pool now."""
+    """Positions of the Mamba states keyed in vLLM's block pool now (the first Mamba group:
+    every Mamba group keeps the same positions)."""
     pool = ref.scheduler.kv_cache_manager.block_pool
+    group = ref.mamba_group_ids[0]
     return sorted(
         b.block_hash_num_tokens
         for b in pool.blocks
-        if b.block_hash is not None and compat.get_group_id(b.block_hash) == MAMBA_GROUP
+        if b.block_hash is not None and compat.get_group_id(b.block_hash) == group
     )
 
 
@@ -44,7 +47,9 @@ def scheduler_status(ref: ReferenceScheduler) -> str:
     return f"{head}, limit on" if reason is None else f"{head}, INERT: {reason}"
 
 
-def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[str, Any]:
+def explain_backend(
+    inputs: ExplainInputs, scheduler_cls: str | None, model: str = NEMOTRON_H
+) -> dict[str, Any]:
     t, p, b = inputs.prompt_tokens, inputs.shared_prefix, inputs.block_size
     u = inputs.prefix_match_unit or b
     k = inputs.num_speculative_tokens if inputs.eagle else 0
@@ -57,6 +62,7 @@ def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[st
         num_blocks=8 * blocks_per_req + 16,
         scheduler_cls=scheduler_cls,
         lookahead=compat.has_lookahead_keys(),  # vLLM 0.32: the EAGLE drop
+        model=model,
     )
     ref = ReferenceScheduler(setup)
     rng = random.Random(0)
@@ -90,10 +96,11 @@ def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[st
     }
 
 
-def explain_vllm(inputs: ExplainInputs) -> dict[str, Any]:
-    """`hycache.sim.explain.explain`'s result, one column per vLLM scheduler class."""
+def explain_vllm(inputs: ExplainInputs, model: str = NEMOTRON_H) -> dict[str, Any]:
+    """`hycache.sim.explain.explain`'s result, one column per vLLM scheduler class, on
+    `model`'s KV cache config (`hycache.bench.vllm.reference.MODELS`)."""
     inputs.validate()
     return {
-        "inputs": inputs.summary(),
-        "policies": {name: explain_backend(inputs, cls) for name, cls in BACKENDS.items()},
+        "inputs": {**inputs.summary(), "model": model},
+        "policies": {name: explain_backend(inputs, cls, model) for name, cls in BACKENDS.items()},
     }

@@ -11,12 +11,26 @@ lookahead count), so a hit here is a hit the engine gives.
                                             update_draft_token_ids (scripted MTP proposals)
                                         ◀── per request: hit, chunk ends
 
-Two Mamba specs (`exporting`):
+Two hybrids (`model`), each with two Mamba specs (`exporting`):
 
-    True   vLLM's `MambaMixer2.get_kv_cache_spec` (every Mamba2 model: Nemotron-H,
-           Granite-4.0-H, Bamba): one checkpoint per forward exported from inside the pass
-           (`num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1`).
-    False  a Mamba layer that cannot export: the scheduler splits prefill at its checkpoints.
+    nemotron-h-8b        one attention group and one Mamba2 group (small states: the
+                         scheduler never reads a page's bytes)
+      exporting True     vLLM's `MambaMixer2.get_kv_cache_spec` (every Mamba2 model:
+                         Nemotron-H, Granite-4.0-H, Bamba): one checkpoint per forward exported
+                         from inside the pass (`num_prefill_checkpoint_blocks=1,
+                         prefill_checkpoint_alignment=1`)
+      exporting False    a Mamba layer that cannot export: the scheduler splits prefill at its
+                         checkpoints
+    qwen3-next-80b-a3b   the KV cache config vLLM builds for Qwen3-Next-80B-A3B with its MTP
+                         layer: `QwenGatedDeltaNetAttention.get_kv_cache_spec` for the 36 GDN
+                         layers (states from `MambaStateShapeCalculator.gated_delta_net_state_
+                         shape` / `..._dtype`, `mamba_type=GDN_ATTN`, the page padded to the
+                         attention page), 12 + 1 (MTP) gated-attention layers, grouped by vLLM's
+                         `get_kv_cache_groups` (one attention group, three GDN groups)
+      exporting True     FlashInfer's GDN prefill (Hopper; `gdn_prefill_backend` auto): one
+                         checkpoint per forward on the grid lcm(u, 64)
+      exporting False    the Triton/FLA prefill (every other GPU): vLLM splits the prefill
+    `vllm_block_size` gives the block size vLLM picks for each (`_align_hybrid_block_size`).
 
 Two drafter setups (`lookahead`): vLLM's default hashes that cover the token after each unit,
 or the EAGLE block drop (`disable_lookahead_block_hashes=True`), optionally with the junction
@@ -33,18 +47,29 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
+from math import lcm
 from typing import Any
 
 from hycache.bench.vllm.scenario import RequestTrace, Turn, propose, verify
 from hycache.vllm import compat
 
-# the model vLLM inspects: the packaged Nemotron-H-8B config.json (vLLM 0.33 refuses Bamba),
-# with one MTP layer and a context long enough for any scenario
+# the model vLLM inspects, for either hybrid: the packaged Nemotron-H-8B config.json (vLLM 0.33
+# refuses Bamba; Qwen3-Next's model module imports `compressed_tensors`, which the --no-deps
+# wheel lacks), with one MTP layer and a context long enough for any scenario. The scheduler
+# reads nothing model-specific from it (max_model_len, M-RoPE, runner type): the hybrid it
+# schedules is the KV cache config's (`VllmSetup.model`).
 NEMOTRON_H_PRESET = "nemotron-h-8b.json"
 MAX_MODEL_LEN = 1 << 20
+
+NEMOTRON_H = "nemotron-h-8b"
+QWEN3_NEXT = "qwen3-next-80b-a3b"
+MODELS = (NEMOTRON_H, QWEN3_NEXT)
+# FlashAttention's kernel block on Hopper (`FlashAttentionBackend.get_supported_kernel_block_
+# sizes`: MultipleOf(16)), the attention backend vLLM picks for Qwen3-Next's head dim 256
+ATTENTION_KERNEL_BLOCK = 16
 
 
 def available() -> bool:
@@ -65,6 +90,130 @@ def _model_dir() -> str:
     with open(path, "w") as f:
         json.dump(config, f)
     return os.path.dirname(path)
+
+
+@cache
+def _preset(name: str) -> dict[str, Any]:
+    text = resources.files("hycache.sim").joinpath("presets", "models", f"{name}.json")
+    return dict(json.loads(text.read_text()))
+
+
+def _qwen3_next_attention(block_size: int) -> Any:
+    """Qwen3-Next's gated full attention as vLLM specs it (bfloat16, tensor parallel 1)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    c = _preset(QWEN3_NEXT)
+    return FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=c["num_key_value_heads"],
+        head_size=c["head_dim"],
+        dtype=torch.bfloat16,
+    )
+
+
+def _qwen3_next_gdn(block_size: int, num_speculative_tokens: int) -> Any:
+    """One GDN layer's state spec as `MambaBase.get_kv_cache_spec` builds it, before padding
+    and export: conv (d_conv - 1 + k rows) and recurrent state, both in the model dtype
+    (`mamba_ssm_cache_dtype` auto), `mamba_type` GDN_ATTN."""
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import (
+        MambaStateDtypeCalculator,
+        MambaStateShapeCalculator,
+    )
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    c = _preset(QWEN3_NEXT)
+    shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
+        1,
+        c["linear_num_key_heads"],
+        c["linear_num_value_heads"],
+        c["linear_key_head_dim"],
+        c["linear_value_head_dim"],
+        c["linear_conv_kernel_dim"],
+        num_speculative_tokens,
+    )
+    dtypes = MambaStateDtypeCalculator.gated_delta_net_state_dtype(torch.bfloat16, "auto", "auto")
+    return MambaSpec(
+        block_size=block_size,
+        shapes=shapes,
+        dtypes=dtypes,
+        mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+        mamba_cache_mode="align",
+        num_speculative_blocks=num_speculative_tokens,
+    )
+
+
+def _gdn_checkpoint_alignment(exporting: bool) -> int:
+    """The GDN layers' `get_prefill_checkpoint_alignment`: FlashInfer's 64, else none (1)."""
+    from vllm.v1.attention.backends.gdn_attn import FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
+
+    return FLASHINFER_GDN_CHECKPOINT_ALIGNMENT if exporting else 1
+
+
+def vllm_block_size(
+    model: str = QWEN3_NEXT, num_speculative_tokens: int = 1, exporting: bool = True
+) -> int:
+    """The block size vLLM picks for Qwen3-Next-80B-A3B in `mamba_cache_mode="align"`
+    (`Platform._align_hybrid_block_size`): the smallest multiple of the kernel block (lcm
+    with the GDN checkpoint alignment) whose attention page holds one GDN state page. 576 on
+    Hopper with MTP (FlashInfer exports, alignment 64), 544 where the GDN prefill cannot
+    export."""
+    if model != QWEN3_NEXT:
+        raise ValueError(f"vllm_block_size: {model!r} (only {QWEN3_NEXT} is sized here)")
+    align = lcm(ATTENTION_KERNEL_BLOCK, _gdn_checkpoint_alignment(exporting))
+    per_token = _qwen3_next_attention(1).page_size_bytes
+    state = _qwen3_next_gdn(-1, num_speculative_tokens).page_size_bytes
+    return align * -(-state // (align * per_token))
+
+
+def qwen3_next_kv_cache_groups(vllm_config: Any, unit: int, exporting: bool) -> list[Any]:
+    """Qwen3-Next-80B-A3B's KV cache groups as vLLM builds them: every layer's spec (36 GDN,
+    12 gated attention, the MTP layer's attention when a drafter runs), the GDN page padded
+    to the attention page, grouped by vLLM's `get_kv_cache_groups`."""
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
+
+    b = vllm_config.cache_config.block_size
+    k = vllm_config.num_speculative_tokens or 0
+    align = lcm(ATTENTION_KERNEL_BLOCK, _gdn_checkpoint_alignment(exporting))
+    least = vllm_block_size(QWEN3_NEXT, k, exporting)
+    if b % align or b < least:
+        raise ValueError(
+            f"block_size {b}: vLLM runs Qwen3-Next at a multiple of {align} of at least "
+            f"{least} tokens (k={k}, GDN export {'on' if exporting else 'off'})"
+        )
+    attn = _qwen3_next_attention(b)
+    gdn = _qwen3_next_gdn(b, k)
+    gdn = replace(
+        gdn,
+        page_size_padded=attn.page_size_bytes,
+        num_prefill_checkpoint_blocks=1 if exporting else 0,
+        # `get_mamba_prefill_checkpoint_grid`: the unit, made a multiple of the alignment
+        prefill_checkpoint_alignment=lcm(unit, _gdn_checkpoint_alignment(True))
+        if exporting
+        else None,
+    )
+    c = _preset(QWEN3_NEXT)
+    specs: dict[str, Any] = {}
+    for i in range(c["num_hidden_layers"]):
+        if (i + 1) % c["full_attention_interval"]:
+            specs[f"model.layers.{i}.linear_attn"] = gdn
+        else:
+            specs[f"model.layers.{i}.self_attn.attn"] = attn
+    if k:
+        specs["mtp.layers.0.self_attn.attn"] = attn
+    # grouped as on a GPU: the hybrid KV cache manager on (vLLM turns it off on a platform
+    # without one, this process's) and FlashAttention's default layer-outer layout (which the
+    # engine core resolves at startup; with one page size it does not change the groups)
+    sched_cfg, cache_cfg = vllm_config.scheduler_config, vllm_config.cache_config
+    saved = sched_cfg.disable_hybrid_kv_cache_manager, cache_cfg.kv_cache_layout
+    sched_cfg.disable_hybrid_kv_cache_manager = False
+    cache_cfg.kv_cache_layout = saved[1] or "LBNHC"
+    try:
+        return list(get_kv_cache_groups(vllm_config, specs))
+    finally:
+        sched_cfg.disable_hybrid_kv_cache_manager, cache_cfg.kv_cache_layout = saved
 
 
 @cache
@@ -94,6 +243,7 @@ class VllmSetup:
     # `..._threshold`): 0 is its default (arrival order); > 0 needs a vLLM that has it
     cache_aware_window: int = 0
     cache_aware_threshold: float = 0.5
+    model: str = NEMOTRON_H  # the hybrid whose KV cache config vLLM schedules (`MODELS`)
 
 
 class ReferenceScheduler:
@@ -176,13 +326,27 @@ class ReferenceScheduler:
         )
 
     def _kv_cache_config(self) -> Any:
-        import torch
-        from vllm.v1.kv_cache_interface import (
-            FullAttentionSpec,
-            KVCacheConfig,
-            KVCacheGroupSpec,
-            MambaSpec,
+        from vllm.v1.kv_cache_interface import KVCacheConfig
+
+        s = self.setup
+        if s.model == QWEN3_NEXT:
+            groups = qwen3_next_kv_cache_groups(self.vllm_config, s.unit, s.exporting)
+        elif s.model == NEMOTRON_H:
+            groups = self._nemotron_h_groups()
+        else:
+            raise ValueError(f"VllmSetup.model: {s.model!r} is not one of {MODELS}")
+        return KVCacheConfig(
+            num_blocks=self.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=groups,
+            prefix_cache_retention_interval=(
+                self.vllm_config.cache_config.prefix_cache_retention_interval
+            ),
         )
+
+    def _nemotron_h_groups(self) -> list[Any]:
+        import torch
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
 
         s = self.setup
         attn = FullAttentionSpec(
@@ -197,18 +361,19 @@ class ReferenceScheduler:
             num_prefill_checkpoint_blocks=1 if s.exporting else 0,
             prefill_checkpoint_alignment=1 if s.exporting else None,
         )
-        groups = [
+        return [
             KVCacheGroupSpec(["model.layers.1.mixer"], attn),
             KVCacheGroupSpec(["model.layers.0.mixer"], mamba),
         ]
-        return KVCacheConfig(
-            num_blocks=self.num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=groups,
-            prefix_cache_retention_interval=(
-                self.vllm_config.cache_config.prefix_cache_retention_interval
-            ),
-        )
+
+    @property
+    def mamba_group_ids(self) -> list[int]:
+        """The KV cache groups holding Mamba / GDN states (one for Nemotron-H, three for
+        Qwen3-Next)."""
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        groups = self.scheduler.kv_cache_config.kv_cache_groups
+        return [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
 
     def _build(self) -> Any:
         from vllm.utils.hashing import get_hash_fn_by_name

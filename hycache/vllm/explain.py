@@ -15,7 +15,7 @@ import random
 from typing import Any
 
 from hycache.cache.boundaries import Boundaries
-from hycache.config import Policy
+from hycache.config import CacheKnobs, Policy
 from hycache.sim.explain import NUM_SIBLINGS, ExplainInputs
 from hycache.vllm import compat
 from hycache.vllm.reference import ReferenceScheduler, VllmSetup
@@ -50,8 +50,7 @@ def explain_backend(inputs: ExplainInputs, scheduler_cls: str | None) -> dict[st
     k = inputs.num_speculative_tokens if inputs.eagle else 0
     blocks_per_req = -(-(t + 8) // b) + 1
     setup = VllmSetup(
-        b,
-        u,
+        CacheKnobs(b, u),
         inputs.max_num_batched_tokens,
         num_speculative_tokens=k,
         num_blocks=8 * blocks_per_req + 16,

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from hycache.config import CacheKnobs
 from hycache.sim.explain import ExplainInputs
 from hycache.vllm import compat
 from hycache.vllm.reference import VllmSetup, run_reference
 from tests.vllm.test_plugin import PLUGIN, SYNC, family, hits, with_cls
 
-SETUP = VllmSetup(64, 16, 8192)
+SETUP = VllmSetup(CacheKnobs(64, 16), 8192)
 
 
 @pytest.fixture

@@ -191,16 +191,17 @@ def test_no_internal_checkpoints_reaches_every_arm_but_the_split_ones() -> None:
     args = make_parser().parse_args(["bench", "--no-internal-checkpoints"])
     assert args.internal_checkpoints is False
     engine, sim = toy()
-    off = replace(sim, internal_checkpoints=False)
+    off = replace(sim, knobs=sim.knobs.replace(internal_checkpoints=False))
     w = bench_workload(off, "system-prompt")
     assert not sim_config(off, w, sim_cost(off)).cache.internal_checkpoints
     assert sim_config(sim, w, sim_cost(sim)).cache.internal_checkpoints
-    assert replace(engine, internal_checkpoints=False).prompts() == engine.prompts()
+    engine_off = replace(engine, knobs=engine.knobs.replace(internal_checkpoints=False))
+    assert engine_off.prompts() == engine.prompts()
 
 
 def test_no_prefix_caching_turns_caching_off_in_every_arm() -> None:
     """`hycache bench --no-prefix-caching`: every simulated arm runs with caching off (the
-    engine arms too: `EngineBench.prefix_caching`)."""
+    engine arms too: `EngineBench.knobs.enable_prefix_caching`)."""
     from dataclasses import replace
 
     from hycache.bench.suite import bench_workload, sim_config, sim_cost

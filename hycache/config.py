@@ -7,7 +7,7 @@ field and says how to fix it; nothing downstream re-checks user input.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -203,6 +203,9 @@ class CacheKnobs:
         return replace(self, **changes)
 
 
+KNOB_NAMES: frozenset[str] = frozenset(f.name for f in fields(CacheKnobs))
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The cache's knobs (`CacheKnobs`) and the sizes computed for them.
@@ -217,8 +220,7 @@ class CacheConfig:
     `recompute_cost` prices a hit's saved FLOPs for `flop-aware` eviction (None:
     `RecomputeCost()`'s defaults).
 
-    The knobs read through (`config.block_size` is `config.knobs.block_size`); a knob added
-    later is read as `config.knobs.NAME`.
+    The knobs read through: `config.block_size` is `config.knobs.block_size`, for every knob.
     """
 
     knobs: CacheKnobs = field(default_factory=CacheKnobs)
@@ -253,52 +255,17 @@ class CacheConfig:
         """This config with some knobs changed (an arm's policy, say); the sizes kept."""
         return replace(self, knobs=self.knobs.replace(**changes))
 
-    # -- the knobs, read through -----------------------------------------------------------------
-
-    @property
-    def block_size(self) -> int:
-        return self.knobs.block_size
-
-    @property
-    def prefix_match_unit(self) -> int | None:
-        return self.knobs.prefix_match_unit
+    def __getattr__(self, name: str) -> Any:
+        """The knobs read through (`config.block_size` is `config.knobs.block_size`): called
+        only for a name the config itself lacks, so no knob is declared twice."""
+        if name in KNOB_NAMES:
+            return getattr(object.__getattribute__(self, "knobs"), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def unit(self) -> int:
         """The prefix-match unit `u` (equal to the block size when unset)."""
         return self.knobs.unit
-
-    @property
-    def policy(self) -> Policy:
-        return self.knobs.policy
-
-    @property
-    def retention(self) -> str | int:
-        return self.knobs.retention
-
-    @property
-    def enable_prefix_caching(self) -> bool:
-        return self.knobs.enable_prefix_caching
-
-    @property
-    def hash_seed(self) -> int:
-        return self.knobs.hash_seed
-
-    @property
-    def eviction(self) -> Eviction:
-        return self.knobs.eviction
-
-    @property
-    def eviction_alpha(self) -> float:
-        return self.knobs.eviction_alpha
-
-    @property
-    def internal_checkpoints(self) -> bool:
-        return self.knobs.internal_checkpoints
-
-    @property
-    def admission(self) -> bool:
-        return self.knobs.admission
 
     # -- sizes -----------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from hycache.config import CacheKnobs
+from hycache.config import KNOB_NAMES, CacheKnobs
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +58,6 @@ class EngineOptions:
     warmup: bool = False
 
 
-KNOB_NAMES: frozenset[str] = frozenset(f.name for f in fields(CacheKnobs))
 OPTION_NAMES: frozenset[str] = frozenset(f.name for f in fields(EngineOptions))
 
 

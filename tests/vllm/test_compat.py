@@ -147,7 +147,7 @@ def test_explain_says_the_plugin_is_inert(
     from hycache.cli.tables import explain_table
     from hycache.vllm.explain import explain_vllm
 
-    inputs = ExplainInputs(64, 16, True, 723, 640, num_speculative_tokens=1)
+    inputs = ExplainInputs(CacheKnobs(64, 16), True, 723, 640, num_speculative_tokens=1)
     on = explain_vllm(inputs)["policies"]
     assert on["hycache.vllm.Scheduler"]["scheduler"].endswith("limit on")
     unsupported_release(monkeypatch)

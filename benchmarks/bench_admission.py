@@ -29,13 +29,15 @@ HIGHER = {"token_hit_rate": True, "output_tokens_per_s": True}
 
 
 def run(workload: str, fraction: float, admission: bool, s: SimBench) -> dict[str, Any]:
-    s = replace(s, admission=admission)
+    s = replace(s, knobs=s.knobs.replace(admission=admission))
     cost = sim_cost(s)
     w = bench_workload(s, workload)
     cfg = sim_config(s, w, cost)
     sized = fraction == 1.0
     if not sized:
-        pools = cost.pool_sizes(s.block_size, cfg.cache.max_model_len, layout=cost.pool_layout)
+        pools = cost.pool_sizes(
+            s.knobs.block_size, cfg.cache.max_model_len, layout=cost.pool_layout
+        )
         blocks = max(int(pools.num_blocks * fraction), cfg.cache.min_blocks() + 1)
         cfg = replace(cfg, cache=replace(cfg.cache, num_blocks=blocks))
     arms = ARMS if admission else ("limit",)

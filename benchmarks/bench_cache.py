@@ -11,7 +11,13 @@ import random
 import statistics
 import time
 
-from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    CacheKnobs,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from hycache.hashing import PrefixHashes
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
@@ -39,7 +45,9 @@ def main() -> None:
     print(f"hash a {T:,}-token prompt (u={U}):       {median_ms(hash_prompt):7.2f} ms")
 
     cfg = HycacheConfig(
-        CacheConfig(block_size=B, prefix_match_unit=U, num_blocks=64, max_model_len=70_000),
+        CacheConfig(
+            CacheKnobs(block_size=B, prefix_match_unit=U), num_blocks=64, max_model_len=70_000
+        ),
         SpeculativeConfig(num_speculative_tokens=3),
         SchedulerConfig(max_num_batched_tokens=8192),
     )

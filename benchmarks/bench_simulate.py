@@ -10,7 +10,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    CacheKnobs,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import load_gpu, load_model_spec
 from hycache.sim.simulator import Simulator
@@ -34,11 +40,9 @@ def main() -> None:
         for policy in ("lookahead", "limit"):
             cfg = HycacheConfig(
                 CacheConfig(
-                    block_size=4416,
-                    prefix_match_unit=64,
+                    CacheKnobs(block_size=4416, prefix_match_unit=64, policy=policy),
                     num_blocks=cost.num_blocks(4416),
                     max_model_len=64_016 + args.output_tokens + 8,
-                    policy=policy,
                 ),
                 SpeculativeConfig(num_speculative_tokens=3),
                 SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=64),

@@ -70,6 +70,7 @@ def measure() -> list[dict[str, Any]]:
     import vllm
 
     from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
+    from hycache.config import CacheKnobs
     from hycache.vllm import compat
 
     admission = compat.has_cache_aware_admission()
@@ -77,7 +78,7 @@ def measure() -> list[dict[str, Any]]:
     if admission:
         arms |= {f"{arm}+admission": (cls, 32, hint) for arm, (cls, _, hint) in arms.items()}
     rows = []
-    base = VllmSetup(64, 16, 2048, num_speculative_tokens=1, cache_aware_threshold=0.0)
+    base = VllmSetup(CacheKnobs(64, 16), 2048, num_speculative_tokens=1, cache_aware_threshold=0.0)
     for order in ("grouped", "interleaved"):
         for pool, blocks in POOLS.items():
             for arm, (cls, window, hint) in arms.items():

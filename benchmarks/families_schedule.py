@@ -13,7 +13,12 @@ import statistics
 
 from hycache.bench.suite import EngineBench
 from hycache.cache.boundaries import Boundaries
-from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor
 from hycache.sched.scheduler import Scheduler
@@ -21,11 +26,9 @@ from hycache.sched.scheduler import Scheduler
 
 def run(b: EngineBench, policy: str) -> None:
     cache = CacheConfig(
-        block_size=b.block_size,
-        prefix_match_unit=b.prefix_match_unit,
+        b.knobs.replace(policy=policy),
         num_blocks=4000,
         max_model_len=b.shared_prefix_tokens + b.suffix_tokens + b.output_tokens + 16,
-        policy=policy,
     )
     spec = SpeculativeConfig(num_speculative_tokens=b.num_speculative_tokens)
     cfg = HycacheConfig(cache, spec, SchedulerConfig(b.max_num_batched_tokens, b.concurrency))

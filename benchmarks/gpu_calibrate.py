@@ -42,6 +42,7 @@ from hycache.bench.calibrate import (
     PrefillProbe,
     measure,
 )
+from hycache.config import CacheKnobs
 from hycache.sim.fit import Fit, fit, predict, profile_dict, residuals
 from hycache.sim.presets import load_gpu, load_model_spec
 from hycache.sim.terms import resolve
@@ -133,8 +134,7 @@ def options(smoke: bool, repeats: int) -> tuple[CalibrateOptions, str, str]:
         model="bamba-9b",
         threads=1,
         repeats=repeats,
-        block_size=2208,
-        prefix_match_unit=64,
+        knobs=CacheKnobs(2208, 64),
         dtype="bfloat16",
         device="cuda",
         cache_memory_gb=48.0,

@@ -7,8 +7,9 @@ field and says how to fix it; nothing downstream re-checks user input.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
+from typing import Any
 
 
 class Policy(StrEnum):
@@ -124,23 +125,25 @@ class GroupKind(StrEnum):
 
 
 @dataclass(frozen=True)
-class CacheConfig:
-    """Prefix-cache geometry and policy.
+class CacheKnobs:
+    """The user's cache choices, each declared once and validated here, once: every front
+    end (`LLM`, the simulator's `SimGeometry`, explain, the benches, the vLLM reference)
+    holds one of these instead of copying the fields, and `CacheConfig` carries it beside
+    the sizes computed from it. Adding a knob: a field and its check here, its flag in
+    `hycache.cli.args` (`knobs_from_cli_args` reads it by name), and where it is consumed.
 
-    `groups` lists the model's layer groups in the order the runner sees them (e.g. target
-    attention, SSM, drafter attention); every group uses the same `block_size`.
-
-    `num_state_pages`: SSM states live in a pool of their own of this many pages, and
-    `num_blocks` counts attention blocks only; None: one pool of `num_blocks` pages serves both
-    kinds (see `hycache.cache.layout`).
+    `block_size` `B` and `prefix_match_unit` `u` (divides `B`; None: whole blocks);
+    `policy` (architecture §4.5); `retention` (`semantic`, `dense` or an interval in tokens,
+    a multiple of `B`); `enable_prefix_caching` (False: nothing kept, nothing hit);
+    `hash_seed` (the chained hashes' seed, architecture §4.1).
 
     `internal_checkpoints`: SSM checkpoints are written inside a forward (the scan cut at
     them) instead of ending a prefill chunk at each; `lookahead` then splits as vLLM 0.33 does
     for Mamba2 models (`Boundaries.prefill_stops`).
 
     `eviction`: which free cached entry is reused first (`Eviction`); under `flop-aware`,
-    `eviction_alpha` weighs the FLOPs a hit saves against recency and `recompute_cost`
-    prices them (None: `RecomputeCost()`'s defaults).
+    `eviction_alpha` weighs the FLOPs a hit saves against recency (`CacheConfig.recompute_cost`
+    prices them).
 
     `admission`: an SSM state whose keeping costs no prefill stop (written inside a forward,
     or a decode snapshot) is kept only while its kind's observed chance of a hit, times what
@@ -148,36 +151,29 @@ class CacheConfig:
     one.
     """
 
-    block_size: int = 16
-    prefix_match_unit: int | None = None
-    num_blocks: int = 1024
-    num_state_pages: int | None = None
-    max_model_len: int = 4096
+    block_size: int = 64
+    prefix_match_unit: int | None = 16
     policy: Policy = Policy.LIMIT
     retention: str | int = "semantic"
     enable_prefix_caching: bool = True
     hash_seed: int = 0
-    groups: tuple[GroupKind, ...] = (GroupKind.ATTENTION, GroupKind.SSM)
     eviction: Eviction = Eviction.LRU
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
-    recompute_cost: RecomputeCost | None = None
     internal_checkpoints: bool = True
     admission: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.admission, bool):
-            raise ValueError(f"admission: must be true or false, got {self.admission!r}")
-        if not isinstance(self.internal_checkpoints, bool):
-            raise ValueError(
-                f"internal_checkpoints: must be true or false, got {self.internal_checkpoints!r}"
-            )
+        for name in ("enable_prefix_caching", "internal_checkpoints", "admission"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
         object.__setattr__(self, "policy", parse_policy(self.policy))
         object.__setattr__(self, "eviction", parse_eviction(self.eviction))
         a = self.eviction_alpha
         if isinstance(a, bool) or not isinstance(a, int | float) or not (0 <= a < math.inf):
             raise ValueError(f"eviction_alpha: must be a finite number >= 0, got {a!r}")
         object.__setattr__(self, "retention", parse_retention(self.retention))
-        object.__setattr__(self, "groups", tuple(GroupKind(g) for g in self.groups))
+        if isinstance(self.hash_seed, bool) or not isinstance(self.hash_seed, int):
+            raise ValueError(f"hash_seed: must be an integer, got {self.hash_seed!r}")
         if self.block_size <= 0:
             raise ValueError(f"block_size: must be a positive integer, got {self.block_size}")
         if self.prefix_match_unit is not None:
@@ -189,8 +185,6 @@ class CacheConfig:
                     f"prefix_match_unit: {u} does not divide block_size {self.block_size}; pick "
                     f"a divisor of {self.block_size} (or leave it unset to match whole blocks)"
                 )
-        if self.max_model_len <= 0:
-            raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
         if isinstance(self.retention, int) and (
             self.retention <= 0 or self.retention % self.block_size
         ):
@@ -198,6 +192,50 @@ class CacheConfig:
                 f"retention: interval {self.retention} is not a positive multiple of block_size "
                 f"{self.block_size}; use a multiple such as {self.block_size * 4}"
             )
+
+    @property
+    def unit(self) -> int:
+        """The prefix-match unit `u` (equal to the block size when unset)."""
+        return self.prefix_match_unit or self.block_size
+
+    def replace(self, **changes: Any) -> CacheKnobs:
+        """These knobs with `changes` (knob names; checked again)."""
+        return replace(self, **changes)
+
+
+KNOB_NAMES: frozenset[str] = frozenset(f.name for f in fields(CacheKnobs))
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The cache's knobs (`CacheKnobs`) and the sizes computed for them.
+
+    `groups` lists the model's layer groups in the order the runner sees them (e.g. target
+    attention, SSM, drafter attention); every group uses the knobs' `block_size`.
+
+    `num_state_pages`: SSM states live in a pool of their own of this many pages, and
+    `num_blocks` counts attention blocks only; None: one pool of `num_blocks` pages serves both
+    kinds (see `hycache.cache.layout`).
+
+    `recompute_cost` prices a hit's saved FLOPs for `flop-aware` eviction (None:
+    `RecomputeCost()`'s defaults).
+
+    The knobs read through: `config.block_size` is `config.knobs.block_size`, for every knob.
+    """
+
+    knobs: CacheKnobs = field(default_factory=CacheKnobs)
+    num_blocks: int = 1024
+    num_state_pages: int | None = None
+    max_model_len: int = 4096
+    groups: tuple[GroupKind, ...] = (GroupKind.ATTENTION, GroupKind.SSM)
+    recompute_cost: RecomputeCost | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.knobs, CacheKnobs):
+            raise ValueError(f"knobs: must be a CacheKnobs, got {type(self.knobs).__name__}")
+        object.__setattr__(self, "groups", tuple(GroupKind(g) for g in self.groups))
+        if self.max_model_len <= 0:
+            raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
         if not self.groups:
             raise ValueError("groups: at least one layer group is required")
         need = self.min_blocks()
@@ -213,10 +251,23 @@ class CacheConfig:
                 f"states (needs at least {self.min_state_pages()}); raise num_state_pages"
             )
 
+    def with_knobs(self, **changes: Any) -> CacheConfig:
+        """This config with some knobs changed (an arm's policy, say); the sizes kept."""
+        return replace(self, knobs=self.knobs.replace(**changes))
+
+    def __getattr__(self, name: str) -> Any:
+        """The knobs read through (`config.block_size` is `config.knobs.block_size`): called
+        only for a name the config itself lacks, so no knob is declared twice."""
+        if name in KNOB_NAMES:
+            return getattr(object.__getattribute__(self, "knobs"), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def unit(self) -> int:
         """The prefix-match unit `u` (equal to the block size when unset)."""
-        return self.prefix_match_unit or self.block_size
+        return self.knobs.unit
+
+    # -- sizes -----------------------------------------------------------------------------------
 
     @property
     def num_attention_groups(self) -> int:

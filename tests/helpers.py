@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hycache.cache.boundaries import Boundaries
-from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    CacheKnobs,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
 from hycache.sched.scheduler import ScheduledRequest, Scheduler, SchedulerOutput, StepResult
@@ -35,14 +41,16 @@ def make_config(
     internal_checkpoints: bool = True,
 ) -> HycacheConfig:
     cache = CacheConfig(
-        block_size=block_size,
-        prefix_match_unit=unit,
+        CacheKnobs(
+            block_size=block_size,
+            prefix_match_unit=unit,
+            policy=policy,
+            retention=retention,
+            enable_prefix_caching=prefix_caching,
+            internal_checkpoints=internal_checkpoints,
+        ),
         num_blocks=num_blocks or (4 * max_model_len // block_size + 64),
         max_model_len=max_model_len,
-        policy=policy,
-        retention=retention,
-        enable_prefix_caching=prefix_caching,
-        internal_checkpoints=internal_checkpoints,
     )
     spec = SpeculativeConfig(num_speculative_tokens=k if eagle else 0)
     return HycacheConfig(cache, spec, SchedulerConfig(budget, max_num_seqs))

@@ -129,3 +129,80 @@ def test_only_the_coordinator_applies_the_eagle_drop() -> None:
 def test_the_checker_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# -- the engine's and the knobs' shape ---------------------------------------------------------
+
+MAX_INIT_LINES = 50
+
+
+def test_llm_init_is_short() -> None:
+    """`LLM.__init__` (signature, docstring and body) stays under 50 lines: loading, sizing
+    and assembly live in `hycache.engine.build`."""
+    tree = ast.parse((ROOT / "engine" / "engine.py").read_text())
+    llm = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LLM")
+    init = next(n for n in llm.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assert init.end_lineno is not None
+    lines = init.end_lineno - init.lineno + 1
+    assert lines < MAX_INIT_LINES, f"LLM.__init__ is {lines} lines (at most {MAX_INIT_LINES - 1})"
+
+
+def _knob_names() -> set[str]:
+    from dataclasses import fields
+
+    from hycache.config import CacheKnobs
+
+    return {f.name for f in fields(CacheKnobs)}
+
+
+def front_ends() -> dict[str, type]:
+    """Every front end that takes the user's cache choices: each holds one `CacheKnobs`."""
+    from hycache.bench.calibrate import CalibrateOptions
+    from hycache.bench.suite import EngineBench, SimBench
+    from hycache.bench.validate import ValidateOptions
+    from hycache.bench.vllm.reference import VllmSetup
+    from hycache.cli.args import EngineArgs
+    from hycache.config import CacheConfig
+    from hycache.engine.options import EngineOptions
+    from hycache.sim.build import SimGeometry
+    from hycache.sim.explain import ExplainInputs
+
+    return {
+        c.__name__: c
+        for c in (
+            CacheConfig,
+            SimGeometry,
+            ExplainInputs,
+            EngineBench,
+            SimBench,
+            ValidateOptions,
+            CalibrateOptions,
+            VllmSetup,
+            EngineArgs,
+            EngineOptions,
+        )
+    }
+
+
+@pytest.mark.parametrize("name", sorted(front_ends()))
+def test_front_ends_hold_the_knobs_and_copy_none(name: str) -> None:
+    """Each knob is declared once, in `CacheKnobs`: no front end (nor `CacheConfig`, nor
+    the engine's other options) declares one as a field of its own, and each that takes the
+    user's cache choices holds a `knobs: CacheKnobs`."""
+    from dataclasses import fields
+
+    cls = front_ends()[name]
+    own = {f.name for f in fields(cls)}
+    assert not own & _knob_names(), f"{name} copies knobs: {sorted(own & _knob_names())}"
+    if name != "EngineOptions":
+        assert "knobs" in own, f"{name} has no `knobs: CacheKnobs`"
+
+
+def test_engine_args_are_typed_through() -> None:
+    """`EngineArgs` holds typed objects (no `dict[str, Any]` of keyword arguments)."""
+    from dataclasses import fields
+
+    from hycache.cli.args import EngineArgs
+
+    for f in fields(EngineArgs):
+        assert "dict" not in str(f.type), f"EngineArgs.{f.name}: {f.type}"

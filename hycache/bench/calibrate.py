@@ -6,7 +6,8 @@ large tensor copy its memory bandwidth (the `peak_flops` and `hbm_bandwidth` of 
 so the fitted efficiencies are fractions of what this device does at its best). Then the
 engine runs small workloads built so that their steps take known shapes, and each step is
 timed around `LLM.step()` (scheduler, runner and sampler: what a simulated step stands for),
-its work read from `LLM.last_schedule` exactly as the simulator describes a step:
+its work read from the step's schedule (`LLM.add_step_observer`) exactly as the simulator
+describes a step:
 
 * prefill chunks: one request at a time, `max_num_batched_tokens` = the chunk, prefix caching
   off; a long prompt gives chunks at growing contexts;
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from hycache.config import CacheKnobs
 from hycache.sim.costmodel import StepWork
 from hycache.sim.fit import Conditions, Fit, Profile, Residual, Sample, ablation, fit, residuals
 from hycache.sim.model_spec import ModelSpec
@@ -140,8 +142,7 @@ class CalibrateOptions:
     model: str = "tiny"
     threads: int = 1
     repeats: int = 5
-    block_size: int = 552
-    prefix_match_unit: int = 8
+    knobs: CacheKnobs = field(default_factory=lambda: CacheKnobs(552, 8))  # the probes' cache
     dtype: str = "float32"
     seed: int = 0
     quick: bool = False
@@ -160,6 +161,12 @@ class CalibrateOptions:
     build: Callable[[], tuple[Any, Any]] | None = field(default=None, compare=False)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def run_knobs(self) -> CacheKnobs:
+        """The knobs the probes run with (`quick`: 64-token blocks; policy `limit`)."""
+        knobs = self.knobs.replace(block_size=64) if self.quick else self.knobs
+        return knobs.replace(policy="limit")
+
     def grids(self) -> tuple[Grid, Grid]:
         return (QUICK_FIT, QUICK_HELD_OUT) if self.quick else (self.grid, self.held_out)
 
@@ -176,7 +183,7 @@ def measure_device(
     that a machine shared with other work does not halve the peaks)."""
     import torch
 
-    from hycache.engine.engine import DTYPES
+    from hycache.engine.build import DTYPES
 
     torch.set_num_threads(threads)
     tick = time.process_time if clock == "cpu" and device == "cpu" else time.perf_counter
@@ -225,6 +232,13 @@ class _Timer:
     steps: dict[str, list[tuple[StepWork, float, float]]] = field(default_factory=dict)
     cpu: float = 0.0
     wall: float = 0.0
+    last: Any = None  # the last step's `SchedulerOutput` (`LLM.add_step_observer`)
+
+    def __post_init__(self) -> None:
+        self.llm.add_step_observer(self._saw)
+
+    def _saw(self, schedule: Any) -> None:
+        self.last = schedule
 
     def step(self, label: str | None = None) -> list[Any]:
         from hycache.sim.cluster import step_work
@@ -236,7 +250,7 @@ class _Timer:
         self.wall += t1 - t0
         self.cpu += c1 - c0
         if label is not None:
-            work = step_work(self.llm.last_schedule, self.llm.config.cache.block_size)
+            work = step_work(self.last, self.llm.config.cache.block_size)
             self.steps.setdefault(label, []).append((work, t1 - t0, c1 - c0))
         return events
 
@@ -280,10 +294,8 @@ def _engine(o: CalibrateOptions, k: int, max_len: int, **kw: Any) -> Any:
     return LLM(
         o.model,
         dtype=o.dtype,
-        block_size=o.block_size if not o.quick else 64,
-        prefix_match_unit=o.prefix_match_unit,
+        knobs=o.run_knobs,
         max_model_len=max_len,
-        policy="limit",
         num_speculative_tokens=k,
         seed=o.seed,
         cache_memory_gb=o.cache_memory_gb,
@@ -349,7 +361,7 @@ def _decode(
         for b in sizes
     )
     n_out = steps * (p.k + 1) + 8
-    longest = max(mixed.values(), default=0) + o.prefix_match_unit + 8
+    longest = max(mixed.values(), default=0) + o.run_knobs.unit + 8
     turn_len = p.context + 8 * p.shared + max((t for _, t in turns.values()), default=0)
     max_len = max(p.context + 8 * p.shared + n_out + 16, longest, turn_len + 16)
     llm = _engine(
@@ -380,7 +392,7 @@ def _decode(
                 if p.k:
                     tally = accepted.setdefault(p.k, [0, 0])
                     tally[0] += sum(len(e.new_token_ids) for e in events)
-                    tally[1] += len(llm.last_schedule.scheduled)
+                    tally[1] += len(timer.last.scheduled)
             runs = [
                 r
                 for r in timer.steps.pop(label)
@@ -602,8 +614,8 @@ def measure(o: CalibrateOptions, progress: Progress) -> Measured:
         cpu_over_wall=cpu / wall if wall else 0.0,
         wall_s=wall,
         extra={
-            "block_size": o.block_size if not o.quick else 64,
-            "prefix_match_unit": o.prefix_match_unit,
+            "block_size": o.run_knobs.block_size,
+            "prefix_match_unit": o.knobs.prefix_match_unit,
             "repeats": o.repeats,
             "decode_repeats": o.repeats * o.decode_repeats,
             "cores": os.cpu_count() or 0,

@@ -101,17 +101,15 @@ def run_point(p: Point) -> dict[str, Any]:
     cost = _cost(b)
     w = _workload(b, p.workload)
     cfg = sim_config(s, w, cost)
-    pools = cost.pool_sizes(s.block_size, cfg.cache.max_model_len, layout=cost.pool_layout)
+    pools = cost.pool_sizes(s.knobs.block_size, cfg.cache.max_model_len, layout=cost.pool_layout)
     blocks = max(int(pools.num_blocks * p.fraction), cfg.cache.min_blocks() + 1)
     pages = pools.num_state_pages
     if pages is not None:
         pages = max(int(pages * p.fraction), cfg.cache.min_state_pages() + 1)
     cache = replace(
-        cfg.cache,
+        cfg.cache.with_knobs(eviction=p.eviction, eviction_alpha=b.alpha),
         num_blocks=blocks,
         num_state_pages=pages,
-        eviction=p.eviction,
-        eviction_alpha=b.alpha,
     )
     cfg = replace(cfg, cache=cache)
     t0 = time.perf_counter()

@@ -23,12 +23,12 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
-from hycache.config import DEFAULT_EVICTION_ALPHA, ENGINE_SHAPES, HycacheConfig
+from hycache.config import ENGINE_SHAPES, CacheKnobs, HycacheConfig
 from hycache.sim.build import (
     SimGeometry,
     TraceSource,
@@ -70,8 +70,9 @@ class EngineBench:
     """The seed's system-prompt shape scaled to a CPU: P = 7,200 shared tokens (B=552, u=8:
     sharing ends 24 tokens into a block, as 57,600 ends 192 tokens into a 4,416-token block)."""
 
-    block_size: int = 552
-    prefix_match_unit: int = 8
+    # the cache's choices (`internal_checkpoints` for every arm but the `-split` ones,
+    # `enable_prefix_caching` False: every arm with prefix caching off; each arm sets `policy`)
+    knobs: CacheKnobs = field(default_factory=lambda: CacheKnobs(552, 8))
     shared_prefix_tokens: int = 7_200
     suffix_tokens: int = 802
     output_tokens: int = 32
@@ -87,10 +88,6 @@ class EngineBench:
     # this kind and closes it at its end, so arms and repeats never share stored objects
     kv_store: str | None = None
     kv_store_gb: float = 4.0
-    eviction: str = "lru"
-    eviction_alpha: float = DEFAULT_EVICTION_ALPHA
-    internal_checkpoints: bool = True  # for every arm but the `-split` ones
-    prefix_caching: bool = True  # False: every arm with prefix caching off
     # "system": every request is the shared prefix + its own suffix; "family": `families`
     # prefixes of random lengths in [block_size, shared_prefix_tokens], requests interleaved;
     # "none": nothing shared (each prompt shared_prefix_tokens + suffix_tokens random tokens)
@@ -113,7 +110,7 @@ class EngineBench:
             roots = [[rng.randrange(512) for _ in range(self.shared_prefix_tokens)]]
         else:
             lengths = [
-                rng.randrange(self.block_size, self.shared_prefix_tokens + 1)
+                rng.randrange(self.knobs.block_size, self.shared_prefix_tokens + 1)
                 for _ in range(self.families)
             ]
             roots = [[rng.randrange(512) for _ in range(n)] for n in lengths]
@@ -121,6 +118,20 @@ class EngineBench:
             roots[i % len(roots)] + [rng.randrange(512) for _ in range(self.suffix_tokens)]
             for i in range(self.num_requests)
         ]
+
+    def inputs(self) -> dict[str, Any]:
+        """The run's inputs as the result reports them (the knobs the engine part sets, flat)."""
+        k = self.knobs
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "knobs"}
+        return {
+            "block_size": k.block_size,
+            "prefix_match_unit": k.prefix_match_unit,
+            **out,
+            "eviction": str(k.eviction),
+            "eviction_alpha": k.eviction_alpha,
+            "internal_checkpoints": k.internal_checkpoints,
+            "prefix_caching": k.enable_prefix_caching,
+        }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -147,14 +158,16 @@ def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
     arm = ARMS[name]  # a policy, or one with `-split` (no internal checkpoints)
 
     prompts = deque(b.prompts())
+    k = b.knobs
+    knobs = k.replace(
+        policy=arm.policy,
+        enable_prefix_caching=arm.caching and k.enable_prefix_caching,
+        internal_checkpoints=k.internal_checkpoints if arm.internal is None else arm.internal,
+    )
     llm = LLM(
         "tiny",
-        block_size=b.block_size,
-        prefix_match_unit=b.prefix_match_unit,
+        knobs=knobs,
         max_model_len=b.shared_prefix_tokens + b.suffix_tokens + b.output_tokens + 16,
-        policy=arm.policy.value,
-        enable_prefix_caching=arm.caching and b.prefix_caching,
-        internal_checkpoints=b.internal_checkpoints if arm.internal is None else arm.internal,
         num_speculative_tokens=b.num_speculative_tokens,
         max_num_batched_tokens=b.max_num_batched_tokens,
         max_num_seqs=b.concurrency,
@@ -162,8 +175,6 @@ def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
         seed=b.seed,
         kv_store=b.kv_store,
         kv_store_gb=b.kv_store_gb,
-        eviction=b.eviction,
-        eviction_alpha=b.eviction_alpha,
         warmup=True,  # as a server is before its first request
     )
     try:
@@ -270,7 +281,7 @@ def engine_bench(b: EngineBench, policies: Sequence[str], progress: Progress) ->
         ]
         res["extra_prefill_steps_max"] = max(extra, default=0)
     return {
-        "inputs": {"model": "tiny", "eagle": True, **asdict(b), "orders": orders},
+        "inputs": {"model": "tiny", "eagle": True, **b.inputs(), "orders": orders},
         "policies": results,
         "runs": {p: [r["output_tokens_per_s"] for r in runs[p]] for p in policies},
         "headline": headline(results),
@@ -286,8 +297,9 @@ class SimBench:
 
     model: str = "bamba-9b"
     gpu: str = "h200"
-    block_size: int = 4416
-    prefix_match_unit: int = 64
+    # the cache's choices for every arm (each arm sets `policy`; `internal_checkpoints` for
+    # every arm but the `-split` ones; `enable_prefix_caching` False: every arm with it off)
+    knobs: CacheKnobs = field(default_factory=lambda: CacheKnobs(4416, 64))
     num_speculative_tokens: int = 3
     acceptance_rate: float = 0.7
     concurrency: int = 64  # in flight, and the scheduler's max_num_seqs
@@ -309,11 +321,6 @@ class SimBench:
     curve_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     curve_requests: int = 96  # per point, at least 2x the point's concurrency
     seed: int = 0
-    eviction: str = "lru"
-    eviction_alpha: float = DEFAULT_EVICTION_ALPHA
-    internal_checkpoints: bool = True  # for every arm but the `-split` ones
-    prefix_caching: bool = True  # False: every arm with prefix caching off
-    admission: bool = True  # False: every state kept (`CacheConfig.admission`)
 
 
 def sim_cost(s: SimBench, pool_layout: PoolLayout = "shared") -> CostModel:
@@ -322,7 +329,7 @@ def sim_cost(s: SimBench, pool_layout: PoolLayout = "shared") -> CostModel:
         s.model,
         s.gpu,
         num_speculative_tokens=s.num_speculative_tokens,
-        block_size=s.block_size,
+        block_size=s.knobs.block_size,
         pool_layout=pool_layout,
     )
 
@@ -330,17 +337,11 @@ def sim_cost(s: SimBench, pool_layout: PoolLayout = "shared") -> CostModel:
 def sim_geometry(s: SimBench) -> SimGeometry:
     """The drafter arms' geometry (`hycache.sim.build.build_config`'s inputs)."""
     return SimGeometry(
-        block_size=s.block_size,
-        prefix_match_unit=s.prefix_match_unit,
+        s.knobs,
         num_speculative_tokens=s.num_speculative_tokens,
         acceptance_rate=s.acceptance_rate,
         max_num_batched_tokens=s.max_num_batched_tokens,
         max_num_seqs=s.concurrency,
-        eviction=s.eviction,
-        eviction_alpha=s.eviction_alpha,
-        internal_checkpoints=s.internal_checkpoints,
-        prefix_caching=s.prefix_caching,
-        admission=s.admission,
     )
 
 
@@ -349,7 +350,7 @@ def sim_config(s: SimBench, w: Workload, cost: CostModel) -> HycacheConfig:
     return build_config(
         sim_geometry(s),
         max_model_len=w.max_tokens_per_request() + 2 * s.num_speculative_tokens + 8,
-        num_blocks=cost.num_blocks(s.block_size),
+        num_blocks=cost.num_blocks(s.knobs.block_size),
     )
 
 
@@ -415,8 +416,8 @@ def _inputs(s: SimBench, w: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {
         "model": s.model,
         "gpu": s.gpu,
-        "block_size": s.block_size,
-        "prefix_match_unit": s.prefix_match_unit,
+        "block_size": s.knobs.block_size,
+        "prefix_match_unit": s.knobs.prefix_match_unit,
         "num_speculative_tokens": s.num_speculative_tokens,
         "acceptance_rate": s.acceptance_rate,
         "concurrency": w["concurrency"],

@@ -31,7 +31,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +46,7 @@ from hycache.bench.steps import (
     step_attribution,
     ttft_attribution,
 )
+from hycache.config import CacheKnobs
 from hycache.sim import build as sim_build
 from hycache.sim.build import DEFAULT_SHAPES, WorkloadSizes, WorkloadSpec
 from hycache.sim.costmodel import CostModel
@@ -75,8 +76,7 @@ class ValidateOptions:
 
     profile: str
     model: str = "tiny"
-    block_size: int = 552
-    prefix_match_unit: int = 8
+    knobs: CacheKnobs = field(default_factory=lambda: CacheKnobs(552, 8))  # each arm: its policy
     num_speculative_tokens: int = 2
     concurrency: int = 8
     max_num_batched_tokens: int = 8192
@@ -107,6 +107,11 @@ class ValidateOptions:
     # drawn at the profile's rate beside it, `at_rate`), or draws them ("rate")
     acceptance: str = "replay"
     raw: str | None = None  # a pickle of the rounds and every engine step (to refit offline)
+
+    @property
+    def run_knobs(self) -> CacheKnobs:
+        """The knobs the engines run with (`quick`: 64-token blocks)."""
+        return self.knobs.replace(block_size=64) if self.quick else self.knobs
 
 
 @dataclass(frozen=True)
@@ -322,14 +327,15 @@ def _engine(
     from hycache.sim.compare import ARMS
 
     a = ARMS[arm]
-    return LLM(
-        o.model,
-        block_size=o.block_size if not o.quick else 64,
-        prefix_match_unit=o.prefix_match_unit,
-        max_model_len=max_len,
-        policy=a.policy.value,
+    knobs = o.run_knobs.replace(
+        policy=a.policy,
         internal_checkpoints=a.internal is not False,
         enable_prefix_caching=a.caching,
+    )
+    return LLM(
+        o.model,
+        knobs=knobs,
+        max_model_len=max_len,
         num_speculative_tokens=o.num_speculative_tokens,
         max_num_batched_tokens=o.max_num_batched_tokens,
         max_num_seqs=o.concurrency,
@@ -403,7 +409,7 @@ def validate(
         _write_raw(o.raw, rounds, recorded)
     gpu = load_gpu(o.profile)
     accept = o.acceptance_rate if o.acceptance_rate is not None else profile_acceptance(gpu, k)
-    block = o.block_size if not o.quick else 64
+    block = o.run_knobs.block_size
     model = gpu.fitted_on or o.model
     crossed = probes is not None and o.cross_fit and len(workloads) > 1
     results: dict[str, WorkloadResult] = {}
@@ -435,7 +441,7 @@ def validate(
         threads=o.threads,
         repeats=o.repeats,
         block_size=block,
-        prefix_match_unit=o.prefix_match_unit,
+        prefix_match_unit=o.knobs.prefix_match_unit,
         num_speculative_tokens=k,
         concurrency=o.concurrency,
         seed=o.seed,
@@ -662,8 +668,7 @@ def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
     w = Workload(f"engine-{bench.shape}", requests)
     o = ValidateOptions(
         profile=profile,
-        block_size=bench.block_size,
-        prefix_match_unit=bench.prefix_match_unit,
+        knobs=bench.knobs,
         num_speculative_tokens=bench.num_speculative_tokens,
         concurrency=bench.concurrency,
         max_num_batched_tokens=bench.max_num_batched_tokens,
@@ -671,7 +676,7 @@ def predict_engine_bench(bench: Any, profile: str) -> dict[str, dict[str, Any]]:
     )
     gpu = load_gpu(profile)
     k = o.num_speculative_tokens
-    cost = _cost(gpu, gpu.fitted_on or o.model, k, o.block_size)
+    cost = _cost(gpu, gpu.fitted_on or o.model, k, o.knobs.block_size)
     accept = profile_acceptance(gpu, k)
     max_len = bench.shared_prefix_tokens + bench.suffix_tokens + bench.output_tokens + 16
     out = {}

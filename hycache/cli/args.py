@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from hycache.config import DEFAULT_EVICTION_ALPHA, EVICTION_NAMES, POLICY_NAMES
+from hycache.config import DEFAULT_EVICTION_ALPHA, EVICTION_NAMES, POLICY_NAMES, CacheKnobs
+from hycache.engine.options import EngineOptions
 from hycache.server.settings import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS
 from hycache.sim.build import WORKLOAD_KINDS, PrefixHints, SimGeometry, WorkloadSizes
 
@@ -449,49 +450,59 @@ class StoreArgs:
             open_store(spec, gb).close()  # `host` allocates nothing up front; others raise
         return cls(spec, gb)
 
-    def engine_kwargs(self) -> dict[str, Any]:
-        """`LLM`'s second-tier arguments (none without a store)."""
-        return {"kv_store": self.kind, "kv_store_gb": self.gb} if self.kind is not None else {}
+
+def knobs_from_cli_args(
+    args: argparse.Namespace, base: CacheKnobs, *, arms: bool = False
+) -> CacheKnobs:
+    """The cache knobs the flags set, over `base` (the command's defaults): every
+    `CacheKnobs` field the namespace has by name (`--block-size` is `block_size`, ...; None:
+    not given), and `--no-prefix-caching`. With `arms`, `--policy` names the arms to run
+    (simulate, explain) and is no knob. The one place any sub-command turns flags into knobs;
+    the knobs check them (a ValueError: one line, exit status 2)."""
+    given = {
+        f.name: getattr(args, f.name)
+        for f in fields(CacheKnobs)
+        if getattr(args, f.name, None) is not None and not (arms and f.name == "policy")
+    }
+    if getattr(args, "no_prefix_caching", False):
+        given["enable_prefix_caching"] = False
+    return base.replace(**given)
 
 
 @dataclass(frozen=True)
 class EngineArgs:
-    """The engine the flags describe (generate, serve)."""
+    """The engine the flags describe (generate, serve): the model, its cache knobs, and
+    everything else it is built with (the second tier of `--kv-store` included)."""
 
     model: str
-    kwargs: dict[str, Any]
-    store: StoreArgs
+    knobs: CacheKnobs
+    options: EngineOptions
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
-        kwargs = {
-            "dtype": args.dtype,
-            "block_size": args.block_size,
-            "prefix_match_unit": args.prefix_match_unit,
-            "num_blocks": args.num_blocks,
-            "max_model_len": args.max_model_len,
-            "policy": args.policy,
-            "enable_prefix_caching": not args.no_prefix_caching,
-            "num_speculative_tokens": args.num_speculative_tokens,
-            "draft_model": args.draft_model,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "max_num_seqs": args.max_num_seqs,
-            "seed": args.seed,
-            "eviction": args.eviction,
-            "eviction_alpha": args.eviction_alpha,
-            "internal_checkpoints": args.internal_checkpoints,
-        }
         has_store = hasattr(args, "kv_store")
         store = StoreArgs.from_cli_args(args) if has_store else StoreArgs(None, 0.0)
-        return cls(args.model, kwargs, store)
+        options = EngineOptions(
+            dtype=args.dtype,
+            num_blocks=args.num_blocks,
+            max_model_len=args.max_model_len,
+            num_speculative_tokens=args.num_speculative_tokens,
+            draft_model=args.draft_model,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            seed=args.seed,
+        )
+        if store.kind is not None:
+            options = replace(options, kv_store=store.kind, kv_store_gb=store.gb)
+        return cls(args.model, knobs_from_cli_args(args, CacheKnobs()), options)
 
     def build(self, *, warmup: bool = False) -> LLM:
         """Load the model and build the engine, with its second tier when there is one
         (`warmup`: `LLM(warmup=True)`, what a server does before it listens)."""
         from hycache.engine import engine
 
-        kwargs = {**self.kwargs, **self.store.engine_kwargs()}
-        return engine.LLM(self.model, **kwargs, warmup=warmup)
+        options = replace(self.options, warmup=warmup)
+        return engine.LLM(self.model, knobs=self.knobs, options=options)
 
 
 def build_llm(args: argparse.Namespace) -> LLM:
@@ -512,19 +523,11 @@ class CacheArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> CacheArgs:
         geometry = SimGeometry(
-            block_size=args.block_size,
-            prefix_match_unit=args.prefix_match_unit,
+            knobs_from_cli_args(args, CacheKnobs(), arms=True),
             num_speculative_tokens=args.num_speculative_tokens if args.eagle else 0,
             acceptance_rate=args.acceptance_rate,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
-            retention=args.retention,
-            hash_seed=args.hash_seed,
-            eviction=args.eviction,
-            eviction_alpha=args.eviction_alpha,
-            internal_checkpoints=args.internal_checkpoints,
-            prefix_caching=not args.no_prefix_caching,
-            admission=args.admission,
         )
         return cls(geometry, args.eagle, args.num_speculative_tokens, args.num_blocks)
 

@@ -19,6 +19,7 @@ from hycache.cli.args import (
     add_eviction_flags,
     add_flag,
     add_store_args,
+    knobs_from_cli_args,
     positive_int,
 )
 from hycache.cli.tables import console, curves_table, policy_table, progress_reporter
@@ -32,8 +33,7 @@ def quick_bench(engine: Any, sim: Any) -> tuple[Any, Any]:
     if engine is not None:
         engine = replace(
             engine,
-            block_size=64,
-            prefix_match_unit=8,
+            knobs=engine.knobs.replace(block_size=64, prefix_match_unit=8),
             shared_prefix_tokens=600,
             suffix_tokens=100,
             output_tokens=8,
@@ -121,14 +121,12 @@ class BenchArgs:
         store = StoreArgs.from_cli_args(args)
         if store.kind is not None and args.skip_engine:
             raise UserError("--kv-store: a second tier is for the engine part; drop --skip-engine")
-        ev = {
-            "eviction": args.eviction,
-            "eviction_alpha": args.eviction_alpha,
-            "internal_checkpoints": args.internal_checkpoints,
-            "prefix_caching": not args.no_prefix_caching,
-        }
-        engine = None if args.skip_engine else EngineBench(**ev)
-        sim = None if args.skip_simulated else SimBench(model=args.model, gpu=args.gpu, **ev)
+        engine = sim = None
+        if not args.skip_engine:
+            engine = EngineBench(knobs=knobs_from_cli_args(args, EngineBench().knobs))
+        if not args.skip_simulated:
+            knobs = knobs_from_cli_args(args, SimBench().knobs)
+            sim = SimBench(model=args.model, gpu=args.gpu, knobs=knobs)
         if args.quick:
             engine, sim = quick_bench(engine, sim)
         if engine is not None:

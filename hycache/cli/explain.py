@@ -18,15 +18,13 @@ def inputs_from_cli_args(cache: CacheArgs, args: argparse.Namespace) -> ExplainI
     hints = prefix_hints(args.prefix_hint)
     tokens = (args.shared_prefix,) if hints.shared else ()
     return ExplainInputs(
-        block_size=args.block_size,
-        prefix_match_unit=args.prefix_match_unit,
+        cache.geometry.knobs,
         eagle=cache.eagle,
         prompt_tokens=args.prompt_tokens,
         shared_prefix=args.shared_prefix,
         num_speculative_tokens=args.num_speculative_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens,
         prefix_hints=(*tokens, *hints.tokens),
-        internal_checkpoints=args.internal_checkpoints,
     )
 
 

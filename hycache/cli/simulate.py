@@ -153,7 +153,7 @@ class SimulateArgs:
             self.model,
             self.gpu,
             num_speculative_tokens=g.num_speculative_tokens,
-            block_size=g.block_size,
+            block_size=g.knobs.block_size,
             pool_layout=self.pool_layout,
         )
 
@@ -187,7 +187,7 @@ def size_pools(a: SimulateArgs, workload: Workload, cost: CostModel | None) -> P
     if num_blocks is None:
         num_blocks, pages = sim_pools(
             cost,
-            block_size=g.block_size,
+            block_size=g.knobs.block_size,
             max_model_len=max_len,
             pool_layout=a.pool_layout,
             max_num_seqs=g.max_num_seqs,
@@ -241,8 +241,8 @@ def run_inputs(
     inputs = {
         "workload": workload.name,
         "num_requests": workload.size,
-        "block_size": g.block_size,
-        "prefix_match_unit": g.prefix_match_unit,
+        "block_size": g.knobs.block_size,
+        "prefix_match_unit": g.knobs.prefix_match_unit,
         "eagle": a.cache.eagle,
         "num_speculative_tokens": g.num_speculative_tokens,
         "acceptance_rate": g.acceptance_rate,

@@ -4,139 +4,30 @@
     outs = llm.generate([[1, 2, 3], "text (needs a tokenizer)"], SamplingParams(max_tokens=8))
     for event in llm.stream(prompts, params): ...
 
-One step is schedule -> run -> update. Requests the model cannot take are refused at
-`add_request` with a ValueError, before anything is queued.
+One step is schedule -> run -> update (`step`; a step observer sees each step's schedule).
+Requests the model cannot take are refused at `add_request` with a ValueError, before anything
+is queued. Building the engine (loading, the drafter, sizing the pools, the config, the store)
+is `hycache.engine.build`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from hycache.cache import layout
-from hycache.config import (
-    DEFAULT_EVICTION_ALPHA,
-    CacheConfig,
-    GroupKind,
-    HycacheConfig,
-    Policy,
-    RecomputeCost,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
-from hycache.engine.host_memory import keep_freed_memory
+from hycache.config import CacheKnobs, HycacheConfig
+from hycache.engine.build import build_engine
+from hycache.engine.options import EngineOptions, resolve
 from hycache.engine.outputs import EngineSnapshot, EngineStats, RequestOutput, StreamEvent
-from hycache.engine.runner import ModelRunner
-from hycache.engine.tier import attach_store, engine_fingerprint
 from hycache.hashing import extra_key_bytes
 from hycache.model.configs.base import HybridConfig
-from hycache.model.configs.qwen3_next import Qwen3NextConfig
-from hycache.model.eagle import EagleHead
-from hycache.model.loader import load_model
-from hycache.model.mtp import MtpHead, checkpoint_mtp_tensors
 from hycache.request import Request, RequestStatus, SamplingParams
-from hycache.sched.scheduler import Scheduler, SchedulerOutput
+from hycache.sched.scheduler import SchedulerOutput
 from hycache.store import KVStore
-
-DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
-
-def state_bytes(mc: HybridConfig, dtype: torch.dtype) -> int:
-    """Bytes of one conv + SSM state slot over every Mamba layer (`layout.state_page_bytes`)."""
-    return layout.state_page_bytes(mc, dtype.itemsize)
-
-
-def attention_block_bytes(
-    mc: HybridConfig, block_size: int, dtype: torch.dtype, drafter: bool
-) -> int:
-    """Bytes behind one attention block id: its K/V rows in every attention cache (the
-    drafter's too). SSM states have a pool of their own (`state_bytes` a page)."""
-    layers = mc.num_attention_layers + (1 if drafter else 0)
-    return layout.attention_block_bytes(
-        layers, block_size, mc.num_key_value_heads, mc.head_dim, dtype.itemsize
-    )
-
-
-def recompute_cost(model: torch.nn.Module, mc: HybridConfig, drafter: bool) -> RecomputeCost:
-    """The prefill FLOPs `flop-aware` eviction prices entries with, from the model's own
-    layers (the simulator's `CostModel.recompute_cost` terms): 2 FLOPs per weight of every
-    decoder layer and token (MLP-only layers split over the mixer kinds by count), attention
-    `4 * heads * head_dim` per (query, key) pair per attention layer (+ the drafter's)."""
-    layers = list(getattr(model, "decoder_layers", ()))
-    ssm = attn = other = 0
-    for i, layer in enumerate(layers):
-        n = sum(p.numel() for p in layer.parameters())
-        if mc.is_mamba_layer(i):
-            ssm += n
-        elif mc.is_attention_layer(i):
-            attn += n
-        else:
-            other += n
-    mixers = mc.num_mamba_layers + mc.num_attention_layers
-    ssm_params = ssm + (other * mc.num_mamba_layers / mixers if mixers else 0)
-    token = 2.0 * (ssm + attn + other)
-    pair = 4.0 * mc.num_attention_heads * mc.head_dim * (mc.num_attention_layers + drafter)
-    if token == 0 and pair == 0:
-        return RecomputeCost()
-    return RecomputeCost(token, pair, 2.0 * ssm_params / token if token else 0.0)
-
-
-def make_drafter(
-    model: str,
-    mc: HybridConfig,
-    draft_model: str | None,
-    draft_seed: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> EagleHead | MtpHead:
-    """The drafter: the EAGLE head at `draft_model`; else the MTP layer a Qwen3-Next / Qwen3.5
-    checkpoint carries (`mtp.*`; a random one for a GDN preset); else a random EAGLE head."""
-    if draft_model:
-        return EagleHead.load(draft_model, mc, dtype, device)
-    if isinstance(mc, Qwen3NextConfig):
-        if Path(model).is_dir():
-            tensors = checkpoint_mtp_tensors(model)
-            if tensors:
-                return MtpHead.from_tensors(tensors, mc, dtype, device, what=f"{model} mtp.*")
-        else:
-            return MtpHead.random(mc, draft_seed, dtype, device)
-    return EagleHead.random(mc, draft_seed, dtype, device)
-
-
-def scratch_bytes(mc: HybridConfig, dtype: torch.dtype, max_num_seqs: int, k: int) -> int:
-    """Speculative scratch: one state slot per verified position of every sequence."""
-    return max_num_seqs * (k + 1) * state_bytes(mc, dtype) if k else 0
-
-
-def eos_token_ids(model: str) -> tuple[int, ...]:
-    """Every end-of-sequence id the checkpoint names: `eos_token_id` in `config.json` and in
-    `generation_config.json`, each an int or a list (presets have none)."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = Path(model) / name
-        if not path.is_file():
-            continue
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # a broken file is the loader's to report; it names no EOS here
-        eos = doc.get("eos_token_id") if isinstance(doc, dict) else None
-        for t in eos if isinstance(eos, list) else [eos]:
-            if isinstance(t, int) and not isinstance(t, bool) and t >= 0:
-                ids.add(t)
-    return tuple(sorted(ids))
-
 
 PrefixHints = Sequence[int] | Sequence[Sequence[int]] | None
 
@@ -154,137 +45,53 @@ def _hints_list(hints: PrefixHints, n: int) -> list[tuple[int, ...]]:
     return [tuple(int(x) for x in h) for h in hints]  # type: ignore[union-attr]
 
 
+StepObserver = Callable[[SchedulerOutput], None]
+
+
 class LLM:
     def __init__(
         self,
         model: str = "tiny",
         *,
-        dtype: str | torch.dtype = "float32",
-        device: str | None = None,
-        block_size: int = 64,
-        prefix_match_unit: int | None = 16,
-        num_blocks: int | None = None,
-        num_state_pages: int | None = None,
-        max_model_len: int | None = None,
-        policy: str | Policy = "limit",
-        retention: str | int = "semantic",
-        enable_prefix_caching: bool = True,
-        num_speculative_tokens: int = 0,
-        draft_model: str | None = None,
-        draft_seed: int = 0,
-        max_num_batched_tokens: int = 8192,
-        max_num_seqs: int = 64,
-        hash_seed: int = 0,
-        seed: int = 0,
-        cache_memory_gb: float = 1.0,
-        kv_store: str | KVStore | None = None,
-        kv_store_gb: float = 1.0,
-        eviction: str = "lru",
-        eviction_alpha: float = DEFAULT_EVICTION_ALPHA,
-        internal_checkpoints: bool = True,
+        knobs: CacheKnobs | None = None,
+        options: EngineOptions | None = None,
         prebuilt: tuple[torch.nn.Module, HybridConfig] | None = None,
-        warmup: bool = False,
+        **overrides: Any,
     ) -> None:
-        """Cache memory: by default `cache_memory_gb` (speculative scratch included) is split
-        into attention blocks and SSM state pages (`hycache.cache.layout`); `num_blocks` alone
-        sizes one pool shared by both kinds, as the simulator does; both set two pools.
+        """The engine of `model` (a preset name or a checkpoint directory).
 
-        `kv_store`: a second cache tier behind the device pool, "host" (this process's RAM,
-        `kv_store_gb` GiB, LRU) or "mooncake://HOST:PORT" (a Mooncake master shared with other
-        processes; this one contributes `kv_store_gb` GiB), or a `KVStore`.
-
-        `eviction`: `lru` or `flop-aware` (entries valued by the FLOPs a hit saves, priced from
-        this model's layers: `recompute_cost`), weighed by `eviction_alpha`.
-
-        `internal_checkpoints`: SSM checkpoints written inside a forward, not by splitting the
-        prefill at each (`CacheConfig.internal_checkpoints`).
+        `knobs`: the cache's choices (`hycache.config.CacheKnobs`: block size, unit, policy,
+        retention, eviction, admission, ...); `options`: everything else it is built with
+        (`hycache.engine.options.EngineOptions`: dtype, device, drafter, memory, scheduler
+        budget, second tier, warm-up). `overrides`: any field of either by name, applied
+        over them (`LLM("tiny", block_size=64, num_speculative_tokens=2)`); a name neither
+        declares is a TypeError.
 
         `prebuilt`: a (model, config) built by the caller (e.g. random weights made on the
         device for a model too large to initialise on the host); `model` then only names it.
 
-        `warmup`: run one forward of `max_num_batched_tokens` positions before the first
-        request (`ModelRunner.warmup`), as a server does before it listens: the first
-        request's step then runs as fast as the ones after it."""
-        torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if torch.device(dev).type == "cpu":
-            keep_freed_memory()  # the forward's temporaries stop faulting in fresh pages
-        if prebuilt is not None:
-            self.model, self.model_config = prebuilt  # type: ignore[assignment]
-            self.tokenizer = None
-        else:
-            self.model, self.model_config, self.tokenizer = load_model(model, torch_dtype, dev)
-        mc = self.model_config
-        max_len = max_model_len or min(mc.max_position_embeddings, 8192)
-        drafter = None
-        if num_speculative_tokens:
-            drafter = make_drafter(model, mc, draft_model, draft_seed, torch_dtype, dev)
-        groups: list[GroupKind] = []
-        if mc.num_attention_layers:
-            groups.append(GroupKind.ATTENTION)
-        if mc.num_mamba_layers:
-            groups.append(GroupKind.SSM)
-        if drafter is not None:
-            groups.append(GroupKind.ATTENTION)
-        budget = int(cache_memory_gb * 2**30)
-        scratch = scratch_bytes(mc, torch_dtype, max_num_seqs, num_speculative_tokens)
-        if scratch >= budget:
-            raise ValueError(
-                f"cache_memory_gb: {cache_memory_gb} GiB cannot hold the speculative scratch "
-                f"states ({max_num_seqs} sequences x {num_speculative_tokens + 1} positions = "
-                f"{scratch / 2**30:.2f} GiB); lower num_speculative_tokens or max_num_seqs, or "
-                "raise cache_memory_gb"
-            )
-        if num_blocks is None:  # two pools from what the scratch states leave of the budget
-            sizes = layout.split_budget(
-                budget - scratch,
-                attention_block_bytes=attention_block_bytes(
-                    mc, block_size, torch_dtype, drafter is not None
-                ),
-                state_page_bytes=state_bytes(mc, torch_dtype),
-                max_model_len=max_len,
-                block_size=block_size,
-                attention_groups=groups.count(GroupKind.ATTENTION),
-            )
-            num_blocks = sizes.num_blocks
-            if mc.num_mamba_layers and num_state_pages is None:
-                num_state_pages = sizes.num_state_pages
-        self.config = HycacheConfig(
-            CacheConfig(
-                block_size=block_size,
-                prefix_match_unit=prefix_match_unit,
-                num_blocks=num_blocks,
-                num_state_pages=num_state_pages if mc.num_mamba_layers else None,
-                max_model_len=max_len,
-                policy=policy,
-                retention=retention,
-                enable_prefix_caching=enable_prefix_caching,
-                hash_seed=hash_seed,
-                groups=tuple(groups),
-                eviction=eviction,
-                eviction_alpha=eviction_alpha,
-                recompute_cost=recompute_cost(self.model, mc, drafter is not None),
-                internal_checkpoints=internal_checkpoints,
-            ),
-            SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
-            SchedulerConfig(max_num_batched_tokens, max_num_seqs),
-        )
-        self.scheduler = Scheduler(self.config, keep_finished=0)  # `step` reports each finish
-        self.runner = ModelRunner(self.model, self.config, drafter=drafter, seed=seed)
-        if warmup:
-            self.runner.warmup(min(max_num_batched_tokens, max_len))
-        self.store: KVStore | None = None
-        if kv_store is not None:
-            seed_id = None if draft_model else draft_seed
-            fp = engine_fingerprint(model, mc, torch_dtype, self.config, draft_model, seed_id)
-            mirror = attach_store(kv_store, kv_store_gb, self.scheduler.cache, self.runner, fp)
-            self.store = mirror.store
+        `add_step_observer` registers a callback that sees every step's `SchedulerOutput`."""
+        knobs, options = resolve(knobs, options, overrides)
+        parts = build_engine(model, knobs, options, prebuilt)
+        self.model, self.model_config = parts.model, parts.model_config
+        self.tokenizer = parts.tokenizer
+        self.config: HycacheConfig = parts.config
+        self.scheduler, self.runner = parts.scheduler, parts.runner
+        self.store: KVStore | None = parts.store
+        self.eos_token_ids = parts.eos_token_ids
         self.stats = EngineStats()
-        # the last step's schedule (`hycache.bench.calibrate` reads the work each timed step did)
-        self.last_schedule: SchedulerOutput | None = None
+        self._observers: list[StepObserver] = []
         self._ids = itertools.count()
         self._streamed: dict[str, int] = {}  # output tokens already streamed, per request
-        self.eos_token_ids = eos_token_ids(model)
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call `observer(schedule)` after every step has run and been applied, with the
+        step's `SchedulerOutput` (what ran: each request's tokens, drafts and context; what
+        `hycache.bench` prices a timed step by)."""
+        self._observers.append(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        self._observers.remove(observer)
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -396,10 +203,12 @@ class LLM:
 
     def step(self) -> list[StreamEvent]:
         """One engine step; returns the new tokens of every request that produced some."""
-        out = self.last_schedule = self.scheduler.schedule()
+        out = self.scheduler.schedule()
         results = self.runner.execute(out)
         finished = self.scheduler.update(out, results)
         self.stats.steps += 1
+        for observe in self._observers:
+            observe(out)
         events: list[StreamEvent] = []
         before: dict[str, int] = {}  # output tokens streamed before this step
         done = {r.request_id for r in finished}

@@ -21,8 +21,8 @@ from typing import Any
 
 from hycache.cache.layout import unsized_num_blocks
 from hycache.config import (
-    DEFAULT_EVICTION_ALPHA,
     CacheConfig,
+    CacheKnobs,
     GroupKind,
     HycacheConfig,
     SchedulerConfig,
@@ -169,21 +169,15 @@ def build_workload(spec: WorkloadSpec) -> Workload:
 
 @dataclass(frozen=True)
 class SimGeometry:
-    """What a simulated run's config is made of (`simulate`, `explain`, `bench`)."""
+    """What a simulated run's config is made of (`simulate`, `explain`, `bench`): the cache
+    knobs, the drafter and the scheduler's budget. The knobs' `policy` is the default arm's;
+    `build_config(policy=...)` sets an arm's own."""
 
-    block_size: int
-    prefix_match_unit: int | None
+    knobs: CacheKnobs
     num_speculative_tokens: int = 0  # drafts per step (0: no drafter)
     acceptance_rate: float = 0.7
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 64
-    retention: str | int = "semantic"
-    hash_seed: int = 0
-    eviction: str = "lru"
-    eviction_alpha: float = DEFAULT_EVICTION_ALPHA
-    internal_checkpoints: bool = True
-    prefix_caching: bool = True  # False: `--no-prefix-caching`
-    admission: bool = True  # False: `--no-admission`
 
 
 def build_config(
@@ -191,26 +185,19 @@ def build_config(
     *,
     max_model_len: int,
     num_blocks: int,
-    policy: str = "limit",
+    policy: str | None = None,
     num_state_pages: int | None = None,
 ) -> HycacheConfig:
-    """The config of one simulated arm (an attention and an SSM group)."""
+    """The config of one simulated arm (an attention and an SSM group) under `policy` (None:
+    the knobs')."""
+    knobs = g.knobs if policy is None else g.knobs.replace(policy=policy)
     return HycacheConfig(
         CacheConfig(
-            block_size=g.block_size,
-            prefix_match_unit=g.prefix_match_unit,
+            knobs,
             num_blocks=num_blocks,
             num_state_pages=num_state_pages,
             max_model_len=max_model_len,
-            policy=policy,
-            retention=g.retention,
-            hash_seed=g.hash_seed,
             groups=(GroupKind.ATTENTION, GroupKind.SSM),
-            eviction=g.eviction,
-            eviction_alpha=g.eviction_alpha,
-            internal_checkpoints=g.internal_checkpoints,
-            enable_prefix_caching=g.prefix_caching,
-            admission=g.admission,
         ),
         SpeculativeConfig(
             num_speculative_tokens=g.num_speculative_tokens, acceptance_rate=g.acceptance_rate

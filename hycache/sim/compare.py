@@ -125,11 +125,8 @@ def arm_config(config: HycacheConfig, arm: Arm) -> HycacheConfig:
     also drops the drafter (k = 0), `no-caching` turns prefix caching off."""
     internal = config.cache.internal_checkpoints if arm.internal is None else arm.internal
     caching = config.cache.enable_prefix_caching and arm.caching
-    cache = replace(
-        config.cache,
-        policy=arm.policy,
-        internal_checkpoints=internal,
-        enable_prefix_caching=caching,
+    cache = config.cache.with_knobs(
+        policy=arm.policy, internal_checkpoints=internal, enable_prefix_caching=caching
     )
     cfg = replace(config, cache=cache)
     if not arm.drafter:

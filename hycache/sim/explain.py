@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hycache.cache.block_pool import BlockEvent
-from hycache.config import POLICY_NAMES, GroupKind
+from hycache.config import POLICY_NAMES, CacheKnobs, GroupKind
 from hycache.request import Request, SamplingParams
 from hycache.sched.executor import DryRunExecutor, run_to_completion
 from hycache.sched.scheduler import Scheduler
@@ -24,21 +24,22 @@ MAX_PROMPT_TOKENS = 4_000_000  # about 4 s per policy here; far beyond any model
 
 @dataclass(frozen=True)
 class ExplainInputs:
-    block_size: int
-    prefix_match_unit: int | None
+    """What explain runs: the cache knobs (each policy replaces their `policy`), the drafter,
+    the producer's prompt `T` and the prefix `P` its siblings share."""
+
+    knobs: CacheKnobs
     eagle: bool
     prompt_tokens: int
     shared_prefix: int
     num_speculative_tokens: int = 3
     max_num_batched_tokens: int = 8192
     prefix_hints: tuple[int, ...] = ()
-    internal_checkpoints: bool = True  # SSM checkpoints written inside the forward
 
     def summary(self) -> dict[str, Any]:
         """The `inputs` part of an explain result (this one and `--backend vllm`'s)."""
         return {
-            "block_size": self.block_size,
-            "prefix_match_unit": self.prefix_match_unit or self.block_size,
+            "block_size": self.knobs.block_size,
+            "prefix_match_unit": self.knobs.unit,
             "eagle": self.eagle,
             "prompt_tokens": self.prompt_tokens,
             "shared_prefix": self.shared_prefix,
@@ -62,15 +63,13 @@ class ExplainInputs:
 
 def explain_policy(inputs: ExplainInputs, policy: str) -> dict[str, Any]:
     """Run producer, three siblings and an identical resend one after another."""
-    t, p, b = inputs.prompt_tokens, inputs.shared_prefix, inputs.block_size
+    t, p, b = inputs.prompt_tokens, inputs.shared_prefix, inputs.knobs.block_size
     max_len = t + 8
     blocks_per_req = -(-max_len // b) + 1
     geometry = SimGeometry(
-        block_size=b,
-        prefix_match_unit=inputs.prefix_match_unit,
+        inputs.knobs,
         num_speculative_tokens=inputs.num_speculative_tokens if inputs.eagle else 0,
         max_num_batched_tokens=inputs.max_num_batched_tokens,
-        internal_checkpoints=inputs.internal_checkpoints,
     )
     cfg = build_config(
         geometry, max_model_len=max_len, num_blocks=8 * blocks_per_req + 16, policy=policy

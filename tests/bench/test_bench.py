@@ -19,6 +19,7 @@ from hycache.bench.suite import (
     engine_orders,
 )
 from hycache.cli.main import main
+from hycache.config import CacheKnobs
 from hycache.sim.compare import DEFAULT_ARMS
 from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape
 
@@ -38,8 +39,7 @@ SIM_KEYS = KEYS | {"ssm_pages_stored", "ssm_snapshot_pages", "ssm_pages_peak", "
 
 def toy() -> tuple[EngineBench, SimBench]:
     engine = EngineBench(
-        block_size=32,
-        prefix_match_unit=4,
+        knobs=CacheKnobs(32, 4),
         shared_prefix_tokens=150,
         suffix_tokens=40,
         output_tokens=4,
@@ -50,8 +50,7 @@ def toy() -> tuple[EngineBench, SimBench]:
         threads=1,
     )
     sim = SimBench(
-        block_size=256,
-        prefix_match_unit=16,
+        knobs=CacheKnobs(256, 16),
         concurrency=8,
         system_prompt=SystemPromptShape(24, 3000, 400, 16),
         family=FamilyShape(4, (3, 5), (300, 3000), (20, 200), (4, 16)),
@@ -192,16 +191,17 @@ def test_no_internal_checkpoints_reaches_every_arm_but_the_split_ones() -> None:
     args = make_parser().parse_args(["bench", "--no-internal-checkpoints"])
     assert args.internal_checkpoints is False
     engine, sim = toy()
-    off = replace(sim, internal_checkpoints=False)
+    off = replace(sim, knobs=sim.knobs.replace(internal_checkpoints=False))
     w = bench_workload(off, "system-prompt")
     assert not sim_config(off, w, sim_cost(off)).cache.internal_checkpoints
     assert sim_config(sim, w, sim_cost(sim)).cache.internal_checkpoints
-    assert replace(engine, internal_checkpoints=False).prompts() == engine.prompts()
+    engine_off = replace(engine, knobs=engine.knobs.replace(internal_checkpoints=False))
+    assert engine_off.prompts() == engine.prompts()
 
 
 def test_no_prefix_caching_turns_caching_off_in_every_arm() -> None:
     """`hycache bench --no-prefix-caching`: every simulated arm runs with caching off (the
-    engine arms too: `EngineBench.prefix_caching`)."""
+    engine arms too: `EngineBench.knobs.enable_prefix_caching`)."""
     from dataclasses import replace
 
     from hycache.bench.suite import bench_workload, sim_config, sim_cost
@@ -210,9 +210,10 @@ def test_no_prefix_caching_turns_caching_off_in_every_arm() -> None:
 
     args = make_parser().parse_args(["bench", "--no-prefix-caching", "--quick"])
     a = BenchArgs.from_cli_args(args)
-    assert a.engine.prefix_caching is False and a.sim.prefix_caching is False
+    assert a.engine.knobs.enable_prefix_caching is False
+    assert a.sim.knobs.enable_prefix_caching is False
     _, sim = toy()
-    off = replace(sim, prefix_caching=False)
+    off = replace(sim, knobs=sim.knobs.replace(enable_prefix_caching=False))
     w = bench_workload(off, "family")
     assert not sim_config(off, w, sim_cost(off)).cache.enable_prefix_caching
     assert sim_config(sim, w, sim_cost(sim)).cache.enable_prefix_caching

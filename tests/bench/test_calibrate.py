@@ -12,6 +12,7 @@ import pytest
 
 from hycache.bench.steps import STEP_KINDS
 from hycache.bench.validate import compare, misses
+from hycache.config import CacheKnobs
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
 from hycache.sim.fit import (
     Conditions,
@@ -340,7 +341,12 @@ def _tiny_calibration() -> Any:
     )
     held = Grid(prefill=(PrefillProbe(128, (0,)),), decode=(), copies=(), state_writes=())
     return CalibrateOptions(
-        repeats=1, block_size=64, grid=grid, held_out=held, cache_memory_gb=0.05, clock="cpu"
+        repeats=1,
+        knobs=CacheKnobs(64, 8),
+        grid=grid,
+        held_out=held,
+        cache_memory_gb=0.05,
+        clock="cpu",
     )
 
 
@@ -501,7 +507,7 @@ def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
     grid = Grid(prefill=(PrefillProbe(64, (0,)),), decode=(DecodeProbe(64, 2, (1,)),),
                 copies=(), state_writes=())  # fmt: skip
     empty = Grid(prefill=(), decode=(), copies=(), state_writes=())
-    cal = CalibrateOptions(repeats=1, block_size=64, grid=grid, held_out=empty,
+    cal = CalibrateOptions(repeats=1, knobs=CacheKnobs(64, 8), grid=grid, held_out=empty,
                            cache_memory_gb=0.05)  # fmt: skip
     path = tmp_path / "profile.json"
     opts = ValidateOptions(profile=str(path), quick=True, workloads=("multi-turn",),

@@ -11,6 +11,7 @@ import pytest
 from hycache.bench.closed_loop import ClosedLoop, run_interleaved
 from hycache.bench.steps import EngineStep
 from hycache.bench.validate import ValidateOptions, _engine, build_workload
+from hycache.config import CacheKnobs
 
 POLICIES = ("lookahead", "limit")
 
@@ -102,7 +103,7 @@ def test_validate_steps_the_policies_in_turn_unless_told_not_to(tmp_path: Any) -
     grid = Grid(prefill=(PrefillProbe(64, (0,)),), decode=(DecodeProbe(64, 2, (1,)),),
                 copies=(), state_writes=())  # fmt: skip
     empty = Grid(prefill=(), decode=(), copies=(), state_writes=())
-    cal = CalibrateOptions(repeats=1, decode_repeats=1, block_size=64, grid=grid,
+    cal = CalibrateOptions(repeats=1, decode_repeats=1, knobs=CacheKnobs(64, 8), grid=grid,
                            held_out=empty, cache_memory_gb=0.05)  # fmt: skip
     for interleave, expected in (
         (True, ["lookahead + limit in turn", "limit + lookahead in turn"]),

@@ -11,6 +11,7 @@ import pytest
 from hycache.bench.calibrate import Measured
 from hycache.bench.steps import EngineStep, cross_fit, engine_samples
 from hycache.bench.validate import compare
+from hycache.config import CacheKnobs
 from hycache.sim.costmodel import SeqWork, StepWork
 from hycache.sim.fit import Conditions, Fit, Sample, fit, predict, residuals
 from hycache.sim.presets import GpuSpec, load_model_spec
@@ -152,7 +153,7 @@ def test_a_calibration_round_every_other_engine_repeat() -> None:
     grid = Grid(prefill=(PrefillProbe(64, (0,)),), decode=(DecodeProbe(64, 2, (1,)),),
                 copies=(), state_writes=())  # fmt: skip
     empty = Grid(prefill=(), decode=(), copies=(), state_writes=())
-    cal = CalibrateOptions(repeats=1, decode_repeats=2, block_size=64, grid=grid,
+    cal = CalibrateOptions(repeats=1, decode_repeats=2, knobs=CacheKnobs(64, 8), grid=grid,
                            held_out=empty, cache_memory_gb=0.05)  # fmt: skip
     import tempfile
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hycache.cache.admission import ADMIT_EXPLORE, Admission
 from hycache.cache.block_pool import BlockPool, CacheKey
 from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
-from hycache.config import GroupKind, Policy
+from hycache.config import CacheKnobs, GroupKind, Policy
 from hycache.sched.executor import run_to_completion
 from hycache.sched.scheduler import Scheduler
 from tests.helpers import RecordingExecutor, make_config, new_request, tokens
@@ -159,7 +159,9 @@ def _cached_low(pool: BlockPool, pos: int) -> int:
 def test_state_kind_names_why_each_prompt_state_is_kept() -> None:
     from hycache.config import CacheConfig, SpeculativeConfig
 
-    cache = CacheConfig(block_size=4416, prefix_match_unit=64, num_blocks=64, max_model_len=70000)
+    cache = CacheConfig(
+        CacheKnobs(block_size=4416, prefix_match_unit=64), num_blocks=64, max_model_len=70000
+    )
     b = Boundaries.from_config(cache, SpeculativeConfig(num_speculative_tokens=3))
     t = 64_016  # the worked example: replay 61,824, drop replay 57,408, tail 64,000
     assert b.state_kind(64_000, t) is StateKind.TAIL
@@ -183,7 +185,7 @@ def _run(admission: bool, seed: int, num_blocks: int) -> Scheduler:
         num_blocks=num_blocks,
         max_num_seqs=4,
     )
-    cfg = replace(cfg, cache=replace(cfg.cache, admission=admission))
+    cfg = replace(cfg, cache=cfg.cache.with_knobs(admission=admission))
     sched = Scheduler(cfg)
     ex = RecordingExecutor(num_speculative_tokens=3, acceptance_rate=0.6, seed=seed)
     rng = random.Random(seed)

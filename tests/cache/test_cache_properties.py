@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from hycache.cache.block_pool import BlockEvent, CacheKey
 from hycache.cache.manager import CacheManager
-from hycache.config import CacheConfig, GroupKind, SpeculativeConfig
+from hycache.config import CacheConfig, CacheKnobs, GroupKind, SpeculativeConfig
 from hycache.request import Request, SamplingParams
 
 B, U = 4, 2
@@ -24,13 +24,12 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.cfg = CacheConfig(
-            block_size=B,
-            prefix_match_unit=U,
+            CacheKnobs(
+                block_size=B, prefix_match_unit=U, policy=self.policy, eviction=self.eviction
+            ),
             num_blocks=24,
             max_model_len=20,
-            policy=self.policy,
             groups=(GroupKind.ATTENTION, GroupKind.SSM, GroupKind.ATTENTION),
-            eviction=self.eviction,
         )
         self.cache = CacheManager(self.cfg, SpeculativeConfig(num_speculative_tokens=2))
         self.live: dict[str, Request] = {}

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from hycache.cache.block_pool import BlockPool, CacheKey
 from hycache.cache.eviction import FlopValue, prefill_flops
 from hycache.cache.manager import CacheManager
-from hycache.config import CacheConfig, Eviction, GroupKind, RecomputeCost, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    CacheKnobs,
+    Eviction,
+    GroupKind,
+    RecomputeCost,
+    SpeculativeConfig,
+)
 
 
 def key(i: int, group: int = 0) -> CacheKey:
@@ -240,14 +247,16 @@ def test_the_cost_model_prices_bamba_mostly_in_its_ssm_layers() -> None:
 
 
 def test_config_parses_and_checks_the_eviction_fields() -> None:
-    c = CacheConfig(eviction="flop-aware", eviction_alpha=0.5)
+    c = CacheConfig(
+        CacheKnobs(block_size=16, prefix_match_unit=None, eviction="flop-aware", eviction_alpha=0.5)
+    )
     assert c.eviction is Eviction.FLOP_AWARE
-    assert CacheConfig().eviction is Eviction.LRU
+    assert CacheConfig(CacheKnobs(block_size=16, prefix_match_unit=None)).eviction is Eviction.LRU
     with pytest.raises(ValueError, match="eviction: unknown"):
-        CacheConfig(eviction="lfu")
+        CacheConfig(CacheKnobs(block_size=16, prefix_match_unit=None, eviction="lfu"))
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="eviction_alpha"):
-            CacheConfig(eviction_alpha=bad)
+            CacheConfig(CacheKnobs(block_size=16, prefix_match_unit=None, eviction_alpha=bad))
     with pytest.raises(ValueError, match="ssm_fraction"):
         RecomputeCost(ssm_fraction=1.5)
     with pytest.raises(ValueError, match="token_flops"):
@@ -256,10 +265,20 @@ def test_config_parses_and_checks_the_eviction_fields() -> None:
 
 def test_the_cache_manager_scores_only_under_flop_aware() -> None:
     spec = SpeculativeConfig()
-    lru = CacheManager(CacheConfig(num_blocks=64, max_model_len=256), spec)
+    lru = CacheManager(
+        CacheConfig(
+            CacheKnobs(block_size=16, prefix_match_unit=None), num_blocks=64, max_model_len=256
+        ),
+        spec,
+    )
     assert lru.pool.value is None
     fa = CacheManager(
-        CacheConfig(num_blocks=64, num_state_pages=16, max_model_len=256, eviction="flop-aware"),
+        CacheConfig(
+            CacheKnobs(block_size=16, prefix_match_unit=None, eviction="flop-aware"),
+            num_blocks=64,
+            num_state_pages=16,
+            max_model_len=256,
+        ),
         spec,
     )
     assert isinstance(fa.pool.value, FlopValue) and fa.state_pool.value is fa.pool.value
@@ -268,15 +287,8 @@ def test_the_cache_manager_scores_only_under_flop_aware() -> None:
 def _snapshot_cache(**kw: object) -> CacheManager:
     from hycache.config import Policy
 
-    cfg = CacheConfig(
-        block_size=8,
-        prefix_match_unit=4,
-        num_blocks=64,
-        num_state_pages=32,
-        max_model_len=128,
-        policy=Policy.LIMIT,
-        **kw,  # type: ignore[arg-type]
-    )
+    knobs = CacheKnobs(block_size=8, prefix_match_unit=4, policy=Policy.LIMIT, **kw)  # type: ignore[arg-type]
+    cfg = CacheConfig(knobs, num_blocks=64, num_state_pages=32, max_model_len=128)
     return CacheManager(cfg, SpeculativeConfig(num_speculative_tokens=2))
 
 

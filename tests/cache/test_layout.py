@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from hycache.cache.layout import PAGES_PER_SEQUENCE, split_budget
-from hycache.config import CacheConfig, GroupKind
-from hycache.engine.engine import LLM, attention_block_bytes, state_bytes
+from hycache.config import CacheConfig, CacheKnobs, GroupKind
+from hycache.engine.build import attention_block_bytes, state_bytes
+from hycache.engine.engine import LLM
 from hycache.model.configs import config_from_hf_dict
 from hycache.request import SamplingParams
 
@@ -55,7 +56,7 @@ def test_bamba_9b_fits_a_full_request_in_the_default_gigabyte() -> None:
     )
     groups = (GroupKind.ATTENTION, GroupKind.SSM, GroupKind.ATTENTION)
     cfg = CacheConfig(  # validates: one maximal request fits both pools
-        block_size=64,
+        CacheKnobs(block_size=64, prefix_match_unit=None),
         num_blocks=sizes.num_blocks,
         num_state_pages=sizes.num_state_pages,
         max_model_len=8192,

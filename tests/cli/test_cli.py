@@ -579,9 +579,10 @@ def test_a_long_error_stays_one_line_when_piped(
 
 
 def test_the_store_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--kv-store` / `--kv-store-gb` become `LLM(kv_store=..., kv_store_gb=...)`; without
-    them the engine is built exactly as before."""
+    """`--kv-store` / `--kv-store-gb` become the engine options' `kv_store` and
+    `kv_store_gb`; without them the engine is built exactly as before."""
     import argparse
+    from dataclasses import replace
 
     import hycache.engine.engine
     from hycache.cli.args import add_serve_args, add_store_args, build_llm
@@ -598,15 +599,17 @@ def test_the_store_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> No
     flags = ["--num-blocks", "7", "--num-speculative-tokens", "2", "--dtype", "float64"]
     build_llm(p.parse_args([*flags, "--kv-store", "host", "--kv-store-gb", "0.5"]))
     build_llm(p.parse_args(flags))
-    tiered, plain = calls
-    assert tiered == {**plain, "kv_store": "host", "kv_store_gb": 0.5}
-    assert plain["num_blocks"] == 7 and "kv_store" not in plain
+    tiered, plain = (c["options"] for c in calls)
+    assert tiered == replace(plain, kv_store="host", kv_store_gb=0.5)  # type: ignore[type-var]
+    assert plain.num_blocks == 7 and plain.kv_store is None  # type: ignore[attr-defined]
+    assert calls[0]["knobs"] == calls[1]["knobs"]
 
 
 def test_bench_store_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--kv-store` belongs to the engine part of `hycache bench`: refused with
     `--skip-engine` and for `bench serve`; each engine run opens (and closes) its own store."""
     from hycache.bench.suite import EngineBench, run_engine_policy
+    from hycache.config import CacheKnobs
 
     out = ["--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")]
     assert main(["bench", "--skip-engine", "--kv-store", "host", *out]) == 2
@@ -615,8 +618,7 @@ def test_bench_store_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(argv) == 2
     assert "--kv-store: a flag of `hycache bench`" in capsys.readouterr().err
     b = EngineBench(
-        block_size=16,
-        prefix_match_unit=4,
+        knobs=CacheKnobs(16, 4),
         shared_prefix_tokens=40,
         suffix_tokens=8,
         output_tokens=2,
@@ -691,9 +693,9 @@ def test_simulate_no_admission_keeps_every_state(tmp_path: Path) -> None:
     from hycache.cli.main import make_parser
 
     args = make_parser().parse_args(["simulate", "--no-admission"])
-    assert CacheArgs.from_cli_args(args).geometry.admission is False
+    assert CacheArgs.from_cli_args(args).geometry.knobs.admission is False
     args = make_parser().parse_args(["simulate"])
-    assert CacheArgs.from_cli_args(args).geometry.admission is True
+    assert CacheArgs.from_cli_args(args).geometry.knobs.admission is True
     out = tmp_path / "adm.json"
     base = ["simulate", "--workload", "system-prompt", "--num-requests", "60",
             "--shared-prefix-tokens", "300", "--suffix-tokens", "100:300", "--output-tokens",

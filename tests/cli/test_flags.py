@@ -132,3 +132,39 @@ def test_bench_model_and_gpu_name_the_simulated_part(tmp_path: Path) -> None:
     assert (got.sim.model, got.sim.gpu) == ("qwen3-next-80b-a3b", "b200")
     default = BenchArgs.from_cli_args(make_parser().parse_args(["bench", "--skip-engine", *out]))
     assert (default.sim.model, default.sim.gpu) == ("bamba-9b", "h200")
+
+
+def test_one_function_turns_every_command_s_flags_into_knobs() -> None:
+    """`knobs_from_cli_args` reads each `CacheKnobs` field by its name (so a new knob needs only
+    its field, its flag and its consumer), over the command's base knobs; `--no-prefix-caching`
+    turns caching off; under `arms` (simulate, explain) `--policy` names arms, not a knob."""
+    from dataclasses import fields
+
+    from hycache.cli.args import EngineArgs, knobs_from_cli_args
+    from hycache.config import CacheKnobs, Eviction, Policy
+
+    base = CacheKnobs(552, 8)
+    every = argparse.Namespace(
+        block_size=32,
+        prefix_match_unit=4,
+        policy="replay",
+        retention="dense",
+        no_prefix_caching=True,
+        hash_seed=7,
+        eviction="flop-aware",
+        eviction_alpha=0.5,
+        internal_checkpoints=False,
+        admission=False,
+    )
+    assert {f.name for f in fields(CacheKnobs)} - set(vars(every)) == {"enable_prefix_caching"}
+    got = knobs_from_cli_args(every, base)
+    assert got == CacheKnobs(32, 4, Policy.REPLAY, "dense", False, 7, Eviction.FLOP_AWARE,
+                             0.5, False, False)  # fmt: skip
+    assert knobs_from_cli_args(every, base, arms=True).policy is base.policy
+    assert knobs_from_cli_args(argparse.Namespace(), base) == base  # a command without them
+    with pytest.raises(ValueError, match=r"^prefix_match_unit"):
+        knobs_from_cli_args(argparse.Namespace(block_size=64, prefix_match_unit=5), base)
+    argv = ["generate", "--policy", "junction", "--eviction", "flop-aware"]
+    engine = EngineArgs.from_cli_args(make_parser().parse_args(argv))
+    assert engine.knobs == CacheKnobs(policy="junction", eviction="flop-aware")
+    assert engine.options.max_model_len == 4096 and engine.options.kv_store is None

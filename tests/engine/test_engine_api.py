@@ -74,7 +74,7 @@ def test_every_eos_id_of_the_checkpoint_stops_a_request(tmp_path) -> None:  # ty
     """`eos_token_id: [2, 131]` used to stop on 2 only; generation_config.json counts too."""
     import json
 
-    from hycache.engine.engine import eos_token_ids
+    from hycache.engine.build import eos_token_ids
     from hycache.request import Request, RequestStatus
 
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [2, 131]}))
@@ -95,7 +95,7 @@ def test_speculative_scratch_comes_out_of_the_cache_budget() -> None:
     import pytest
 
     from hycache.cache.layout import split_budget
-    from hycache.engine.engine import attention_block_bytes, scratch_bytes, state_bytes
+    from hycache.engine.build import attention_block_bytes, scratch_bytes, state_bytes
 
     with pytest.raises(ValueError, match=r"^cache_memory_gb:.*scratch"):
         LLM("tiny", num_speculative_tokens=500, max_model_len=256)

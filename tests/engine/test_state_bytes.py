@@ -10,7 +10,8 @@ import torch
 from hycache.cache import layout
 from hycache.config import GroupKind
 from hycache.engine.block_io import RunnerBlockIO
-from hycache.engine.engine import DTYPES, LLM, attention_block_bytes, state_bytes
+from hycache.engine.build import DTYPES, attention_block_bytes, state_bytes
+from hycache.engine.engine import LLM
 
 
 def _slot_bytes(t: torch.Tensor) -> int:

@@ -127,7 +127,7 @@ def test_lookahead_seed_shape(shared: int, siblings: int, internal: bool) -> Non
     t = 64_016
     prompts = family(1, shared, t - shared, 4)
     c = cfg(4416, 64, "lookahead", length=t)
-    c = replace(c, cache=replace(c.cache, internal_checkpoints=internal))
+    c = replace(c, cache=c.cache.with_knobs(internal_checkpoints=internal))
     sched, reqs = run_sequential(c, [*prompts, prompts[0]])
     _producer, _s1, s2, s3, resend = reqs
     assert (s2.first_hit_tokens, s3.first_hit_tokens) == (siblings, siblings)

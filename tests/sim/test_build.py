@@ -110,8 +110,7 @@ def test_one_config_builder_for_bench_and_explain_geometries() -> None:
                        "system-prompt")  # fmt: skip
     cfg = sim_config(s, w, sim_cost(s))
     g = SimGeometry(
-        block_size=s.block_size,
-        prefix_match_unit=s.prefix_match_unit,
+        s.knobs,
         num_speculative_tokens=s.num_speculative_tokens,
         max_num_seqs=s.concurrency,
     )

@@ -7,7 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from hycache.config import CacheConfig, HycacheConfig, Policy, SchedulerConfig, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    CacheKnobs,
+    HycacheConfig,
+    Policy,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from hycache.sim.compare import (
     ARM_NAMES,
     ARMS,
@@ -31,7 +38,7 @@ from hycache.sim.presets import load_gpu, load_model_spec
 from hycache.sim.workloads import multi_turn_workload, system_prompt_workload
 
 CFG = HycacheConfig(
-    CacheConfig(block_size=16, prefix_match_unit=4, num_blocks=400, max_model_len=128),
+    CacheConfig(CacheKnobs(block_size=16, prefix_match_unit=4), num_blocks=400, max_model_len=128),
     SpeculativeConfig(num_speculative_tokens=2),
     SchedulerConfig(64, 4),
 )

@@ -68,7 +68,7 @@ def test_admission_accounting_adds_up() -> None:
     w = bench_workload(s, "family")
     cfg = sim_config(s, w, cost)
     for eviction in ("lru", "flop-aware"):
-        c = replace(cfg, cache=replace(cfg.cache, num_blocks=60, eviction=eviction))
+        c = replace(cfg, cache=replace(cfg.cache.with_knobs(eviction=eviction), num_blocks=60))
         res = compare_policies(w, c, ["limit"], cost=cost)["limit"]
         kinds = res.page_kinds
         stored = sum(k["stored"] for k in kinds.values())

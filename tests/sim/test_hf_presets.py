@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hycache.engine.engine import attention_block_bytes, state_bytes
+from hycache.engine.build import attention_block_bytes, state_bytes
 from hycache.model.configs import config_from_hf_dict
 from hycache.sim.model_spec import model_spec_from_hf
 from hycache.sim.presets import load_model_spec

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    CacheKnobs,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from hycache.sim.compare import compare_policies
 from hycache.sim.costmodel import CostModel
 from hycache.sim.load import (
@@ -35,7 +41,9 @@ def setup() -> tuple[HycacheConfig, CostModel]:
         block_size=256,
     )
     cfg = HycacheConfig(
-        CacheConfig(block_size=256, prefix_match_unit=16, num_blocks=3000, max_model_len=12_000),
+        CacheConfig(
+            CacheKnobs(block_size=256, prefix_match_unit=16), num_blocks=3000, max_model_len=12_000
+        ),
         SpeculativeConfig(num_speculative_tokens=3),
         SchedulerConfig(8192, 8),
     )

@@ -12,7 +12,7 @@ import pytest
 from hycache.cache.layout import PAGES_PER_SEQUENCE, split_budget
 from hycache.cli.main import main
 from hycache.cli.simulate import add_parser as add_simulate_parser
-from hycache.config import CacheConfig
+from hycache.config import CacheConfig, CacheKnobs
 from hycache.sim.compare import sized_cache
 from hycache.sim.costmodel import POOL_LAYOUTS, CostModel, StepWork
 from hycache.sim.presets import load_gpu, load_model_spec
@@ -94,7 +94,9 @@ def test_separate_copies_cost_an_attention_block() -> None:
 
 
 def test_sized_cache_follows_the_cost_models_layout() -> None:
-    cache = CacheConfig(block_size=64, num_blocks=4096, max_model_len=4096)
+    cache = CacheConfig(
+        CacheKnobs(block_size=64, prefix_match_unit=None), num_blocks=4096, max_model_len=4096
+    )
     shared = sized_cache(cache, cm())
     assert (shared.num_blocks, shared.num_state_pages) == (cm().num_blocks(64), None)
     separate = sized_cache(cache, cm(layout="separate"))

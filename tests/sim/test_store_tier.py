@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from hycache.cli.main import main
-from hycache.config import CacheConfig, HycacheConfig, SchedulerConfig, SpeculativeConfig
+from hycache.config import (
+    CacheConfig,
+    CacheKnobs,
+    HycacheConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from hycache.sim.costmodel import CostModel
 from hycache.sim.presets import load_gpu, load_model_spec
 from hycache.sim.simulator import SimResult, Simulator
@@ -26,7 +32,9 @@ B, U = 16, 4
 
 def config(num_blocks: int) -> HycacheConfig:
     return HycacheConfig(
-        CacheConfig(block_size=B, prefix_match_unit=U, num_blocks=num_blocks, max_model_len=128),
+        CacheConfig(
+            CacheKnobs(block_size=B, prefix_match_unit=U), num_blocks=num_blocks, max_model_len=128
+        ),
         SpeculativeConfig(num_speculative_tokens=2),
         SchedulerConfig(64, 4),
     )

@@ -30,6 +30,7 @@ def main() -> None:
 
     import tests.vllm.conftest  # noqa: F401  (hypothesis profile, for the import below)
     from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, _model_dir
+    from hycache.config import CacheKnobs
     from tests.vllm.test_plugin import family, hits
 
     # vLLM 0.34's CPU platform refuses an x86 machine without triton-cpu while it checks the
@@ -44,8 +45,8 @@ def main() -> None:
     vc = EngineArgs.from_cli_args(args).create_engine_config()
     cache, sched, spec = vc.cache_config, vc.scheduler_config, vc.speculative_config
     setup = VllmSetup(
-        4416,  # vLLM sizes B at engine start (the Mamba page); the seed shape's
-        cache.prefix_match_unit,
+        # vLLM sizes B at engine start (the Mamba page); the seed shape's
+        CacheKnobs(4416, cache.prefix_match_unit),
         sched.max_num_batched_tokens,
         spec.num_speculative_tokens,
         scheduler_cls=sched.scheduler_cls,

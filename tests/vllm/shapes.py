@@ -96,11 +96,11 @@ def hycache_config(
     setup: VllmSetup, policy: str, turns: Sequence[Turn], internal: bool | None = None
 ) -> HycacheConfig:
     """hycache's config for the same deployment: geometry, budget, drafter and retention
-    (vLLM's `prefix_cache_retention_interval` 0 is hycache's `semantic`, None `dense`);
+    (the setup's knobs; vLLM's `prefix_cache_retention_interval` is `VllmSetup.retention`);
     `internal`: checkpoints written inside the forward (None: as vLLM's spec, the exporting
     Mamba2 one with them, a Mamba layer that cannot export without)."""
     internal = setup.exporting if internal is None else internal
-    retention = {0: "semantic", None: "dense"}.get(setup.retention, setup.retention)
+    retention = setup.knobs.retention
     length = max(len(t.prompt) + len(t.answer) for t in turns)
     return make_config(
         block_size=setup.block_size,
@@ -110,6 +110,6 @@ def hycache_config(
         k=setup.num_speculative_tokens,
         budget=setup.budget,
         max_model_len=max(length + 64, 8 * setup.block_size),
-        retention=retention,  # type: ignore[arg-type]
+        retention=retention,
         internal_checkpoints=internal,
     )

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from hycache.bench.vllm.reference import VllmSetup, run_reference
+from hycache.config import CacheKnobs
 from hycache.sim.explain import ExplainInputs
 from hycache.vllm import compat
 from tests.vllm.test_plugin import PLUGIN, SYNC, family, hits, with_cls
 
-SETUP = VllmSetup(64, 16, 8192)
+SETUP = VllmSetup(CacheKnobs(64, 16), 8192)
 
 
 @pytest.fixture
@@ -146,7 +147,7 @@ def test_explain_says_the_plugin_is_inert(
     from hycache.bench.vllm.explain import explain_vllm
     from hycache.cli.tables import explain_table
 
-    inputs = ExplainInputs(64, 16, True, 723, 640, num_speculative_tokens=1)
+    inputs = ExplainInputs(CacheKnobs(64, 16), True, 723, 640, num_speculative_tokens=1)
     on = explain_vllm(inputs)["policies"]
     assert on["hycache.vllm.Scheduler"]["scheduler"].endswith("limit on")
     unsupported_release(monkeypatch)

@@ -26,7 +26,7 @@ from hycache.bench.vllm.reference import (
 )
 from hycache.bench.vllm.scenario import Turn, run_hycache
 from hycache.cache.boundaries import Boundaries
-from hycache.config import Policy
+from hycache.config import CacheKnobs, Policy
 from tests.helpers import tokens
 from tests.vllm.shapes import budget, hycache_config, scenario
 from tests.vllm.test_plugin import PLUGIN, contains_an_answer, family, hits, passes, with_cls
@@ -38,7 +38,8 @@ GDN_GEOMETRIES = [(576, 64), (576, 32), (576, 16), (640, 64), (1152, 128), (1152
 
 
 def gdn(b: int, u: int, k: int = 1, exporting: bool = True, budget: int = 8192) -> VllmSetup:
-    return VllmSetup(b, u, budget, k, exporting=exporting, model=QWEN3_NEXT)
+    knobs = CacheKnobs(b, u, internal_checkpoints=exporting)
+    return VllmSetup(knobs, budget, k, model=QWEN3_NEXT)
 
 
 def test_the_kv_cache_config_vllm_builds_for_qwen3_next() -> None:
@@ -168,7 +169,7 @@ def test_a_stop_can_cost_a_checkpoint_stock_kept_by_chance(model: str) -> None:
         Turn(r1, [5]),
         Turn(r1[:1_989] + tokens(rng, 266), [5]),
     ]
-    setup = VllmSetup(640, 64, 1_280, 1, model=model)
+    setup = VllmSetup(CacheKnobs(640, 64), 1_280, 1, model=model)
     assert hits(run_reference(setup, turns)) == [0, 0, 1_920]
     assert hits(run_reference(with_cls(setup, PLUGIN), turns))[2] >= 1_920
 

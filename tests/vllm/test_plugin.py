@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
 from hycache.bench.vllm.scenario import RequestTrace, Turn, run_hycache
 from hycache.cache.boundaries import Boundaries
-from hycache.config import Policy
+from hycache.config import CacheKnobs, Policy
 from hycache.vllm import Scheduler, SyncScheduler
 from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
 from tests.cli.test_cli import WORKED
@@ -56,7 +56,7 @@ def with_cls(setup: VllmSetup, cls: str | None) -> VllmSetup:
 
 
 def test_built_the_way_vllm_serve_builds_it() -> None:
-    ref = ReferenceScheduler(VllmSetup(64, 16, scheduler_cls=PLUGIN))
+    ref = ReferenceScheduler(VllmSetup(CacheKnobs(64, 16), scheduler_cls=PLUGIN))
     assert ref.vllm_config.scheduler_config.get_scheduler_cls() is Scheduler
     assert type(ref.scheduler) is Scheduler is VllmLimitScheduler
     assert ref.scheduler.hycache_bounds is not None
@@ -77,7 +77,7 @@ def test_seed_shape_at_full_scale(k: int) -> None:
     57,536 from the first sibling on. The junction's stops cost the observing sibling three
     passes, and each mid-block resume two (vLLM's own split: a chunk starting mid-block
     cannot export its tail checkpoint)."""
-    setup = VllmSetup(4416, 64, 8192, num_speculative_tokens=k)
+    setup = VllmSetup(CacheKnobs(4416, 64), 8192, num_speculative_tokens=k)
     limit = Boundaries(4416, 64, True, Policy.LIMIT).limit(57_600)
     assert limit == 57_536
     stock = run_reference(setup, family(1, 57_600, 6_416, 4))
@@ -96,7 +96,7 @@ def test_seed_shape_at_full_scale(k: int) -> None:
 def test_small_family(cls: str) -> None:
     """B=64, u=16, k=1, three requests of 640 shared + 83 private: stock 0 / 0 / 576, the
     plugin reaches the limit 624 from the second sibling, and from the first with a hint."""
-    setup = VllmSetup(64, 16, 8192)
+    setup = VllmSetup(CacheKnobs(64, 16), 8192)
     assert hits(run_reference(setup, family(0, 640, 83, 3))) == [0, 0, 576]
     got = run_reference(with_cls(setup, cls), family(0, 640, 83, 3))
     assert hits(got) == [0, 0, 624]
@@ -110,9 +110,9 @@ def test_small_family(cls: str) -> None:
 
 def test_the_plugin_equals_hycache_limit_on_the_issue_shapes() -> None:
     for setup, turns in [
-        (VllmSetup(64, 16, 8192), family(0, 640, 83, 3)),
-        (VllmSetup(64, 16, 8192), family(0, 640, 83, 3, hint=640)),
-        (VllmSetup(4416, 64, 8192), family(1, 57_600, 6_416, 4, hint=57_600)),
+        (VllmSetup(CacheKnobs(64, 16), 8192), family(0, 640, 83, 3)),
+        (VllmSetup(CacheKnobs(64, 16), 8192), family(0, 640, 83, 3, hint=640)),
+        (VllmSetup(CacheKnobs(4416, 64), 8192), family(1, 57_600, 6_416, 4, hint=57_600)),
     ]:
         ours = hits(run_hycache(hycache_config(setup, "limit", turns), turns))
         assert hits(run_reference(with_cls(setup, PLUGIN), turns)) == ours
@@ -133,7 +133,7 @@ def test_a_bad_hint_is_ignored_with_one_warning(
     from vllm.v1.request import Request
 
     good = isinstance(hints, list) and any(type(h) is int and h == 640 for h in hints)
-    ref = ReferenceScheduler(VllmSetup(64, 16, scheduler_cls=PLUGIN))
+    ref = ReferenceScheduler(VllmSetup(CacheKnobs(64, 16), scheduler_cls=PLUGIN))
     turns = family(0, 640, 83, 3)
     req = Request(
         "bad",
@@ -184,7 +184,9 @@ def shapes(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn]]:
     turns = scenario(rng, b, u, k, drafts=True)
     while contains_an_answer(turns):
         turns = scenario(rng, b, u, k, drafts=True)
-    return VllmSetup(b, u, budget(rng, b), k, exporting=draw(st.booleans())), turns
+    return VllmSetup(
+        CacheKnobs(b, u, internal_checkpoints=draw(st.booleans())), budget(rng, b), k
+    ), turns
 
 
 @given(case=shapes())
@@ -216,9 +218,9 @@ def test_random_shapes(case: tuple[VllmSetup, list[Turn]]) -> None:
 @pytest.mark.parametrize(
     "setup,reason",
     [
-        (VllmSetup(64, 64), "prefix_match_unit equals block_size"),
-        (VllmSetup(64, 16, num_speculative_tokens=0), "no EAGLE/MTP drafter"),
-        (VllmSetup(64, 16, lookahead=False), "num_hash_lookahead_tokens=0"),
+        (VllmSetup(CacheKnobs(64, 64)), "prefix_match_unit equals block_size"),
+        (VllmSetup(CacheKnobs(64, 16), num_speculative_tokens=0), "no EAGLE/MTP drafter"),
+        (VllmSetup(CacheKnobs(64, 16), lookahead=False), "num_hash_lookahead_tokens=0"),
     ],
 )
 def test_inert_is_stock_and_says_why_once(
@@ -285,7 +287,7 @@ def test_preemption_abort_and_finish_return_every_block(cls: str) -> None:
 
     unit_keyed, _ = manager_classes()
 
-    ref = ReferenceScheduler(VllmSetup(64, 16, 256, num_blocks=24, scheduler_cls=cls))
+    ref = ReferenceScheduler(VllmSetup(CacheKnobs(64, 16), 256, num_blocks=24, scheduler_cls=cls))
     start = ref.num_free_blocks()
     reqs = drive_concurrently(ref, family(0, 640, 83, 4, hint=640), "c1", max_tokens=300)
     assert any(r.num_preemptions for r in reqs)  # the pool was too small: vLLM preempted

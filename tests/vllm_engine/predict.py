@@ -18,6 +18,7 @@ from typing import Any
 
 from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
 from hycache.bench.vllm.scenario import Turn
+from hycache.config import CacheKnobs
 
 
 def engine_core(llm: Any) -> Any:
@@ -33,8 +34,10 @@ class EngineShapedReference(ReferenceScheduler):
         vc = self._core.vllm_config
         spec = vc.speculative_config
         setup = VllmSetup(
-            block_size=vc.cache_config.block_size,
-            unit=vc.cache_config.prefix_match_unit or vc.cache_config.block_size,
+            CacheKnobs(
+                vc.cache_config.block_size,
+                vc.cache_config.prefix_match_unit or vc.cache_config.block_size,
+            ),
             budget=vc.scheduler_config.max_num_batched_tokens,
             num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
         )

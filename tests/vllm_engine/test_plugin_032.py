@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
 from hycache.bench.vllm.scenario import RequestTrace, Turn
 from hycache.cache.boundaries import Boundaries
-from hycache.config import Policy
+from hycache.config import CacheKnobs, Policy
 from tests.helpers import tokens
 from tests.vllm.shapes import GEOMETRIES, budget, scenario
 
@@ -54,7 +54,8 @@ def hits(traces: list[RequestTrace]) -> list[int]:
 
 def drop(b: int, u: int, flag: bool = True, cls: str | None = None, **kw: object) -> VllmSetup:
     """vLLM 0.32's MTP setup: the EAGLE drop, optionally with the junction flag."""
-    return VllmSetup(b, u, lookahead=False, shared_prefix_checkpoint=flag, scheduler_cls=cls, **kw)  # type: ignore[arg-type]
+    knobs = CacheKnobs(b, u)
+    return VllmSetup(knobs, lookahead=False, shared_prefix_checkpoint=flag, scheduler_cls=cls, **kw)  # type: ignore[arg-type]
 
 
 def bounds(b: int, u: int) -> Boundaries:
@@ -161,13 +162,11 @@ def shapes(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn]]:
             for t in turns
         ]
     setup = VllmSetup(
-        b,
-        u,
+        CacheKnobs(b, u, internal_checkpoints=draw(st.booleans())),
         budget(rng, b),
         k,
         lookahead=False,
         shared_prefix_checkpoint=draw(st.booleans()),
-        exporting=draw(st.booleans()),
     )
     return setup, turns
 

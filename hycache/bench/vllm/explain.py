@@ -50,13 +50,12 @@ def scheduler_status(ref: ReferenceScheduler) -> str:
 def explain_backend(
     inputs: ExplainInputs, scheduler_cls: str | None, model: str = NEMOTRON_H
 ) -> dict[str, Any]:
-    t, p, b = inputs.prompt_tokens, inputs.shared_prefix, inputs.block_size
-    u = inputs.prefix_match_unit or b
+    t, p = inputs.prompt_tokens, inputs.shared_prefix
+    b, u = inputs.knobs.block_size, inputs.knobs.unit
     k = inputs.num_speculative_tokens if inputs.eagle else 0
     blocks_per_req = -(-(t + 8) // b) + 1
     setup = VllmSetup(
-        b,
-        u,
+        inputs.knobs,
         inputs.max_num_batched_tokens,
         num_speculative_tokens=k,
         num_blocks=8 * blocks_per_req + 16,

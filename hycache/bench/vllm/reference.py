@@ -54,6 +54,7 @@ from math import lcm
 from typing import Any
 
 from hycache.bench.vllm.scenario import RequestTrace, Turn, propose, verify
+from hycache.config import CacheKnobs
 from hycache.vllm import compat
 
 # the model vLLM inspects, for either hybrid: the packaged Nemotron-H-8B config.json (vLLM 0.33
@@ -224,26 +225,44 @@ def _quiet_vllm() -> None:
 
 @dataclass(frozen=True)
 class VllmSetup:
-    """One vLLM deployment: cache geometry, budget, drafter and Mamba spec."""
+    """One vLLM deployment: the cache knobs it shares with hycache (block size, unit,
+    retention, and `internal_checkpoints`: the Mamba2 spec that exports a checkpoint from
+    inside the forward, or a non-exporting one), budget, drafter and vLLM's own flags."""
 
-    block_size: int
-    unit: int
+    knobs: CacheKnobs
     budget: int = 8192
     num_speculative_tokens: int = 1
     lookahead: bool = True  # False: `disable_lookahead_block_hashes` (the EAGLE block drop)
     shared_prefix_checkpoint: bool = False  # `enable_mamba_shared_prefix_checkpoint`
-    exporting: bool = True  # the Mamba2 spec (in-forward checkpoint) or a non-exporting one
     num_blocks: int = 0  # 0: enough for the scenario, never evicting
     max_num_seqs: int = 64
-    # `prefix_cache_retention_interval`: 0 (vLLM's default) keeps only semantic checkpoints
-    # (replay boundaries, junctions); None keeps every block-grid state; N also one per N
-    retention: int | None = 0
     scheduler_cls: str | None = None  # qualified name; None: vLLM's `Scheduler`
     # vLLM 0.34's cache-aware admission (`SchedulerConfig.cache_aware_admission_window`,
     # `..._threshold`): 0 is its default (arrival order); > 0 needs a vLLM that has it
     cache_aware_window: int = 0
     cache_aware_threshold: float = 0.5
     model: str = NEMOTRON_H  # the hybrid whose KV cache config vLLM schedules (`MODELS`)
+
+    @property
+    def block_size(self) -> int:
+        return self.knobs.block_size
+
+    @property
+    def unit(self) -> int:
+        return self.knobs.unit
+
+    @property
+    def exporting(self) -> bool:
+        """vLLM's Mamba2 spec (in-forward checkpoint) or a non-exporting one."""
+        return self.knobs.internal_checkpoints
+
+    @property
+    def retention(self) -> int | None:
+        """The knobs' retention as vLLM's `prefix_cache_retention_interval`: 0 (`semantic`,
+        vLLM's default: replay boundaries, junctions), None (`dense`: every block-grid
+        state), N (also one per N tokens)."""
+        r = self.knobs.retention
+        return {"semantic": 0, "dense": None}[r] if isinstance(r, str) else r
 
 
 class ReferenceScheduler:

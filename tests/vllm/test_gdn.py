@@ -105,11 +105,12 @@ def test_seed_shape_on_qwen3_next(k: int) -> None:
 
 def test_seed_shape_where_the_gdn_prefill_cannot_export() -> None:
     """The Triton/FLA prefill (no in-forward checkpoint): vLLM picks B = 544, which u = 64
-    does not divide, so vLLM refuses the deployment; at u = 32 stock siblings resume at
+    does not divide, so the deployment is refused (hycache's knobs refuse it first, as vLLM
+    would); at u = 32 stock siblings resume at
     57,120 and the plugin's at the limit 57,568; at `--block-size 576` (u = 64) 57,024
     against 57,536. vLLM splits the final chunk at the tail checkpoint (3 passes), the plugin
     one more at the junction's block boundary."""
-    with pytest.raises(ValueError, match="divisible by prefix_match_unit"):
+    with pytest.raises(ValueError, match="does not divide block_size 544"):
         ReferenceScheduler(gdn(544, 64, exporting=False))
     turns = family(1, 57_600, 6_416, 4)
     for b, u, want_stock, want_plugin in ((544, 32, 57_120, 57_568), (576, 64, 57_024, 57_536)):

@@ -216,11 +216,13 @@ def test_hits_as_hycache_explain_predicts(engines: dict[str, Any], hint: bool) -
     siblings' `num_cached_tokens` equal its columns, stock (0 / 416 / 416) and the plugin
     (0 / 432 / 432; hinted 432 / 432 / 432)."""
     from hycache.bench.vllm.explain import explain_vllm
+    from hycache.config import CacheKnobs
     from hycache.sim.explain import ExplainInputs
 
     hints = (EXPLAIN_P,) if hint else ()
+    knobs = CacheKnobs(BLOCK, UNIT)
     inputs = ExplainInputs(
-        BLOCK, UNIT, True, EXPLAIN_T, EXPLAIN_P, SPEC_TOKENS, BUDGET, prefix_hints=hints
+        knobs, True, EXPLAIN_T, EXPLAIN_P, SPEC_TOKENS, BUDGET, prefix_hints=hints
     )
     cols = explain_vllm(inputs)["policies"]
     results = _scenario(engines, _explain_prompts()[:4], hint=EXPLAIN_P if hint else None)

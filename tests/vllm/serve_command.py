@@ -31,7 +31,7 @@ def main() -> None:
     import tests.vllm.conftest  # noqa: F401  (hypothesis profile, for the import below)
     from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, _model_dir
     from hycache.config import CacheKnobs
-    from tests.vllm.test_plugin import family, hits
+    from tests.vllm.shapes import family, hits
 
     # vLLM 0.34's CPU platform refuses an x86 machine without triton-cpu while it checks the
     # config (0.33 warns); nothing here runs a kernel, and that check is the flag's only use

@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from hycache.bench.vllm.reference import VllmSetup
-from hycache.bench.vllm.scenario import Turn
+from hycache.bench.vllm.scenario import RequestTrace, Turn
 from hycache.config import HycacheConfig
 from tests.helpers import make_config, tokens
 
@@ -113,3 +113,17 @@ def hycache_config(
         retention=retention,
         internal_checkpoints=internal,
     )
+
+
+def family(seed: int, shared: int, private: int, n: int, hint: int = 0) -> list[Turn]:
+    """A producer and n-1 siblings sharing `shared` tokens; the producer may carry a hint."""
+    rng = random.Random(seed)
+    prefix = tokens(rng, shared)
+    return [
+        Turn(prefix + tokens(rng, private), [5], (), (hint,) if hint and i == 0 else ())
+        for i in range(n)
+    ]
+
+
+def hits(traces: list[RequestTrace]) -> list[int]:
+    return [t.hit for t in traces]

@@ -24,27 +24,12 @@ from hycache.config import CacheKnobs, Policy
 from hycache.vllm import Scheduler, SyncScheduler
 from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
 from tests.cli.test_cli import WORKED
-from tests.helpers import tokens
-from tests.vllm.shapes import GEOMETRIES, budget, hycache_config, scenario
+from tests.vllm.shapes import GEOMETRIES, budget, family, hits, hycache_config, scenario
 
 settings.load_profile("vllm-reference")
 
 PLUGIN = "hycache.vllm.Scheduler"
 SYNC = "hycache.vllm.SyncScheduler"
-
-
-def family(seed: int, shared: int, private: int, n: int, hint: int = 0) -> list[Turn]:
-    """A producer and n-1 siblings sharing `shared` tokens; the producer may carry a hint."""
-    rng = random.Random(seed)
-    prefix = tokens(rng, shared)
-    return [
-        Turn(prefix + tokens(rng, private), [5], (), (hint,) if hint and i == 0 else ())
-        for i in range(n)
-    ]
-
-
-def hits(traces: list[RequestTrace]) -> list[int]:
-    return [t.hit for t in traces]
 
 
 def passes(traces: list[RequestTrace]) -> list[int]:

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
-from hycache.bench.vllm.scenario import RequestTrace, Turn
+from hycache.bench.vllm.scenario import Turn
 from hycache.cache.boundaries import Boundaries
 from hycache.config import CacheKnobs, Policy
 from tests.helpers import tokens
-from tests.vllm.shapes import GEOMETRIES, budget, scenario
+from tests.vllm.shapes import GEOMETRIES, budget, family, hits, scenario
 
 settings.register_profile(
     "vllm-032",
@@ -36,20 +36,6 @@ settings.register_profile(
 settings.load_profile("vllm-032")
 
 PLUGIN = "hycache.vllm.SyncScheduler"
-
-
-def family(seed: int, shared: int, private: int, n: int, hint: int = 0) -> list[Turn]:
-    """A producer and n-1 siblings sharing `shared` tokens; the producer may carry a hint."""
-    rng = random.Random(seed)
-    prefix = tokens(rng, shared)
-    return [
-        Turn(prefix + tokens(rng, private), [5], (), (hint,) if hint and i == 0 else ())
-        for i in range(n)
-    ]
-
-
-def hits(traces: list[RequestTrace]) -> list[int]:
-    return [t.hit for t in traces]
 
 
 def drop(b: int, u: int, flag: bool = True, cls: str | None = None, **kw: object) -> VllmSetup:

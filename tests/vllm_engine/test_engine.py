@@ -18,6 +18,7 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+from tests.vllm_engine.runs import run_with_abort
 from tests.vllm_engine.tiny_model import write
 
 MAX_TOKENS = 8
@@ -110,19 +111,8 @@ def _with_abort(llm: Any, prompts: list[list[int]]) -> list[list[int]]:
     """prompts[0] is aborted after its first step (mid-prefill); the others run beside it."""
     from vllm import SamplingParams
 
-    engine = llm.llm_engine
     sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"abort{i}", {"prompt_token_ids": p}, sp)
-    engine.step()
-    engine.abort_request(["abort0"])
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = list(o.outputs[0].token_ids)
-    assert "abort0" not in done or len(done["abort0"]) < MAX_TOKENS
-    return [done[f"abort{i}"] for i in range(1, len(prompts))]
+    return run_with_abort(llm, prompts, sp, MAX_TOKENS, "abort")
 
 
 def test_abort_leaves_the_others_identical(engines: dict[str, Any]) -> None:

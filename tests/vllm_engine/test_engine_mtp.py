@@ -28,6 +28,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from hycache.bench.vllm.scenario import Turn
 from tests.vllm_engine.predict import engine_core, predicted_hits
+from tests.vllm_engine.runs import run_with_abort
 from tests.vllm_engine.tiny_model import write
 
 MAX_TOKENS = 12
@@ -283,27 +284,14 @@ def test_concurrent_chunked_batch_under_preemption(engines: dict[str, Any]) -> N
     assert preempted["cache"] > 0 and preempted["hycache"] > 0, preempted
 
 
-def _with_abort(llm: Any, prompts: list[list[int]]) -> list[list[int]]:
-    """prompts[0] is aborted after its first step (mid-prefill); the others run beside it."""
-    engine = llm.llm_engine
-    for i, p in enumerate(prompts):
-        engine.add_request(f"mtp-abort{i}", {"prompt_token_ids": p}, _params())
-    engine.step()
-    engine.abort_request(["mtp-abort0"])
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = list(o.outputs[0].token_ids)
-    assert "mtp-abort0" not in done or len(done["mtp-abort0"]) < MAX_TOKENS
-    return [done[f"mtp-abort{i}"] for i in range(1, len(prompts))]
-
-
 def test_abort_leaves_the_others_identical(engines: dict[str, Any]) -> None:
     rng = random.Random(15)
     shared = _tokens(rng, 450)
     prompts = [shared + _tokens(rng, 30) for _ in range(4)]
-    results = {arm: _with_abort(engines[arm], prompts) for arm in ARMS}
+    results = {
+        arm: run_with_abort(engines[arm], prompts, _params(), MAX_TOKENS, "mtp-abort")
+        for arm in ARMS
+    }
     assert results["cache"] == results["nocache"] == results["hycache"]
 
 

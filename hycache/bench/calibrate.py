@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from hycache.bench.steps import LastSchedule
 from hycache.config import CacheKnobs
 from hycache.sim.costmodel import StepWork
 from hycache.sim.fit import Conditions, Fit, Profile, Residual, Sample, ablation, fit, residuals
@@ -232,13 +233,15 @@ class _Timer:
     steps: dict[str, list[tuple[StepWork, float, float]]] = field(default_factory=dict)
     cpu: float = 0.0
     wall: float = 0.0
-    last: Any = None  # the last step's `SchedulerOutput` (`LLM.add_step_observer`)
+    seen: LastSchedule = field(default_factory=LastSchedule)  # no cycle back to the engine
 
     def __post_init__(self) -> None:
-        self.llm.add_step_observer(self._saw)
+        self.llm.add_step_observer(self.seen)
 
-    def _saw(self, schedule: Any) -> None:
-        self.last = schedule
+    @property
+    def last(self) -> Any:
+        """The last step's `SchedulerOutput`."""
+        return self.seen.last
 
     def step(self, label: str | None = None) -> list[Any]:
         from hycache.sim.cluster import step_work

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hycache.bench.steps import EngineStep
+from hycache.bench.steps import EngineStep, LastSchedule
 from hycache.sim.workloads import SessionSpec, Workload
 
 CLOCKS: tuple[str, ...] = ("wall", "cpu")
@@ -95,12 +95,9 @@ class ClosedLoop:
         self._accepted: dict[str, dict[int, int]] = {}  # per request: outputs before -> drafts
         self._produced: dict[str, int] = {}
         self._span: dict[str, tuple[int, int]] = {}  # admitted before step i, first token in j
-        self._schedule: Any = None  # the last step's `SchedulerOutput`
+        self._seen = LastSchedule()  # the last step's `SchedulerOutput`; no cycle to the engine
         if steps is not None:
-            llm.add_step_observer(self._saw)
-
-    def _saw(self, schedule: Any) -> None:
-        self._schedule = schedule
+            llm.add_step_observer(self._seen)
 
     @property
     def done(self) -> bool:
@@ -127,7 +124,7 @@ class ClosedLoop:
         events = self.llm.step()
         after = now()
         if self.steps is not None:
-            work = step_work(self._schedule, self.llm.config.cache.block_size)
+            work = step_work(self._seen.last, self.llm.config.cache.block_size)
             self.steps.append(EngineStep(work, after[self._i] - before[self._i]))
         for e in events:
             rid, new = e.request_id, len(e.new_token_ids)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Self, TypeVar
 
 import torch
+import torch._dynamo  # imported up front: see `empty_module`
 import torch.nn.functional as F
 from torch import nn
 
@@ -249,7 +250,12 @@ class HybridForCausalLM(nn.Module):
 
 
 def empty_module(build: Callable[[], M], dtype: torch.dtype, device: torch.device | str) -> M:
-    """`build()` on the meta device, then uninitialised storage on `device` (no RNG use)."""
+    """`build()` on the meta device, then uninitialised storage on `device` (no RNG use).
+
+    A module's init on the meta device goes through `torch._refs`, which imports
+    `torch._dynamo` on first use; its import makes a frame cycle (`torch.fx.wrap`) that would
+    hold the whole call stack, the first engine of the process with it, until Python's cyclic
+    collector runs. So this module imports it up front."""
     with torch.device("meta"):
         module = build()
     return module.to_empty(device=device).to(dtype=dtype).eval()

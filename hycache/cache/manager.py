@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hycache.cache.admission import Admission
 from hycache.cache.attention import AttentionManager
-from hycache.cache.block_pool import BlockEvent, BlockPool
+from hycache.cache.block_pool import NULL_BLOCK, BlockEvent, BlockPool, CacheKey
 from hycache.cache.boundaries import Boundaries, StateKind
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.eviction import FlopValue
@@ -90,6 +90,8 @@ class CacheManager:
             Admission(self.state_pool, saving=self.bounds.hit_saving) if cache.admission else None
         )
         self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
+        # admission: per held decode snapshot, its position and the pool's evictions then
+        self._held: dict[str, tuple[int, int]] = {}
         self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self._mirror: StoreMirror | None = None
@@ -231,7 +233,7 @@ class CacheManager:
         """A step that samples (its chunk reaches the last known token) and may verify a unit
         boundary: its SSM groups get a snapshot block (`limit`). With admission the request's
         first such step decides for its whole decode (`Admission.admit` of a snapshot at
-        `end`): the page is held from then on."""
+        `end`): the page is held from then on, unless a page runs short (`_release`)."""
         if not (
             bool(self.ssm)
             and self.config.enable_prefix_caching
@@ -244,7 +246,10 @@ class CacheManager:
         rid = req.request_id
         if rid not in self._snapshot_admitted:
             live = len(self._live)
-            self._snapshot_admitted[rid] = self.admission.admit(StateKind.SNAPSHOT, end, live)
+            admitted = self.admission.admit(StateKind.SNAPSHOT, end, live)
+            self._snapshot_admitted[rid] = admitted
+            if admitted:
+                self._held[rid] = (end, self.state_pool.num_evicted)
         return self._snapshot_admitted[rid]
 
     # -- allocation ------------------------------------------------------------------------------
@@ -279,6 +284,8 @@ class CacheManager:
             need_pages += s.blocks_needed(rid, hit_block, checkpoint, snapshot)
         if self.state_pool is self.pool:
             need, need_pages = need + need_pages, 0
+        if self._held:
+            self._release(rid, need, need_pages, running=not first)
         if need > self.pool.num_free or need_pages > self.state_pool.num_free:
             return None
         internal = self._fit_writes(
@@ -302,6 +309,38 @@ class CacheManager:
         )
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
 
+    def _release(self, rid: str, need: int, need_pages: int, running: bool) -> None:
+        """Before a step of `rid` takes `need` attention and `need_pages` state pages (one
+        pool: `need`): give back decode snapshot pages other live requests hold (newest first;
+        never one the planned step writes). While the pages would not all come from unkeyed
+        free ones, a snapshot worth less than a page (`Admission.page_value`) goes back; then,
+        if `running` (a running request's step: else it waits) and the pages still do not
+        fit, any held snapshot goes back rather than a request being preempted. A snapshot
+        given back counts as one never hit (`ReuseStats`); its request keeps none."""
+        assert self.admission is not None
+        shared = self.state_pool is self.pool
+        pool, n = (self.pool, need) if shared else (self.state_pool, need_pages)
+        chance = pool.reuse.chance(StateKind.SNAPSHOT)
+        # newest request first (the one a preemption would pick)
+        held = [r for r in reversed(self.ssm[0].request_ids()) if r in self._held and r != rid]
+        for other in held:
+            if pool.unkeyed_free(n) >= n or pool.peek_victim() is None:
+                break
+            position = self.ssm[0].snapshot_position(other) or self._held[other][0]
+            if chance * position < self.admission.page_value(StateKind.SNAPSHOT):
+                self._give_back(other)
+        if running:
+            for other in held:
+                if n <= pool.num_free or (not shared and need > self.pool.num_free):
+                    break
+                if other in self._held:
+                    self._give_back(other)
+
+    def _give_back(self, rid: str) -> None:
+        if all(s.release_snapshot(rid) for s in self.ssm):
+            del self._held[rid]
+            self._snapshot_admitted[rid] = False
+
     def commit(self, req: Request) -> None:
         """After the forward: publish keys for the request's verified tokens (never drafts)."""
         rid = req.request_id
@@ -318,6 +357,9 @@ class CacheManager:
     def free(self, req: Request) -> None:
         rid = req.request_id
         self._snapshot_admitted.pop(rid, None)
+        held = self._held.pop(rid, None)
+        if held is not None and self.admission is not None:
+            self.admission.record_hold(self.state_pool.num_evicted - held[1])
         if rid not in self._live:
             return
         self._live.discard(rid)
@@ -336,12 +378,32 @@ class CacheManager:
     # -- accounting ------------------------------------------------------------------------------
 
     def _record_admission(self, req: Request, hit: CacheHit) -> None:
+        if self.admission is not None and self.admission.pool.num_evicted:
+            self._record_ghost_hit(req, hit)
         st = self._stats
         st.admissions += 1
         st.query_tokens += req.num_tokens
         st.hit_tokens += hit.resume_point
         st.store_hit_tokens += hit.store_hit_tokens
         st.lost_reuse_tokens += hit.lost_reuse
+
+    def _record_ghost_hit(self, req: Request, hit: CacheHit) -> None:
+        """Tell admission how much deeper this admission's hit would have been had the state
+        pool still held its ghosts (`BlockPool.ghosts`)."""
+        assert self.admission is not None
+        pool = self.admission.pool
+
+        def lookup(key: CacheKey) -> int | None:
+            found = self.pool_for(key.group).lookup(key)
+            if found is None and self.pool_for(key.group) is pool and pool.is_ghost(key):
+                return NULL_BLOCK  # a stand-in: the joint hit only reads its position
+            return found
+
+        ghost = find_joint_hit(
+            self.attention, self.ssm, req.hashes, req.num_tokens, self.bounds, lookup
+        )
+        if ghost.resume_point > hit.resume_point:
+            self.admission.record_ghost_hit(ghost.resume_point - hit.resume_point)
 
     def stats(self) -> CacheStats:
         st = self._stats

@@ -310,6 +310,10 @@ def test_snapshot_admission_follows_the_observed_reuse() -> None:
         pool.add_key(victim, key(9), 8, ATTENTION_KIND)
         pool.free([victim])
         pool.evicted[(0, False, False)] += 1
+        # the ghosts priced a page over its life at 4 tokens (one per 31 free pages ahead)
+        pool.num_evicted = pool.num_free
+        admission.record_ghost_hit(4 * pool.ghost_depth)
+        assert admission.page_value(snap) == 4
         pool.reuse.resolved[snap] = 40
         decisions = [admission.admit(snap, 8) for _ in range(4 * ADMIT_EXPLORE)]
         assert sum(decisions) == 4  # one in ADMIT_EXPLORE keeps exploring

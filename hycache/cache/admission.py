@@ -7,33 +7,9 @@ inside a chunk or at its end, a decode snapshot) the manager asks `Admission.adm
     worth(kind, n)  = chance(kind) * saved       the state about to be kept, at position n:
                                                  `saved` is n, or u for the drop scheme's
                                                  junction (`Boundaries.hit_saving`)
-    displaced       = what refusing it saves     one page, over the life the state would have
-    admit  <=>  worth >= displaced
-
-What refusing a state saves is not the cached entry the pool would evict for it: that victim
-goes at the next allocation anyway, so a refusal keeps it a moment longer. It is one more page
-of cache for as long as the state would have held its page. `displaced` prices that page
-(`page_value`) by the pool's ghosts (`BlockPool.ghosts`, the keys of the blocks it evicted
-last): every admission whose hit the ghosts would have made deeper adds the difference
-(`record_ghost_hit`), and
-
-    page value = ghost savings / (ghost depth * evictions)   tokens per page per eviction
-               * life                                        evictions the page would outlive
-
-`life` is the free pages ahead of it (a freed page is evicted after them), and for a decode
-snapshot also the evictions snapshots saw while their request held them (`record_hold`). So
-junction and replay states, which are hit often, are kept by the rule (no kind is kept
-unconditionally), and the kinds nobody hits are refused once the pool has shown that a page
-is worth something. Three cases come first:
-
-* nothing has been evicted yet (`BlockPool.under_pressure`): nothing is displaced;
-* with no cached entry left, a page taken while no more pages are free than the running
-  requests hold (`reserve`, one each) comes out of what they need next: infinite;
-* a decode snapshot is held until its request finishes, so while no more pages are free than
-  `reserve` (cached ones included: it would push them out) it is kept only if its kind is hit
-  more often than not (`HELD_CHANCE`): on a chat its page is a next turn's hit; where no
-  request continues another (a shared system prompt) it displaced the prompt's cached state
-  and preempted requests.
+    displaced       = what refusing it saves
+    admit  <=>  worth >= displaced              (else: one refusal in 8 per kind still admits)
+               or kind is junction / replay     (unless the page is one running requests need)
 
 * `chance(kind)` is the observed chance that an entry of that kind is hit before it is evicted
   (`BlockPool.reuse`, estimated online per kind: decode snapshots, junction or hint stops, tail
@@ -43,15 +19,49 @@ is worth something. Three cases come first:
   checkpoints and snapshots are never hit and stop being kept; on a chat they are, and stay.
 * `n` is what a hit saves, in tokens: a hit on a state at `n` skips the prefill of `[0, n)`.
   Every page has the same size, so the bytes cancel.
-* A refused kind is still admitted once in `explore` refusals (a per-kind counter, no
-  randomness; never a page the running requests need), so that its estimate keeps following
-  the workload.
 
-The manager gives a held snapshot page back (`CacheManager`) when a page is short and the
-snapshot is worth less than a page, or when a running request would otherwise be preempted.
+What refusing saves (`displaced`):
+
+* nothing until the pool has evicted a cached entry once (`BlockPool.under_pressure`);
+* with no cached entry left: nothing while more pages are free than `reserve`, else a page the
+  running requests need next (infinite: a preemption);
+* a prompt state (freed into the cache at once): the worth of the cached entry the pool
+  evicts first (`BlockPool.peek_victim`, `entry_worth`);
+* a decode snapshot, held until its request finishes: one page of cache for that long
+  (`page_value`). The victim it would be compared with goes at the next allocation anyway,
+  so refusing the snapshot rarely saves it; what it saves is a page over the snapshot's
+  life, priced by the pool's ghosts (`BlockPool.ghosts`, the keys of the blocks it evicted
+  last): every admission whose hit the ghosts would have made deeper adds the difference
+  (`record_ghost_hit`), and
+
+      page value = ghost savings / (ghost depth * evictions)   tokens per page per eviction
+                 * (free pages + evictions a snapshot saw while held, on average)
+
+  And while no more pages are free than the running requests and those yet to join them
+  still take (`reserve` = `CacheManager.pages_to_come`; cached pages count as free, a held
+  page would push them out), a snapshot is kept only if snapshots are hit more often than
+  not (`HELD_CHANCE`): on a chat its page is the next turn's hit; where no request continues
+  another (one system prompt, distinct questions) the first wave's snapshots, admitted at
+  the prior, held the pages the running requests needed, evicted the prompt's cached state
+  and preempted requests.
+
+Junction and replay states (`ALWAYS_KEPT`) are kept whatever cached entry they displace (never
+a page the running requests need): they are what a `-split` arm's stops keep, so `limit`
+keeps everything `limit-split` does. Pricing every kind by the ghosts instead (no kind kept
+unconditionally) lost on the fresh trace (seed 80: token hit rate 0.2461 against 0.2562; the
+ghosts see too little of a trace's long reuse distances to price its pages), and comparing
+them with the victim without the exception lost too (0.2413): docs/admission.md.
+
+A refused kind is still admitted once in `explore` refusals (a per-kind counter, no
+randomness; never a page the running requests need), so that its estimate keeps following
+the workload. The manager also gives a held snapshot page back (`CacheManager._release`)
+when a page is short and the snapshot is worth less than a page, or when a running request
+would otherwise be preempted; a snapshot given back counts as one never hit.
 
 The `flop-aware` eviction score weighs each entry by the same `chance(kind)` (`BlockPool`):
-recency + alpha * chance(kind) * FLOPs saved / bytes (`hycache.cache.eviction`).
+recency + alpha * chance(kind) * FLOPs saved / bytes (`hycache.cache.eviction`); under LRU
+the decode snapshots' low-priority queue goes first only while its head is worth no more
+(chance times position) than the LRU head.
 
 Only states whose keeping costs no stop are gated (`CacheManager`): with internal checkpoints
 under `limit`, every prompt state (no prefill stop is made for any state), and decode
@@ -146,7 +156,8 @@ class Admission:
 
     def admit(self, kind: str, saved: int, reserve: int = 0) -> bool:
         """Whether a state of `kind` whose hit saves `saved` tokens takes a page now;
-        `reserve`: the free pages the running requests are about to need (one each)."""
+        `reserve`: the free pages the running requests are about to need (one each; for a
+        decode snapshot, all they and those to join them still take: `pages_to_come`)."""
         displaced = self.displaced(kind, saved, reserve)
         kept = kind in ALWAYS_KEPT and displaced < math.inf
         if self.worth(kind, saved) >= displaced or kept:

@@ -153,14 +153,17 @@ class BlockPool:
         """The keyed free block the pool will evict first (unkeyed free blocks are handed out
         before it), or None when no free block carries a key: what a page kept now displaces
         once the unkeyed ones are gone."""
-        if self._free_low and self.value is not None:
-            return next(iter(self._free_low))
         if self.value is not None:
-            while self._heap and self._scored.get(self._heap[0][2]) != self._heap[0][1]:
-                heapq.heappop(self._heap)  # stale
-            return self._heap[0][2] if self._heap else None
-        lru = next((b for b in self._free if self.keys[b]), None)
+            lru = self._scored_head()
+        else:
+            lru = next((b for b in self._free if self.keys[b]), None)
         return next(iter(self._free_low)) if self._low_goes_first(lru) else lru
+
+    def _scored_head(self) -> int | None:
+        """The lowest-scored keyed free block of a scored pool (stale heap entries dropped)."""
+        while self._heap and self._scored.get(self._heap[0][2]) != self._heap[0][1]:
+            heapq.heappop(self._heap)  # stale
+        return self._heap[0][2] if self._heap else None
 
     def unkeyed_free(self, limit: int) -> int:
         """Free blocks carrying no key (handed out before any cached one), up to `limit`."""
@@ -205,12 +208,15 @@ class BlockPool:
             raise NoFreeBlocksError(f"need {n} blocks, {self.num_free} free")
         out = []
         for _ in range(n):
-            if self.value is not None and not self._free and not self._free_low:
+            head = next(iter(self._free), None)
+            if head is not None and not self.keys[head]:  # unkeyed pages go first
+                block_id, _ = self._free.popitem(last=False)
+            elif self._low_goes_first(self._scored_head() if self.value is not None else head):
+                block_id, _ = self._free_low.popitem(last=False)
+            elif self.value is not None:
                 block_id = self._pop_scored()
             else:
-                head = next(iter(self._free), None)
-                low = (head is None or bool(self.keys[head])) and self._low_goes_first(head)
-                block_id, _ = (self._free_low if low else self._free).popitem(last=False)
+                block_id, _ = self._free.popitem(last=False)
             self._evict(block_id)
             self.ref_cnt[block_id] = 1
             out.append(block_id)

@@ -62,8 +62,13 @@ class CacheStats:
 
 
 class CacheManager:
-    def __init__(self, cache: CacheConfig, spec: SpeculativeConfig) -> None:
+    def __init__(self, cache: CacheConfig, spec: SpeculativeConfig, max_num_seqs: int = 0) -> None:
+        """`max_num_seqs`: the most requests the scheduler runs at once (0: no limit). With
+        `num_waiting` (the requests queued to join, which the scheduler sets each step) it
+        bounds what a page held until a request finishes (a decode snapshot) competes with."""
         self.config = cache
+        self.max_num_seqs = max_num_seqs
+        self.num_waiting = 0
         self.bounds = Boundaries.from_config(cache, spec)
         value = None
         if cache.eviction is Eviction.FLOP_AWARE:
@@ -92,6 +97,8 @@ class CacheManager:
         self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
         # admission: per held decode snapshot, its position and the pool's evictions then
         self._held: dict[str, tuple[int, int]] = {}
+        self._final: dict[str, int] = {}  # per live request: prompt + max_tokens + k tokens
+        self._k = spec.num_speculative_tokens
         self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self._mirror: StoreMirror | None = None
@@ -245,12 +252,31 @@ class CacheManager:
             return True
         rid = req.request_id
         if rid not in self._snapshot_admitted:
-            live = len(self._live)
-            admitted = self.admission.admit(StateKind.SNAPSHOT, end, live)
+            admitted = self.admission.admit(StateKind.SNAPSHOT, end, self.pages_to_come())
             self._snapshot_admitted[rid] = admitted
             if admitted:
                 self._held[rid] = (end, self.state_pool.num_evicted)
         return self._snapshot_admitted[rid]
+
+    def pages_to_come(self) -> int:
+        """The pages the running requests, and the waiting ones that will join them (up to
+        `max_num_seqs`), still take before they finish: one each (its state page), the
+        attention blocks each live one lacks to its prompt, `max_tokens` and lookahead, and
+        for each one to join as many as the live ones end with on average. A page held until
+        its request finishes competes with all of them."""
+        if not self._final:
+            return 0
+        b = self.bounds.block_size
+        final = {rid: -(-t // b) * len(self.attention) for rid, t in self._final.items()}
+        lacking = sum(
+            max(final[rid] - sum(len(m.block_table(rid)) for m in self.attention), 0)
+            for rid in self._live
+        )
+        to_join = self.num_waiting
+        if self.max_num_seqs:
+            to_join = min(to_join, max(self.max_num_seqs - len(self._live), 0))
+        mean = sum(final.values()) / len(final)
+        return len(self._live) + lacking + int(to_join * (mean + 1))
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -298,6 +324,7 @@ class CacheManager:
             for i, s in enumerate(self.ssm):
                 s.adopt(rid, hit.ssm_blocks[i] if resume else None)
             self._live.add(rid)
+            self._final[rid] = req.num_prompt_tokens + req.sampling.max_tokens + self._k
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
@@ -363,6 +390,7 @@ class CacheManager:
         if rid not in self._live:
             return
         self._live.discard(rid)
+        self._final.pop(rid, None)
         for s in reversed(self.ssm):
             s.free(rid, req.hashes)
         for m in reversed(self.attention):

@@ -392,3 +392,29 @@ def test_an_admission_the_ghosts_would_have_served_deeper_is_recorded() -> None:
     assert hit.resume_point < resumed.resume_point
     assert cache.allocate(again, hit.resume_point, again.num_tokens, 2, hit) is not None
     assert cache.admission.ghost_saved == resumed.resume_point - hit.resume_point
+
+
+def test_a_snapshot_at_the_prior_waits_for_room_the_requests_to_come_do_not_need() -> None:
+    """Before anything is evicted and before any snapshot is resolved (chance 0.5), a
+    snapshot page is held only while the free pages exceed what the running requests lack
+    and what the waiting ones will take when they join (up to `max_num_seqs`): the first wave
+    of a workload that fills the pool must not hold pages nobody may use."""
+    cfg = make_config(block_size=16, unit=4, policy="limit", num_blocks=40, k=2, max_model_len=64)
+    rng = random.Random(2)
+    prompt = tokens(rng, 32)
+    decisions = {}
+    for seqs in (0, 2, 8):
+        cache = CacheManager(cfg.cache, cfg.speculative, 8)
+        cache.num_waiting = seqs
+        a = new_request(cfg, "a", prompt, max_tokens=16)
+        assert cache.allocate(a, 0, 16, 0, cache.lookup(a)) is not None  # a first chunk
+        a.num_computed_tokens = 16
+        cache.commit(a)
+        # a lacks 3 of the 4 blocks it ends with (50 tokens); 39 pages, 2 taken
+        assert cache.pages_to_come() == 1 + 3 + min(seqs, 7) * 5
+        alloc = cache.allocate(a, 16, 32, 2)  # the chunk that samples
+        assert alloc is not None
+        decisions[seqs] = alloc.states[0].snapshot is not None
+    assert decisions == {0: True, 2: True, 8: False}
+    cache.num_waiting = 100  # no more than max_num_seqs - 1 join a
+    assert cache.pages_to_come() == 1 + 1 + 7 * 5

@@ -74,8 +74,8 @@ def test_a_more_valuable_free_block_outlives_a_less_valuable_one_under_pressure(
 def test_unkeyed_then_snapshots_then_scored() -> None:
     pool = BlockPool(6, lambda _k, _p: 0.0)
     cached, snap, unkeyed, _, _ = pool.allocate(5)
-    pool.add_key(cached, key(1), 1)
-    pool.add_key(snap, key(2), 2)
+    pool.add_key(cached, key(1), 2)
+    pool.add_key(snap, key(2), 1)  # worth no more than the scored head: it goes first
     pool.free([cached])
     pool.free([snap], low_priority=True)
     pool.free([unkeyed])

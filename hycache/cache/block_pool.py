@@ -11,7 +11,10 @@ Free blocks are reused in this order (head, next to reuse, on the left):
        blocks             snapshots): FIFO, evicted
                           before any other cached block
 
-A low-priority page that is hit and freed again joins the ordinary LRU queue.
+A low-priority page that is hit and freed again joins the ordinary LRU queue. The
+low-priority queue goes before the others only while its head is worth no more than theirs
+(`worth`: its kind's chance times its deepest position; on a chat a fresh snapshot, hit most
+of the time, outlives stale states of kinds nobody hits).
 
 With a `value` (`flop-aware` eviction, `hycache.cache.eviction`) the last queue is a heap
 instead: each keyed free block gets, when it is freed, the score
@@ -24,6 +27,11 @@ live ones), so an eviction costs O(log n). Without a value the pool is exactly t
 
 A block may carry several keys: one per registered position (a full-block key and mid-block
 keys). Every key is `(group_id, prefix hash)`.
+
+Ghosts. The keys of the last `ghost_depth` keyed blocks evicted (1/`GHOST_FRACTION` of the
+pool) stay listed in `ghosts`, each with its eviction's serial (`num_evicted`): what a
+slightly larger pool would still hold. Admission prices a page by the hits they would have
+given (`hycache.cache.admission`).
 
 Reuse by kind (`ReuseStats`). The first key put on a block gives it a kind (the managers name
 it: "attention", or an SSM state's `StateKind` from the boundaries module). Once per keying a

@@ -4,18 +4,12 @@ A state written inside a forward costs no pass, but it still costs a page, and i
 every page taken evicts a cached entry. So before a state page is taken (a checkpoint written
 inside a chunk or at its end, a decode snapshot) the manager asks `Admission.admit`:
 
-    worth(kind, n)  = chance(kind) * saved      the state about to be kept, at position n:
-                                                `saved` is n, or u for the drop scheme's
-                                                junction (`Boundaries.hit_saving`)
-    displaced       = chance(kind_v) * n_v      the cached entry the pool evicts first: 0
-                      until the pool has first evicted one (nothing is displaced yet); with
-                      no cached entry left, 0 while more pages are free than the running
-                      requests hold (one each: `reserve`), else infinite (the page would come
-                      out of what they need next: a preemption); and 0 when a decode
-                      snapshot would displace the oldest cached snapshot while snapshots are
-                      hit more than half the time (`REPLACE_CHANCE`: a chat; the next turn of
-                      the newer conversation is the nearer one)
-    admit  <=>  worth >= displaced
+    worth(kind, n)  = chance(kind) * saved       the state about to be kept, at position n:
+                                                 `saved` is n, or u for the drop scheme's
+                                                 junction (`Boundaries.hit_saving`)
+    displaced       = what refusing it saves
+    admit  <=>  worth >= displaced              (else: one refusal in 8 per kind still admits)
+               or kind is junction / replay     (unless the page is one running requests need)
 
 * `chance(kind)` is the observed chance that an entry of that kind is hit before it is evicted
   (`BlockPool.reuse`, estimated online per kind: decode snapshots, junction or hint stops, tail
@@ -23,25 +17,56 @@ inside a chunk or at its end, a decode snapshot) the manager asks `Admission.adm
   boundaries, block-grid states, and attention blocks), so the rule follows the workload: on a
   conversation trace (no prompt contains a previous answer, no identical resends) tail
   checkpoints and snapshots are never hit and stop being kept; on a chat they are, and stay.
-* `n` is what a hit saves, in tokens: a hit on a state at `n` skips the prefill of `[0, n)`
-  (without the state it falls back to an earlier one), and the entry displaced, a state at
-  `n_v` or an attention block ending at `n_v` (every hit through it needs it), takes the hits
-  at `n_v` and above with it. Every page has the same size, so the bytes cancel.
-* Observed junctions and hint stops (`JUNCTION`) and the replay boundary (`REPLAY`) are kept
-  whatever cached entry they displace (never a page the running requests need): they are the
-  states a `-split` arm's stops keep, so `limit` keeps everything `limit-split` does. Gating
-  them lost hit rate on every trace tried: the victim a state is compared with is evicted at
-  the next allocation anyway, so a refusal rarely saves it (docs/admission.md).
-* A refused kind is still admitted once in `explore` refusals (a per-kind counter, no
-  randomness), so that its estimate keeps following the workload.
+* `n` is what a hit saves, in tokens: a hit on a state at `n` skips the prefill of `[0, n)`.
+  Every page has the same size, so the bytes cancel.
+
+What refusing saves (`displaced`):
+
+* nothing until the pool has evicted a cached entry once (`BlockPool.under_pressure`);
+* with no cached entry left: nothing while more pages are free than `reserve`, else a page the
+  running requests need next (infinite: a preemption);
+* a prompt state (freed into the cache at once): the worth of the cached entry the pool
+  evicts first (`BlockPool.peek_victim`, `entry_worth`);
+* a decode snapshot, held until its request finishes: one page of cache for that long
+  (`page_value`). The victim it would be compared with goes at the next allocation anyway,
+  so refusing the snapshot rarely saves it; what it saves is a page over the snapshot's
+  life, priced by the pool's ghosts (`BlockPool.ghosts`, the keys of the blocks it evicted
+  last): every admission whose hit the ghosts would have made deeper adds the difference
+  (`record_ghost_hit`), and
+
+      page value = ghost savings / (ghost depth * evictions)   tokens per page per eviction
+                 * (free pages + evictions a snapshot saw while held, on average)
+
+  And while no more pages are free than the running requests and those yet to join them
+  still take (`reserve` = `CacheManager.pages_to_come`; cached pages count as free, a held
+  page would push them out), a snapshot is kept only if snapshots are hit more often than
+  not (`HELD_CHANCE`): on a chat its page is the next turn's hit; where no request continues
+  another (one system prompt, distinct questions) the first wave's snapshots, admitted at
+  the prior, held the pages the running requests needed, evicted the prompt's cached state
+  and preempted requests.
+
+Junction and replay states (`ALWAYS_KEPT`) are kept whatever cached entry they displace (never
+a page the running requests need): they are what a `-split` arm's stops keep, so `limit`
+keeps everything `limit-split` does. Pricing every kind by the ghosts instead (no kind kept
+unconditionally) lost on the fresh trace (seed 80: token hit rate 0.2461 against 0.2562; the
+ghosts see too little of a trace's long reuse distances to price its pages), and comparing
+them with the victim without the exception lost too (0.2413): docs/admission.md.
+
+A refused kind is still admitted once in `explore` refusals (a per-kind counter, no
+randomness; never a page the running requests need), so that its estimate keeps following
+the workload. The manager also gives a held snapshot page back (`CacheManager._release`)
+when a page is short and the snapshot is worth less than a page, or when a running request
+would otherwise be preempted; a snapshot given back counts as one never hit.
 
 The `flop-aware` eviction score weighs each entry by the same `chance(kind)` (`BlockPool`):
-recency + alpha * chance(kind) * FLOPs saved / bytes (`hycache.cache.eviction`).
+recency + alpha * chance(kind) * FLOPs saved / bytes (`hycache.cache.eviction`); under LRU
+the decode snapshots' low-priority queue goes first only while its head is worth no more
+(chance times position) than the LRU head.
 
 Only states whose keeping costs no stop are gated (`CacheManager`): with internal checkpoints
-under `limit`, `junction`, `replay` and `tail` (no prefill stop is made for any state), and
-decode snapshots. A stop the scheduler makes (`lookahead`'s vLLM split, a `-split` arm's stops)
-keeps its state: a stop promises a checkpoint.
+under `limit`, every prompt state (no prefill stop is made for any state), and decode
+snapshots. A stop the scheduler makes (`lookahead`'s vLLM split, a `-split` arm's stops) keeps
+its state: a stop promises a checkpoint.
 """
 
 from __future__ import annotations
@@ -55,7 +80,7 @@ from hycache.cache.boundaries import StateKind
 
 ALWAYS_KEPT = frozenset({StateKind.JUNCTION, StateKind.REPLAY})
 ADMIT_EXPLORE = 8  # a refused kind is still admitted once in this many refusals
-REPLACE_CHANCE = 0.5  # decode snapshots hit more often than this replace the oldest freely
+HELD_CHANCE = 0.5  # a snapshot taking a page the running requests need must beat this chance
 
 
 class Admission:
@@ -76,38 +101,70 @@ class Admission:
         self.explore = explore
         self.refused: Counter[str] = Counter()  # per kind, refusals so far (explored ones too)
         self.admitted: Counter[str] = Counter()
+        self.ghost_saved = 0  # tokens the pool's ghosts would have added to hits so far
+        self.held = 0  # decode snapshots held until their request finished
+        self.held_evictions = 0  # the pool's evictions while they were held, summed
+
+    def record_ghost_hit(self, saved: int) -> None:
+        """An admission's hit was `saved` tokens short of what it would have been had the
+        pool still held its ghosts (`BlockPool.ghosts`)."""
+        self.ghost_saved += saved
+
+    def record_hold(self, evictions: int) -> None:
+        """A decode snapshot's request finished; the pool evicted `evictions` entries while
+        it held the page."""
+        self.held += 1
+        self.held_evictions += evictions
 
     def worth(self, kind: str, saved: int) -> float:
         """What keeping an entry of `kind` whose hit saves `saved` tokens is expected to
         save, in tokens."""
         return self.pool.reuse.chance(kind) * saved
 
-    def displaced(self, kind: str = "", reserve: int = 0) -> float:
-        """The worth of the entry the pool would evict for the next page of `kind` (see the
-        module docstring; `reserve`: the pages the running requests are about to need)."""
-        if not self.pool.under_pressure:
+    def entry_worth(self, block_id: int) -> float:
+        """The worth of the pool's cached block `block_id` (its kind, its deepest key)."""
+        kind = self.pool.kind[block_id]
+        position = max(pos for _, pos in self.pool.keys[block_id])
+        return self.worth(kind, self.saving(kind, position))
+
+    def page_value(self, kind: str = "") -> float:
+        """What one more page saves over the life a page of `kind` kept now would have, in
+        tokens (see the module docstring)."""
+        pool = self.pool
+        if not pool.num_evicted:
             return 0.0
-        victim = self.pool.peek_victim()
+        per_eviction = self.ghost_saved / (pool.ghost_depth * pool.num_evicted)
+        life = float(pool.num_free)
+        if kind == StateKind.SNAPSHOT and self.held:
+            life += self.held_evictions / self.held
+        return per_eviction * life
+
+    def displaced(self, kind: str = "", saved: int = 0, reserve: int = 0) -> float:
+        """What refusing a page of `kind` whose hit saves `saved` tokens saves (see the module
+        docstring; `reserve`: the pages the running requests are about to need)."""
+        pool = self.pool
+        if kind == StateKind.SNAPSHOT and pool.num_free <= reserve:
+            return math.nextafter(HELD_CHANCE * saved, math.inf)  # strictly more often
+        if not pool.under_pressure:
+            return 0.0
+        victim = pool.peek_victim()
         if victim is None:  # nothing cached left to give up
-            return math.inf if self.pool.num_free <= reserve else 0.0
-        if (
-            kind == self.pool.kind[victim] == StateKind.SNAPSHOT
-            and self.pool.reuse.chance(kind) > REPLACE_CHANCE
-        ):
-            return 0.0  # the oldest snapshot, when snapshots are mostly hit: a fresh one wins
-        kind_v = self.pool.kind[victim]
-        position = max(pos for _, pos in self.pool.keys[victim])
-        return self.worth(kind_v, self.saving(kind_v, position))
+            return math.inf if pool.num_free <= reserve else 0.0
+        if kind == StateKind.SNAPSHOT:
+            return self.page_value(kind)
+        return self.entry_worth(victim)
 
     def admit(self, kind: str, saved: int, reserve: int = 0) -> bool:
         """Whether a state of `kind` whose hit saves `saved` tokens takes a page now;
-        `reserve`: the free pages the running requests are about to need (one each)."""
-        displaced = self.displaced(kind, reserve)
-        if self.worth(kind, saved) >= displaced or (kind in ALWAYS_KEPT and displaced < math.inf):
+        `reserve`: the free pages the running requests are about to need (one each; for a
+        decode snapshot, all they and those to join them still take: `pages_to_come`)."""
+        displaced = self.displaced(kind, saved, reserve)
+        kept = kind in ALWAYS_KEPT and displaced < math.inf
+        if self.worth(kind, saved) >= displaced or kept:
             self.admitted[kind] += 1
             return True
         self.refused[kind] += 1
-        if self.refused[kind] % self.explore == 0:
+        if self.refused[kind] % self.explore == 0 and displaced < math.inf:
             self.admitted[kind] += 1
             return True
         return False

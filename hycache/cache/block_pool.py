@@ -11,7 +11,10 @@ Free blocks are reused in this order (head, next to reuse, on the left):
        blocks             snapshots): FIFO, evicted
                           before any other cached block
 
-A low-priority page that is hit and freed again joins the ordinary LRU queue.
+A low-priority page that is hit and freed again joins the ordinary LRU queue. The
+low-priority queue goes before the others only while its head is worth no more than theirs
+(`worth`: its kind's chance times its deepest position; on a chat a fresh snapshot, hit most
+of the time, outlives stale states of kinds nobody hits).
 
 With a `value` (`flop-aware` eviction, `hycache.cache.eviction`) the last queue is a heap
 instead: each keyed free block gets, when it is freed, the score
@@ -24,6 +27,11 @@ live ones), so an eviction costs O(log n). Without a value the pool is exactly t
 
 A block may carry several keys: one per registered position (a full-block key and mid-block
 keys). Every key is `(group_id, prefix hash)`.
+
+Ghosts. The keys of the last `ghost_depth` keyed blocks evicted (1/`GHOST_FRACTION` of the
+pool) stay listed in `ghosts`, each with its eviction's serial (`num_evicted`): what a
+slightly larger pool would still hold. Admission prices a page by the hits they would have
+given (`hycache.cache.admission`).
 
 Reuse by kind (`ReuseStats`). The first key put on a block gives it a kind (the managers name
 it: "attention", or an SSM state's `StateKind` from the boundaries module). Once per keying a
@@ -44,6 +52,7 @@ from typing import NamedTuple
 from hycache.hashing import Hash
 
 NULL_BLOCK = 0
+GHOST_FRACTION = 16  # the ghost list remembers the last 1/16 of the pool's blocks evicted
 
 
 class CacheKey(NamedTuple):
@@ -123,6 +132,12 @@ class BlockPool:
         self.evicted: Counter[tuple[int, bool, bool]] = Counter()
         self.kind = [""] * num_blocks  # the entry kind of a keyed block (its first key's)
         self.reuse = ReuseStats()
+        # ghosts: the keys of the keyed blocks evicted last (`ghost_depth` of them), each with
+        # its eviction's serial number (`num_evicted` then): what a slightly larger pool would
+        # still hold (`hycache.cache.admission` prices a page by the hits on them)
+        self.ghost_depth = max(1, (num_blocks - 1) // GHOST_FRACTION)
+        self.ghosts: OrderedDict[CacheKey, int] = OrderedDict()
+        self.num_evicted = 0
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -146,13 +161,43 @@ class BlockPool:
         """The keyed free block the pool will evict first (unkeyed free blocks are handed out
         before it), or None when no free block carries a key: what a page kept now displaces
         once the unkeyed ones are gone."""
-        if self._free_low:
-            return next(iter(self._free_low))
         if self.value is not None:
-            while self._heap and self._scored.get(self._heap[0][2]) != self._heap[0][1]:
-                heapq.heappop(self._heap)  # stale
-            return self._heap[0][2] if self._heap else None
-        return next((b for b in self._free if self.keys[b]), None)
+            lru = self._scored_head()
+        else:
+            lru = next((b for b in self._free if self.keys[b]), None)
+        return next(iter(self._free_low)) if self._low_goes_first(lru) else lru
+
+    def _scored_head(self) -> int | None:
+        """The lowest-scored keyed free block of a scored pool (stale heap entries dropped)."""
+        while self._heap and self._scored.get(self._heap[0][2]) != self._heap[0][1]:
+            heapq.heappop(self._heap)  # stale
+        return self._heap[0][2] if self._heap else None
+
+    def unkeyed_free(self, limit: int) -> int:
+        """Free blocks carrying no key (handed out before any cached one), up to `limit`."""
+        n = 0
+        for b in self._free:  # the unkeyed ones lead the queue
+            if n >= limit or self.keys[b]:
+                break
+            n += 1
+        return n
+
+    def worth(self, block_id: int) -> float:
+        """A cached block's expected saving: its kind's chance times its deepest position."""
+        return self.reuse.chance(self.kind[block_id]) * max(pos for _, pos in self.keys[block_id])
+
+    def is_ghost(self, key: CacheKey) -> bool:
+        """`key` was on a block evicted among the last `ghost_depth` (and is not cached now)."""
+        return key in self.ghosts and key not in self._key_to_block
+
+    def _low_goes_first(self, lru_head: int | None) -> bool:
+        """Whether the low-priority queue's head is evicted before `lru_head`, the first keyed
+        block of the LRU queue (None: there is none): while it is worth no more."""
+        if not self._free_low:
+            return False
+        if lru_head is None:
+            return True
+        return self.worth(next(iter(self._free_low))) <= self.worth(lru_head)
 
     @property
     def under_pressure(self) -> bool:
@@ -171,11 +216,15 @@ class BlockPool:
             raise NoFreeBlocksError(f"need {n} blocks, {self.num_free} free")
         out = []
         for _ in range(n):
-            if self.value is not None and not self._free and not self._free_low:
+            head = next(iter(self._free), None)
+            if head is not None and not self.keys[head]:  # unkeyed pages go first
+                block_id, _ = self._free.popitem(last=False)
+            elif self._low_goes_first(self._scored_head() if self.value is not None else head):
+                block_id, _ = self._free_low.popitem(last=False)
+            elif self.value is not None:
                 block_id = self._pop_scored()
             else:
-                low = self._free_low and (not self._free or self.keys[next(iter(self._free))])
-                block_id, _ = (self._free_low if low else self._free).popitem(last=False)
+                block_id, _ = self._free.popitem(last=False)
             self._evict(block_id)
             self.ref_cnt[block_id] = 1
             out.append(block_id)
@@ -260,6 +309,13 @@ class BlockPool:
         keys = self.keys[block_id]
         if keys:
             self.evicted[(keys[0][0].group, self._low[block_id], self.hits[block_id] > 0)] += 1
+            self.num_evicted += 1
+            for key, _ in keys:
+                self.ghosts[key] = self.num_evicted
+                self.ghosts.move_to_end(key)
+            oldest = self.num_evicted - self.ghost_depth
+            while self.ghosts and next(iter(self.ghosts.values())) <= oldest:
+                self.ghosts.popitem(last=False)
             if not self.hits[block_id]:
                 self.reuse.record(self.kind[block_id], hit=False)
         for key, position in keys:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hycache.cache.admission import Admission
 from hycache.cache.attention import AttentionManager
-from hycache.cache.block_pool import BlockEvent, BlockPool
+from hycache.cache.block_pool import NULL_BLOCK, BlockEvent, BlockPool, CacheKey
 from hycache.cache.boundaries import Boundaries, StateKind
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.eviction import FlopValue
@@ -62,8 +62,13 @@ class CacheStats:
 
 
 class CacheManager:
-    def __init__(self, cache: CacheConfig, spec: SpeculativeConfig) -> None:
+    def __init__(self, cache: CacheConfig, spec: SpeculativeConfig, max_num_seqs: int = 0) -> None:
+        """`max_num_seqs`: the most requests the scheduler runs at once (0: no limit). With
+        `num_waiting` (the requests queued to join, which the scheduler sets each step) it
+        bounds what a page held until a request finishes (a decode snapshot) competes with."""
         self.config = cache
+        self.max_num_seqs = max_num_seqs
+        self.num_waiting = 0
         self.bounds = Boundaries.from_config(cache, spec)
         value = None
         if cache.eviction is Eviction.FLOP_AWARE:
@@ -90,6 +95,10 @@ class CacheManager:
             Admission(self.state_pool, saving=self.bounds.hit_saving) if cache.admission else None
         )
         self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
+        # admission: per held decode snapshot, its position and the pool's evictions then
+        self._held: dict[str, tuple[int, int]] = {}
+        self._final: dict[str, int] = {}  # per live request: prompt + max_tokens + k tokens
+        self._k = spec.num_speculative_tokens
         self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self._mirror: StoreMirror | None = None
@@ -231,7 +240,7 @@ class CacheManager:
         """A step that samples (its chunk reaches the last known token) and may verify a unit
         boundary: its SSM groups get a snapshot block (`limit`). With admission the request's
         first such step decides for its whole decode (`Admission.admit` of a snapshot at
-        `end`): the page is held from then on."""
+        `end`): the page is held from then on, unless a page runs short (`_release`)."""
         if not (
             bool(self.ssm)
             and self.config.enable_prefix_caching
@@ -243,9 +252,31 @@ class CacheManager:
             return True
         rid = req.request_id
         if rid not in self._snapshot_admitted:
-            live = len(self._live)
-            self._snapshot_admitted[rid] = self.admission.admit(StateKind.SNAPSHOT, end, live)
+            admitted = self.admission.admit(StateKind.SNAPSHOT, end, self.pages_to_come())
+            self._snapshot_admitted[rid] = admitted
+            if admitted:
+                self._held[rid] = (end, self.state_pool.num_evicted)
         return self._snapshot_admitted[rid]
+
+    def pages_to_come(self) -> int:
+        """The pages the running requests, and the waiting ones that will join them (up to
+        `max_num_seqs`), still take before they finish: one each (its state page), the
+        attention blocks each live one lacks to its prompt, `max_tokens` and lookahead, and
+        for each one to join as many as the live ones end with on average. A page held until
+        its request finishes competes with all of them."""
+        if not self._final:
+            return 0
+        b = self.bounds.block_size
+        final = {rid: -(-t // b) * len(self.attention) for rid, t in self._final.items()}
+        lacking = sum(
+            max(final[rid] - sum(len(m.block_table(rid)) for m in self.attention), 0)
+            for rid in self._live
+        )
+        to_join = self.num_waiting
+        if self.max_num_seqs:
+            to_join = min(to_join, max(self.max_num_seqs - len(self._live), 0))
+        mean = sum(final.values()) / len(final)
+        return len(self._live) + lacking + int(to_join * (mean + 1))
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -279,6 +310,8 @@ class CacheManager:
             need_pages += s.blocks_needed(rid, hit_block, checkpoint, snapshot)
         if self.state_pool is self.pool:
             need, need_pages = need + need_pages, 0
+        if self._held:
+            self._release(rid, need, need_pages, running=not first)
         if need > self.pool.num_free or need_pages > self.state_pool.num_free:
             return None
         internal = self._fit_writes(
@@ -291,6 +324,7 @@ class CacheManager:
             for i, s in enumerate(self.ssm):
                 s.adopt(rid, hit.ssm_blocks[i] if resume else None)
             self._live.add(rid)
+            self._final[rid] = req.num_prompt_tokens + req.sampling.max_tokens + self._k
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
@@ -301,6 +335,38 @@ class CacheManager:
             s.plan_step(rid, end, checkpoint, snapshot, internal, kinds, kind) for s in self.ssm
         )
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
+
+    def _release(self, rid: str, need: int, need_pages: int, running: bool) -> None:
+        """Before a step of `rid` takes `need` attention and `need_pages` state pages (one
+        pool: `need`): give back decode snapshot pages other live requests hold (newest first;
+        never one the planned step writes). While the pages would not all come from unkeyed
+        free ones, a snapshot worth less than a page (`Admission.page_value`) goes back; then,
+        if `running` (a running request's step: else it waits) and the pages still do not
+        fit, any held snapshot goes back rather than a request being preempted. A snapshot
+        given back counts as one never hit (`ReuseStats`); its request keeps none."""
+        assert self.admission is not None
+        shared = self.state_pool is self.pool
+        pool, n = (self.pool, need) if shared else (self.state_pool, need_pages)
+        chance = pool.reuse.chance(StateKind.SNAPSHOT)
+        # newest request first (the one a preemption would pick)
+        held = [r for r in reversed(self.ssm[0].request_ids()) if r in self._held and r != rid]
+        for other in held:
+            if pool.unkeyed_free(n) >= n or pool.peek_victim() is None:
+                break
+            position = self.ssm[0].snapshot_position(other) or self._held[other][0]
+            if chance * position < self.admission.page_value(StateKind.SNAPSHOT):
+                self._give_back(other)
+        if running:
+            for other in held:
+                if n <= pool.num_free or (not shared and need > self.pool.num_free):
+                    break
+                if other in self._held:
+                    self._give_back(other)
+
+    def _give_back(self, rid: str) -> None:
+        if all(s.release_snapshot(rid) for s in self.ssm):
+            del self._held[rid]
+            self._snapshot_admitted[rid] = False
 
     def commit(self, req: Request) -> None:
         """After the forward: publish keys for the request's verified tokens (never drafts)."""
@@ -318,9 +384,13 @@ class CacheManager:
     def free(self, req: Request) -> None:
         rid = req.request_id
         self._snapshot_admitted.pop(rid, None)
+        held = self._held.pop(rid, None)
+        if held is not None and self.admission is not None:
+            self.admission.record_hold(self.state_pool.num_evicted - held[1])
         if rid not in self._live:
             return
         self._live.discard(rid)
+        self._final.pop(rid, None)
         for s in reversed(self.ssm):
             s.free(rid, req.hashes)
         for m in reversed(self.attention):
@@ -336,12 +406,32 @@ class CacheManager:
     # -- accounting ------------------------------------------------------------------------------
 
     def _record_admission(self, req: Request, hit: CacheHit) -> None:
+        if self.admission is not None and self.admission.pool.num_evicted:
+            self._record_ghost_hit(req, hit)
         st = self._stats
         st.admissions += 1
         st.query_tokens += req.num_tokens
         st.hit_tokens += hit.resume_point
         st.store_hit_tokens += hit.store_hit_tokens
         st.lost_reuse_tokens += hit.lost_reuse
+
+    def _record_ghost_hit(self, req: Request, hit: CacheHit) -> None:
+        """Tell admission how much deeper this admission's hit would have been had the state
+        pool still held its ghosts (`BlockPool.ghosts`)."""
+        assert self.admission is not None
+        pool = self.admission.pool
+
+        def lookup(key: CacheKey) -> int | None:
+            found = self.pool_for(key.group).lookup(key)
+            if found is None and self.pool_for(key.group) is pool and pool.is_ghost(key):
+                return NULL_BLOCK  # a stand-in: the joint hit only reads its position
+            return found
+
+        ghost = find_joint_hit(
+            self.attention, self.ssm, req.hashes, req.num_tokens, self.bounds, lookup
+        )
+        if ghost.resume_point > hit.resume_point:
+            self.admission.record_ghost_hit(ghost.resume_point - hit.resume_point)
 
     def stats(self) -> CacheStats:
         st = self._stats

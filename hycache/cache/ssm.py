@@ -190,5 +190,27 @@ class SSMManager:
             blocks.append(st.running)
         self.pool.free(blocks)
 
+    def request_ids(self) -> list[str]:
+        """The requests holding state here, in the order they were admitted."""
+        return list(self._states)
+
+    def snapshot_position(self, request_id: str) -> int:
+        """The position the request's decode snapshot holds (0: none written yet)."""
+        st = self._states.get(request_id)
+        return st.snapshot_pos if st is not None and st.snapshot is not None else 0
+
+    def release_snapshot(self, request_id: str) -> bool:
+        """Give up the request's decode snapshot page (unkeyed, back to the free queue) when it
+        holds one that no step planned now writes; True if a page was released."""
+        st = self._states.get(request_id)
+        if st is None or st.snapshot is None:
+            return False
+        if st.pending_dst is not None and st.pending_snapshot:  # the planned step writes it
+            return False
+        self.pool.free([st.snapshot])
+        self.pool.reuse.record(StateKind.SNAPSHOT, hit=False)  # given up, never hit
+        st.snapshot, st.snapshot_pos = None, 0
+        return True
+
     def state_src(self, request_id: str) -> int | None:
         return self._states[request_id].src

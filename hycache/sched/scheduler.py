@@ -82,7 +82,7 @@ class Scheduler:
         """`keep_finished`: how many of the most recent finished requests `finished` keeps, for
         inspection (the engine keeps none: its steps report every finish)."""
         self.config = config
-        self.cache = CacheManager(config.cache, config.speculative)
+        self.cache = CacheManager(config.cache, config.speculative, config.scheduler.max_num_seqs)
         self.bounds = self.cache.bounds
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -160,6 +160,7 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
         self._scheduled_ids = set()
+        self.cache.num_waiting = len(self.waiting)  # what a held snapshot page competes with
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or budget <= 0:
                 continue

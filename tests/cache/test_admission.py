@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hycache.cache.admission import ADMIT_EXPLORE, Admission
 from hycache.cache.block_pool import BlockPool, CacheKey
 from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
+from hycache.cache.manager import CacheManager
 from hycache.config import CacheKnobs, GroupKind, Policy
 from hycache.sched.executor import run_to_completion
 from hycache.sched.scheduler import Scheduler
@@ -146,7 +147,100 @@ def test_peek_victim_matches_the_allocation_order() -> None:
     assert pool.peek_victim() == old
     assert old not in pool.allocate(2)  # unkeyed ones go first
     low = _cached_low(pool, 12)
-    assert pool.peek_victim() == low  # low-priority pages (decode snapshots) go first
+    # a decode snapshot goes first only while it is worth no more than the LRU head: at the
+    # prior (0.5 each) the snapshot at 12 outweighs the attention block at 4
+    assert pool.peek_victim() == old
+    pool.reuse.resolved[StateKind.SNAPSHOT] = 20  # snapshots never hit: 1/22 * 12 < 0.5 * 4
+    assert pool.peek_victim() == low
+    taken = pool.allocate(pool.num_free)
+    assert taken.index(low) < taken.index(old)
+
+
+def test_a_snapshot_hit_more_often_than_what_the_lru_evicts_outlives_it() -> None:
+    """On a chat a decode snapshot is the next turn's hit: it is not evicted before stale
+    cached entries of kinds nobody hits (the low-priority queue used to go first always)."""
+    pool = BlockPool(6)
+    stale = [_cached(pool, 64 * (i + 1), StateKind.BELOW_TAIL) for i in range(3)]
+    pool.reuse.resolved[StateKind.BELOW_TAIL] = 50  # never hit
+    snap = _cached_low(pool, 1024)
+    pool.reuse.hit[StateKind.SNAPSHOT] = pool.reuse.resolved[StateKind.SNAPSHOT] = 9
+    taken = pool.allocate(pool.num_free - 1)
+    assert set(stale) <= set(taken) and snap not in taken
+    assert pool.keys[snap]
+
+
+def test_the_pool_remembers_what_it_evicted_last_as_ghosts() -> None:
+    pool = BlockPool(33)  # ghost depth 2
+    assert pool.ghost_depth == 2
+    _cached(pool, 4, StateKind.TAIL)
+    pool.allocate(pool.num_free - 3)  # the unkeyed ones: nothing evicted
+    second, third = _cached(pool, 8, StateKind.TAIL), _cached(pool, 12, StateKind.TAIL)
+    assert pool.num_evicted == 0 and not pool.ghosts
+    pool.allocate(1)  # evicts `first`
+    assert pool.num_evicted == 1 and pool.is_ghost(key(4))
+    pool.allocate(2)  # evicts the other two: `first` is now 3 evictions deep
+    assert pool.num_evicted == 3
+    assert [pool.is_ghost(key(p)) for p in (4, 8, 12)] == [False, True, True]
+    (b,) = [x for x in range(1, 33) if pool.ref_cnt[x]][:1]
+    pool.add_key(b, key(12), 12, StateKind.TAIL)  # cached again: no longer a ghost
+    assert not pool.is_ghost(key(12))
+    assert not pool.keys[second] and not pool.keys[third]
+
+
+def test_a_page_is_priced_by_the_ghosts_over_the_life_it_would_have() -> None:
+    pool = BlockPool(33)
+    adm = Admission(pool)
+    assert adm.page_value() == 0.0  # nothing evicted: a page displaces nothing
+    pool.num_evicted = 10
+    adm.record_ghost_hit(400)  # 400 tokens the last 2 evicted blocks would have saved
+    assert adm.page_value() == 400 / (2 * 10) * pool.num_free
+    adm.record_hold(30)  # a snapshot saw 30 evictions while its request held it
+    adm.record_hold(10)
+    assert adm.page_value(StateKind.SNAPSHOT) == 400 / (2 * 10) * (pool.num_free + 20)
+
+
+def test_under_pressure_a_snapshot_is_compared_with_a_page_not_the_next_victim() -> None:
+    """The victim is evicted at the next allocation anyway: a snapshot displaces one page of
+    cache for as long as it is held. A snapshot less likely hit than a cached entry is kept
+    while pages are worth little (no ghost was ever hit), refused once they are not."""
+    pool = BlockPool(33)
+    adm = Admission(pool)
+    snap = StateKind.SNAPSHOT
+    _cached(pool, 40_000, ATTENTION_KIND)
+    pool.evicted[(0, False, False)] += 1
+    pool.num_evicted = 100
+    pool.reuse.hit[ATTENTION_KIND] = pool.reuse.resolved[ATTENTION_KIND] = 8
+    pool.reuse.resolved[snap] = 8  # chance 0.1: worth 0.1 * 1000 = 100
+    assert adm.entry_worth(pool.peek_victim()) > adm.worth(snap, 1000)
+    assert adm.admit(snap, 1000)  # the old rule refused it against the victim
+    adm.record_ghost_hit(2 * 100 * 10)  # now a page is worth 10 per free page ahead
+    assert adm.displaced(snap, 1000) == 10 * pool.num_free > adm.worth(snap, 1000)
+    assert not adm.admit(snap, 1000)
+
+
+@given(hits=st.integers(0, 20), misses=st.integers(0, 20), free=st.integers(1, 6))
+def test_a_held_snapshot_takes_a_running_page_only_if_mostly_hit(
+    hits: int, misses: int, free: int
+) -> None:
+    """A snapshot page is held until its request finishes: while no more pages are free than
+    the running requests hold, it is kept only when snapshots are hit more often than not,
+    even before the pool has evicted anything; at the prior (0.5) it is not."""
+    pool = BlockPool(8)
+    pool.allocate(7 - free)
+    adm = Admission(pool, explore=10**6)
+    pool.reuse.hit[StateKind.SNAPSHOT] = hits
+    pool.reuse.resolved[StateKind.SNAPSHOT] = hits + misses
+    chance = pool.reuse.chance(StateKind.SNAPSHOT)
+    assert adm.admit(StateKind.SNAPSHOT, 640, reserve=free) == (chance > 0.5)
+    assert adm.admit(StateKind.SNAPSHOT, 640, reserve=free - 1)  # room beyond their needs
+
+
+def test_exploration_never_takes_a_page_the_running_requests_need() -> None:
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    pool.evicted[(0, False, False)] += 1  # under pressure, nothing cached
+    decisions = [adm.admit(StateKind.TAIL, 64, reserve=7) for _ in range(4 * ADMIT_EXPLORE)]
+    assert not any(decisions)
 
 
 def _cached_low(pool: BlockPool, pos: int) -> int:
@@ -243,14 +337,84 @@ def test_with_nothing_cached_a_page_is_refused_only_when_running_requests_need_i
     assert not adm.admit(StateKind.JUNCTION, 4096, reserve=7)
 
 
-def test_a_snapshot_replaces_the_oldest_snapshot_only_while_snapshots_are_mostly_hit() -> None:
-    pool = BlockPool(8)
-    adm = Admission(pool)
-    _cached_low(pool, 400)
-    pool.evicted[(0, True, False)] += 1
-    snap = StateKind.SNAPSHOT
-    pool.reuse.hit[snap], pool.reuse.resolved[snap] = 8, 10  # a chat: 0.75
-    assert adm.admit(snap, 40)  # shallower than the cached one, but fresher
-    pool.reuse.hit[snap] = 3  # 0.33: compared like any other entry
-    assert adm.displaced(snap) == pool.reuse.chance(snap) * 400
-    assert not adm.admit(snap, 40)
+def test_a_held_snapshot_is_given_back_before_a_running_request_is_short() -> None:
+    """A decode snapshot is speculative; a preemption recomputes a request. When a running
+    request's next step finds no page, the snapshot another request holds goes back (counted
+    as a snapshot never hit, its request keeps none) and the step fits."""
+    cfg = make_config(block_size=16, unit=4, policy="limit", num_blocks=16, k=2, max_model_len=32)
+    cache = CacheManager(cfg.cache, cfg.speculative)
+    rng = random.Random(0)
+    a = new_request(cfg, "a", tokens(rng, 16), max_tokens=8)
+    b = new_request(cfg, "b", tokens(rng, 16), max_tokens=64)
+    alloc = cache.allocate(a, 0, 16, 2, cache.lookup(a))  # samples: a snapshot page
+    assert alloc is not None and alloc.states[0].snapshot is not None
+    assert cache.allocate(b, 0, 16, 2, cache.lookup(b)) is not None
+    for r in (a, b):
+        r.num_computed_tokens = 16
+        cache.commit(r)
+    pool = cache.state_pool
+    others = pool.allocate(pool.num_free)  # whatever else runs holds every other page
+    # b decodes into its third block: no page is free but a's snapshot
+    grown = cache.allocate(b, 16, 17, 31, num_drafts=0)
+    assert grown is not None
+    assert not cache.will_snapshot(a, 16, 2)  # a keeps no snapshot from now on
+    assert pool.reuse.resolved[StateKind.SNAPSHOT] == 1 and pool.reuse.hit[StateKind.SNAPSHOT] == 0
+    cache.free(a)
+    cache.free(b)
+    pool.free(others)
+    cache.check_integrity()
+    assert pool.num_free == pool.num_blocks - 1
+
+
+def test_an_admission_the_ghosts_would_have_served_deeper_is_recorded() -> None:
+    """A state evicted shortly before a request that needed it: the request resumes lower,
+    and admission learns what one more page would have saved."""
+    cfg = make_config(block_size=16, unit=4, policy="limit", num_blocks=24, k=2, max_model_len=64)
+    cache = CacheManager(cfg.cache, cfg.speculative)
+    assert cache.admission is not None
+    rng = random.Random(1)
+    prompt = tokens(rng, 48)
+    a = new_request(cfg, "a", prompt, max_tokens=1)
+    assert cache.allocate(a, 0, 48, 2, cache.lookup(a)) is not None
+    a.num_computed_tokens = 48
+    cache.commit(a)
+    cache.free(a)
+    resumed = cache.lookup(new_request(cfg, "probe", [*prompt, 7, 7, 7, 7], max_tokens=1))
+    assert resumed.resume_point > 0
+    # whatever else runs takes pages one by one until the prompt's deepest hit is gone
+    again = new_request(cfg, "again", [*prompt, 7, 7, 7, 7], max_tokens=1)
+    pool, taken = cache.state_pool, []
+    while cache.lookup(again).resume_point == resumed.resume_point:
+        taken += pool.allocate(1)
+    pool.free(taken)
+    assert pool.num_evicted > 0 and cache.admission.ghost_saved == 0
+    hit = cache.lookup(again)
+    assert hit.resume_point < resumed.resume_point
+    assert cache.allocate(again, hit.resume_point, again.num_tokens, 2, hit) is not None
+    assert cache.admission.ghost_saved == resumed.resume_point - hit.resume_point
+
+
+def test_a_snapshot_at_the_prior_waits_for_room_the_requests_to_come_do_not_need() -> None:
+    """Before anything is evicted and before any snapshot is resolved (chance 0.5), a
+    snapshot page is held only while the free pages exceed what the running requests lack
+    and what the waiting ones will take when they join (up to `max_num_seqs`): the first wave
+    of a workload that fills the pool must not hold pages nobody may use."""
+    cfg = make_config(block_size=16, unit=4, policy="limit", num_blocks=40, k=2, max_model_len=64)
+    rng = random.Random(2)
+    prompt = tokens(rng, 32)
+    decisions = {}
+    for seqs in (0, 2, 8):
+        cache = CacheManager(cfg.cache, cfg.speculative, 8)
+        cache.num_waiting = seqs
+        a = new_request(cfg, "a", prompt, max_tokens=16)
+        assert cache.allocate(a, 0, 16, 0, cache.lookup(a)) is not None  # a first chunk
+        a.num_computed_tokens = 16
+        cache.commit(a)
+        # a lacks 3 of the 4 blocks it ends with (50 tokens); 39 pages, 2 taken
+        assert cache.pages_to_come() == 1 + 3 + min(seqs, 7) * 5
+        alloc = cache.allocate(a, 16, 32, 2)  # the chunk that samples
+        assert alloc is not None
+        decisions[seqs] = alloc.states[0].snapshot is not None
+    assert decisions == {0: True, 2: True, 8: False}
+    cache.num_waiting = 100  # no more than max_num_seqs - 1 join a
+    assert cache.pages_to_come() == 1 + 1 + 7 * 5

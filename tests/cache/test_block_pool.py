@@ -77,10 +77,12 @@ def test_several_keys_per_block() -> None:
 
 
 def test_low_priority_pages_are_evicted_after_unkeyed_and_before_other_cached_blocks() -> None:
+    """...while they are worth no more than the LRU head (kind chance times position, here
+    one kind: the deeper cached block stays; `test_admission` has the other case)."""
     pool = BlockPool(6)
     cached, snap, hit_snap, unkeyed, _ = pool.allocate(5)
     for i, b in enumerate((cached, snap, hit_snap)):
-        pool.add_key(b, key(i), i)
+        pool.add_key(b, key(i), 8 - i)
     pool.free([cached])
     pool.free([snap, hit_snap], low_priority=True)
     pool.free([unkeyed])

@@ -74,8 +74,8 @@ def test_a_more_valuable_free_block_outlives_a_less_valuable_one_under_pressure(
 def test_unkeyed_then_snapshots_then_scored() -> None:
     pool = BlockPool(6, lambda _k, _p: 0.0)
     cached, snap, unkeyed, _, _ = pool.allocate(5)
-    pool.add_key(cached, key(1), 1)
-    pool.add_key(snap, key(2), 2)
+    pool.add_key(cached, key(1), 2)
+    pool.add_key(snap, key(2), 1)  # worth no more than the scored head: it goes first
     pool.free([cached])
     pool.free([snap], low_priority=True)
     pool.free([unkeyed])
@@ -310,6 +310,10 @@ def test_snapshot_admission_follows_the_observed_reuse() -> None:
         pool.add_key(victim, key(9), 8, ATTENTION_KIND)
         pool.free([victim])
         pool.evicted[(0, False, False)] += 1
+        # the ghosts priced a page over its life at 4 tokens (one per 31 free pages ahead)
+        pool.num_evicted = pool.num_free
+        admission.record_ghost_hit(4 * pool.ghost_depth)
+        assert admission.page_value(snap) == 4
         pool.reuse.resolved[snap] = 40
         decisions = [admission.admit(snap, 8) for _ in range(4 * ADMIT_EXPLORE)]
         assert sum(decisions) == 4  # one in ADMIT_EXPLORE keeps exploring

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from hycache.bench.steps import LastSchedule
 from hycache.config import CacheKnobs
+from hycache.engine.outputs import LastSchedule
 from hycache.sim.costmodel import StepWork
 from hycache.sim.fit import Conditions, Fit, Profile, Residual, Sample, ablation, fit, residuals
 from hycache.sim.model_spec import ModelSpec

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from hycache.bench.steps import EngineStep, LastSchedule
+from hycache.bench.steps import EngineStep
+from hycache.engine.outputs import LastSchedule
 from hycache.sim.workloads import SessionSpec, Workload
 
 CLOCKS: tuple[str, ...] = ("wall", "cpu")

@@ -37,20 +37,6 @@ class EngineStep:
     seconds: float
 
 
-class LastSchedule:
-    """A step observer (`LLM.add_step_observer`) that keeps the last step's `SchedulerOutput`.
-
-    It holds no reference to the engine: an observer that did (a bound method of an object
-    holding the `LLM`) would make a reference cycle, and an engine's tensors (GBs) would then
-    wait for Python's cyclic collector, which counts objects, not bytes."""
-
-    def __init__(self) -> None:
-        self.last: Any = None
-
-    def __call__(self, schedule: Any) -> None:
-        self.last = schedule
-
-
 def step_kind(work: StepWork) -> str:
     """`prefill` (prefill chunks only), `decode` (decoding or verifying requests only),
     `mixed` (both), or `copies` (block copies and nothing else)."""

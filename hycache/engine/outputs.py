@@ -1,5 +1,6 @@
 """What the engine hands out: each request's `RequestOutput`, its `StreamEvent`s, the running
-`EngineStats`, and `EngineSnapshot`, the one reading of the engine's counters behind both
+`EngineStats`, `LastSchedule` (a step observer keeping the last step's schedule), and
+`EngineSnapshot`, the one reading of the engine's counters behind both
 `/v1/stats` (`EngineSnapshot.as_stats`) and `/metrics` (`hycache.server.metrics`).
 
 A snapshot (`LLM.snapshot`) is taken on the thread that owns the engine (the server's worker)
@@ -165,3 +166,17 @@ class EngineSnapshot:
             "store": store,
             "engine": dataclasses.asdict(self.engine),
         }
+
+
+class LastSchedule:
+    """A step observer (`LLM.add_step_observer`) that keeps the last step's `SchedulerOutput`.
+
+    It holds no reference to the engine: an observer that did (a bound method of an object
+    holding the `LLM`) would make a reference cycle, and an engine's tensors (GBs) would then
+    wait for Python's cyclic collector, which counts objects, not bytes."""
+
+    def __init__(self) -> None:
+        self.last: Any = None
+
+    def __call__(self, schedule: Any) -> None:
+        self.last = schedule

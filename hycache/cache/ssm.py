@@ -19,11 +19,17 @@ verification's per-position states under speculative decoding). S is keyed only 
 request releases its blocks, at the last position it holds, so the next chat turn resumes
 there: one extra state page per finished request, cached, and evicted before any other cached
 page (only a continuation of the conversation can use it).
+
+A checkpoint goes to the cache the step it is written; the attention blocks of its prefix only
+when the request lets go. So when a request lets go, the states it keyed that are still cached
+are refreshed (`BlockPool.refresh`): they age with those blocks, not from their write
+(aged from their write, LRU evicted them first and left the prefix's attention blocks cached
+but unusable: docs/admission.md, "The default against the split arms").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup
 from hycache.cache.boundaries import Boundaries, StateKind
@@ -56,6 +62,8 @@ class _State:
     pending_kind: str = ""  # the `StateKind` of a pending checkpoint
     snapshot: int | None = None  # decode snapshot block S (never keyed while we hold it)
     snapshot_pos: int = 0  # the position S holds (0: nothing written yet)
+    # the states this request keyed, (block, key): refreshed when it lets go
+    kept: list[tuple[int, CacheKey]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -155,13 +163,17 @@ class SSMManager:
         dst, end = st.pending_dst, st.pending_end
         for (pos, block), kind in zip(st.pending_writes, st.pending_kinds, strict=True):
             # frozen at once: keyed, then left to the cache
-            self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos, kind)
+            key = CacheKey(self.group, hashes.at(pos))
+            if self.pool.add_key(block, key, pos, kind):
+                st.kept.append((block, key))
             self.pool.free([block])
         st.pending_writes = st.pending_kinds = ()
         if st.src_held and st.src is not None and st.src != dst:
             self.pool.free([st.src])
         if st.pending_checkpoint:
-            self.pool.add_key(dst, CacheKey(self.group, hashes.at(end)), end, st.pending_kind)
+            key = CacheKey(self.group, hashes.at(end))
+            if self.pool.add_key(dst, key, end, st.pending_kind):
+                st.kept.append((dst, key))
             st.src, st.src_held = dst, True
         else:
             st.src, st.src_held = dst, False
@@ -189,6 +201,17 @@ class SSMManager:
         if st.running is not None:
             blocks.append(st.running)
         self.pool.free(blocks)
+        self.pool.refresh(self._refresh_order(st.kept))
+
+    def _refresh_order(self, kept: list[tuple[int, CacheKey]]) -> list[int]:
+        """The request's states still cached under the key it saw (a block evicted and reused
+        since carries another), in eviction order for `BlockPool.refresh`: the kinds least
+        likely to be hit first, then the highest position first (tail first, as a request's
+        attention blocks are freed)."""
+        pool = self.pool
+        live = {b: key for b, key in kept if pool.lookup(key) == b}
+        pos = {b: p for b in live for k, p in pool.keys[b] if k == live[b]}
+        return sorted(live, key=lambda b: (pool.reuse.chance(pool.kind[b]), -pos[b], b))
 
     def state_src(self, request_id: str) -> int | None:
         return self._states[request_id].src

@@ -93,3 +93,39 @@ def test_low_priority_pages_are_evicted_after_unkeyed_and_before_other_cached_bl
     assert pool.allocate(1) == [cached]
     assert pool.allocate(1) == [hit_snap]
     pool.check_integrity()
+
+
+def test_refresh_requeues_free_cached_blocks_as_if_freed_now() -> None:
+    pool = BlockPool(5)
+    a, b, c, d = pool.allocate(4)
+    for i, x in enumerate((a, b, c)):
+        pool.add_key(x, key(i), i)
+    pool.free([a, b, c])  # LRU: a, b, c
+    pool.refresh([d, a])  # d is referenced: left alone; a moves behind c
+    assert pool.hits[a] == 0 and pool.ref_cnt[d] == 1  # not a hit, no reference taken
+    assert pool.allocate(3) == [b, c, a]
+    pool.check_integrity()
+
+
+def test_refresh_leaves_unkeyed_and_low_priority_blocks_in_place() -> None:
+    pool = BlockPool(5)
+    a, b, c, _ = pool.allocate(4)
+    pool.add_key(a, key(1), 1)
+    pool.add_key(b, key(2), 2)
+    pool.free([a])
+    pool.free([b], low_priority=True)
+    pool.free([c])  # unkeyed: head
+    pool.refresh([c, b])
+    assert pool.allocate(3) == [c, b, a]
+    pool.check_integrity()
+
+
+def test_refresh_rescores_a_scored_block() -> None:
+    pool = BlockPool(5, value=lambda _key, _pos: 0.0)
+    a, b, c, _ = pool.allocate(4)
+    for i, x in enumerate((a, b, c)):
+        pool.add_key(x, key(i), i)
+    pool.free([a, b, c])
+    pool.refresh([a])
+    assert pool.allocate(3) == [b, c, a]
+    pool.check_integrity()

@@ -24,7 +24,8 @@ A checkpoint goes to the cache the step it is written; the attention blocks of i
 when the request lets go. So when a request lets go, the states it keyed that are still cached
 are refreshed (`BlockPool.refresh`): they age with those blocks, not from their write
 (aged from their write, LRU evicted them first and left the prefix's attention blocks cached
-but unusable: docs/admission.md, "The default against the split arms").
+but unusable: docs/admission.md, "The default against the split arms"). Those of a kind
+rarely hit go to the low-priority queue instead (`DEMOTE_RATIO`, `BlockPool.demote`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup
-from hycache.cache.boundaries import Boundaries, StateKind
+from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
 from hycache.hashing import PrefixHashes
+
+# A released state whose kind is hit less than this fraction as often as attention blocks
+# (`BlockPool.reuse`) goes to the low-priority queue rather than back among the cached blocks:
+# on a conversation trace, tail checkpoints and the drop scheme's extra states (chance < 0.1
+# against 0.34) filled a third of the pool, and LRU evicted older prefixes before them.
+DEMOTE_RATIO = 0.5
 
 
 def find_ssm_hit(
@@ -201,17 +208,23 @@ class SSMManager:
         if st.running is not None:
             blocks.append(st.running)
         self.pool.free(blocks)
-        self.pool.refresh(self._refresh_order(st.kept))
+        low, rest = self._age_at_release(st.kept)
+        self.pool.demote(low)
+        self.pool.refresh(rest)
 
-    def _refresh_order(self, kept: list[tuple[int, CacheKey]]) -> list[int]:
-        """The request's states still cached under the key it saw (a block evicted and reused
-        since carries another), in eviction order for `BlockPool.refresh`: the kinds least
-        likely to be hit first, then the highest position first (tail first, as a request's
-        attention blocks are freed)."""
+    def _age_at_release(self, kept: list[tuple[int, CacheKey]]) -> tuple[list[int], list[int]]:
+        """The request's states still cached under the key it keyed (a block evicted and
+        reused since carries another), in eviction order (the kinds least likely to be hit
+        first, then the highest position first, as a request's attention blocks are freed):
+        those whose kind is hit less than `DEMOTE_RATIO` times as often as attention blocks
+        (for `BlockPool.demote`), and the others (for `BlockPool.refresh`)."""
         pool = self.pool
         live = {b: key for b, key in kept if pool.lookup(key) == b}
         pos = {b: p for b in live for k, p in pool.keys[b] if k == live[b]}
-        return sorted(live, key=lambda b: (pool.reuse.chance(pool.kind[b]), -pos[b], b))
+        chance = {b: pool.reuse.chance(pool.kind[b]) for b in live}
+        order = sorted(live, key=lambda b: (chance[b], -pos[b], b))
+        bar = DEMOTE_RATIO * pool.reuse.chance(ATTENTION_KIND)
+        return [b for b in order if chance[b] < bar], [b for b in order if chance[b] >= bar]
 
     def state_src(self, request_id: str) -> int | None:
         return self._states[request_id].src

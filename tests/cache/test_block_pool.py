@@ -129,3 +129,26 @@ def test_refresh_rescores_a_scored_block() -> None:
     pool.refresh([a])
     assert pool.allocate(3) == [b, c, a]
     pool.check_integrity()
+
+
+def test_demote_sends_free_cached_blocks_to_the_low_priority_queue() -> None:
+    pool = BlockPool(6)
+    a, b, c, d, e = pool.allocate(5)
+    for i, x in enumerate((a, b, c, d)):
+        pool.add_key(x, key(i), i)
+    pool.free([a, b, c])
+    pool.demote([c, e])  # e is referenced: left alone
+    assert pool.ref_cnt[e] == 1
+    assert pool.allocate(3) == [c, a, b]  # the demoted block goes first
+    pool.check_integrity()
+
+
+def test_demote_leaves_a_scored_pool_alone() -> None:
+    pool = BlockPool(4, value=lambda _key, _pos: 0.0)
+    a, b, _ = pool.allocate(3)
+    pool.add_key(a, key(1), 1)
+    pool.add_key(b, key(2), 2)
+    pool.free([a, b])
+    pool.demote([b])
+    assert pool.allocate(2) == [a, b]
+    pool.check_integrity()

@@ -271,13 +271,12 @@ class Scheduler:
 
     def _saturated_cap(self) -> int:
         """This step's cap on a prefill chunk (`SchedulerConfig.saturated_chunk_tokens`): set
-        while requests wait for a sequence slot and the batch has decoding requests, else the
-        whole budget."""
+        while more requests wait than there are free sequence slots and the batch has decoding
+        requests, else the whole budget."""
         cfg = self.config.scheduler
         if (
             cfg.saturated_chunk_tokens
-            and self.waiting
-            and len(self.running) >= cfg.max_num_seqs - 1
+            and len(self.waiting) > cfg.max_num_seqs - len(self.running)
             and any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
         ):
             return cfg.saturated_chunk_tokens

@@ -86,10 +86,8 @@ def test_no_chunk_exceeds_the_cap_while_requests_wait_behind_decodes(
             if not pending:
                 break
             continue
-        saturated = (
-            bool(sched.waiting)
-            and len(sched.running) >= max_num_seqs - 1
-            and any(r.num_tokens - r.num_computed_tokens == 1 for r in sched.running)
+        saturated = len(sched.waiting) > max_num_seqs - len(sched.running) and any(
+            r.num_tokens - r.num_computed_tokens == 1 for r in sched.running
         )
         out = sched.schedule()
         for s in out.scheduled:

@@ -325,12 +325,12 @@ class SchedulerConfig:
     """`wait_for_inflight_prefix`: a waiting request whose prefix a running request is
     computing (or will checkpoint) waits for it instead of recomputing it (architecture §4.7).
 
-    `saturated_chunk_tokens`: while more requests wait than there are free sequence slots (of
-    `max_num_seqs`) and the batch has decoding requests, a prefill chunk is at most this long
-    (0: no cap). The requests then wait for decodes to finish, and each step that carries
-    prefill hides the decoding requests' memory-bound pass under its compute: more, shorter
-    chunks finish the decodes sooner (docs/admission.md, "The default against the split
-    arms")."""
+    `saturated_chunk_tokens`: while the batch is full of sequences (at most one of
+    `max_num_seqs` free), more requests wait than slots are free, and the batch has decoding
+    requests, a prefill chunk is at most this long (0: no cap). The requests then wait for
+    decodes to finish, and each step that carries prefill hides the decoding requests'
+    memory-bound pass under its compute: more, shorter chunks finish the decodes sooner
+    (docs/admission.md, "The default against the split arms")."""
 
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 64

@@ -271,12 +271,15 @@ class Scheduler:
 
     def _saturated_cap(self) -> int:
         """This step's cap on a prefill chunk (`SchedulerConfig.saturated_chunk_tokens`): set
-        while more requests wait than there are free sequence slots and the batch has decoding
-        requests, else the whole budget."""
+        while the batch is full of sequences (one slot free at most), more requests wait than
+        slots are free, and the batch has decoding requests; else the whole budget. (A queue
+        behind a batch that is not full waits for memory or budget, not for decodes.)"""
         cfg = self.config.scheduler
+        free = cfg.max_num_seqs - len(self.running)
         if (
             cfg.saturated_chunk_tokens
-            and len(self.waiting) > cfg.max_num_seqs - len(self.running)
+            and free <= 1
+            and len(self.waiting) > free
             and any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
         ):
             return cfg.saturated_chunk_tokens

@@ -86,13 +86,14 @@ def test_no_chunk_exceeds_the_cap_while_requests_wait_behind_decodes(
             if not pending:
                 break
             continue
-        saturated = len(sched.waiting) > max_num_seqs - len(sched.running) and any(
-            r.num_tokens - r.num_computed_tokens == 1 for r in sched.running
-        )
+        free = max_num_seqs - len(sched.running)
+        decoding = any(r.num_tokens - r.num_computed_tokens == 1 for r in sched.running)
+        saturated = free <= 1 and len(sched.waiting) > free and decoding
         out = sched.schedule()
         for s in out.scheduled:
-            if s.request.num_tokens - s.start > 1 and saturated and cap:
-                assert s.num_tokens <= cap
+            if s.request.num_tokens - s.start > 1 and cap:
+                # capped exactly while saturated (a chunk may end short of the cap anyway)
+                assert s.num_tokens <= cap or not saturated
         done += len(sched.update(out, ex.execute(out)))
         sched.cache.check_integrity()
     assert done == 8

@@ -39,7 +39,7 @@ from hycache.hashing import PrefixHashes
 # A released state whose kind is hit less than this fraction as often as attention blocks
 # (`BlockPool.reuse`) goes to the low-priority queue rather than back among the cached blocks:
 # on a conversation trace, tail checkpoints and the drop scheme's extra states (chance < 0.1
-# against 0.34) filled a third of the pool, and LRU evicted older prefixes before them.
+# against 0.34) held a quarter of the pool, and LRU evicted older prefixes before them.
 DEMOTE_RATIO = 0.5
 
 

@@ -323,11 +323,19 @@ class SpeculativeConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     """`wait_for_inflight_prefix`: a waiting request whose prefix a running request is
-    computing (or will checkpoint) waits for it instead of recomputing it (architecture §4.7)."""
+    computing (or will checkpoint) waits for it instead of recomputing it (architecture §4.7).
+
+    `saturated_chunk_tokens`: while the batch is full of sequences (at most one of
+    `max_num_seqs` free), more requests wait than slots are free, and the batch has decoding
+    requests, a prefill chunk is at most this long (0: no cap). The requests then wait for
+    decodes to finish, and each step that carries prefill hides the decoding requests'
+    memory-bound pass under its compute: more, shorter chunks finish the decodes sooner
+    (docs/admission.md, "The default against the split arms")."""
 
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 64
     wait_for_inflight_prefix: bool = True
+    saturated_chunk_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens <= 0:
@@ -336,6 +344,10 @@ class SchedulerConfig:
             )
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs: must be positive, got {self.max_num_seqs}")
+        if self.saturated_chunk_tokens < 0:
+            raise ValueError(
+                f"saturated_chunk_tokens: must be >= 0, got {self.saturated_chunk_tokens}"
+            )
 
 
 @dataclass(frozen=True)

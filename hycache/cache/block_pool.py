@@ -16,6 +16,14 @@ low-priority queue goes before the others only while its head is worth no more t
 (`worth`: its kind's chance times its deepest position; on a chat a fresh snapshot, hit most
 of the time, outlives stale states of kinds nobody hits).
 
+`refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
+as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is
+written, but the attention blocks of the same prefix only when their request lets go, often
+tens of seconds later. Aged from its write, the state would be evicted first and leave those
+blocks cached but unusable (a hybrid hit needs both); the SSM manager refreshes a request's
+states when it lets go (`SSMManager.free`), and `demote`s to the low-priority queue those of a
+kind rarely hit (a tail checkpoint on a trace with no identical resends).
+
 With a `value` (`flop-aware` eviction, `hycache.cache.eviction`) the last queue is a heap
 instead: each keyed free block gets, when it is freed, the score
 `freed_at / (num_blocks - 1) + value`, with `freed_at` a counter of keyed frees and `value` the
@@ -287,6 +295,28 @@ class BlockPool:
                 self._free[b] = None
                 if not self.keys[b]:
                     self._free.move_to_end(b, last=False)
+
+    def demote(self, block_ids: Iterable[int]) -> None:
+        """Move free cached blocks of the LRU queue to the end of the low-priority queue, in
+        the order given: evicted before every other cached block, as decode snapshots are. A
+        scored pool (or a referenced, unkeyed or already low block) is left as it is: its
+        score already weighs the block's kind."""
+        for b in block_ids:
+            if b in self._free and self.keys[b] and self.value is None:
+                del self._free[b]
+                self._free_low[b] = None
+
+    def refresh(self, block_ids: Iterable[int]) -> None:
+        """Re-queue free cached blocks as if freed now, in the order given (the first is
+        evicted first); referenced, unkeyed and low-priority blocks stay where they are. Not a
+        hit: no reuse is recorded."""
+        for b in block_ids:
+            if b == NULL_BLOCK or self.ref_cnt[b] or not self.keys[b]:
+                continue
+            if b in self._scored:
+                self._push_scored(b)  # a new entry; the old one is now stale
+            elif b in self._free:
+                self._free.move_to_end(b)
 
     # -- keys ------------------------------------------------------------------------------------
 

@@ -19,15 +19,28 @@ verification's per-position states under speculative decoding). S is keyed only 
 request releases its blocks, at the last position it holds, so the next chat turn resumes
 there: one extra state page per finished request, cached, and evicted before any other cached
 page (only a continuation of the conversation can use it).
+
+A checkpoint goes to the cache the step it is written; the attention blocks of its prefix only
+when the request lets go. So when a request lets go, the states it keyed that are still cached
+are refreshed (`BlockPool.refresh`): they age with those blocks, not from their write
+(aged from their write, LRU evicted them first and left the prefix's attention blocks cached
+but unusable: docs/admission.md, "The default against the split arms"). Those of a kind
+rarely hit go to the low-priority queue instead (`DEMOTE_RATIO`, `BlockPool.demote`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup
-from hycache.cache.boundaries import Boundaries, StateKind
+from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
 from hycache.hashing import PrefixHashes
+
+# A released state whose kind is hit less than this fraction as often as attention blocks
+# (`BlockPool.reuse`) goes to the low-priority queue rather than back among the cached blocks:
+# on a conversation trace, tail checkpoints and the drop scheme's extra states (chance < 0.1
+# against 0.34) held a quarter of the pool, and LRU evicted older prefixes before them.
+DEMOTE_RATIO = 0.5
 
 
 def find_ssm_hit(
@@ -56,6 +69,8 @@ class _State:
     pending_kind: str = ""  # the `StateKind` of a pending checkpoint
     snapshot: int | None = None  # decode snapshot block S (never keyed while we hold it)
     snapshot_pos: int = 0  # the position S holds (0: nothing written yet)
+    # the states this request keyed, (block, key): refreshed when it lets go
+    kept: list[tuple[int, CacheKey]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -155,13 +170,17 @@ class SSMManager:
         dst, end = st.pending_dst, st.pending_end
         for (pos, block), kind in zip(st.pending_writes, st.pending_kinds, strict=True):
             # frozen at once: keyed, then left to the cache
-            self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos, kind)
+            key = CacheKey(self.group, hashes.at(pos))
+            if self.pool.add_key(block, key, pos, kind):
+                st.kept.append((block, key))
             self.pool.free([block])
         st.pending_writes = st.pending_kinds = ()
         if st.src_held and st.src is not None and st.src != dst:
             self.pool.free([st.src])
         if st.pending_checkpoint:
-            self.pool.add_key(dst, CacheKey(self.group, hashes.at(end)), end, st.pending_kind)
+            key = CacheKey(self.group, hashes.at(end))
+            if self.pool.add_key(dst, key, end, st.pending_kind):
+                st.kept.append((dst, key))
             st.src, st.src_held = dst, True
         else:
             st.src, st.src_held = dst, False
@@ -189,6 +208,23 @@ class SSMManager:
         if st.running is not None:
             blocks.append(st.running)
         self.pool.free(blocks)
+        low, rest = self._age_at_release(st.kept)
+        self.pool.demote(low)
+        self.pool.refresh(rest)
+
+    def _age_at_release(self, kept: list[tuple[int, CacheKey]]) -> tuple[list[int], list[int]]:
+        """The request's states still cached under the key it keyed (a block evicted and
+        reused since carries another), in eviction order (the kinds least likely to be hit
+        first, then the highest position first, as a request's attention blocks are freed):
+        those whose kind is hit less than `DEMOTE_RATIO` times as often as attention blocks
+        (for `BlockPool.demote`), and the others (for `BlockPool.refresh`)."""
+        pool = self.pool
+        live = {b: key for b, key in kept if pool.lookup(key) == b}
+        pos = {b: p for b in live for k, p in pool.keys[b] if k == live[b]}
+        chance = {b: pool.reuse.chance(pool.kind[b]) for b in live}
+        order = sorted(live, key=lambda b: (chance[b], -pos[b], b))
+        bar = DEMOTE_RATIO * pool.reuse.chance(ATTENTION_KIND)
+        return [b for b in order if chance[b] < bar], [b for b in order if chance[b] >= bar]
 
     def request_ids(self) -> list[str]:
         """The requests holding state here, in the order they were admitted."""

@@ -91,6 +91,7 @@ class Scheduler:
         self.step_count = 0
         self._arrivals = 0
         self._scheduled_ids: set[str] = set()
+        self._chunk_cap = config.scheduler.max_num_batched_tokens  # this step's (`schedule`)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -161,6 +162,7 @@ class Scheduler:
         preempted: list[str] = []
         self._scheduled_ids = set()
         self.cache.num_waiting = len(self.waiting)  # what a held snapshot page competes with
+        self._chunk_cap = self._saturated_cap()
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or budget <= 0:
                 continue
@@ -268,9 +270,26 @@ class Scheduler:
         k = self.config.speculative.num_speculative_tokens
         return len(drafts) + (k if end == req.num_tokens else 0)
 
+    def _saturated_cap(self) -> int:
+        """This step's cap on a prefill chunk (`SchedulerConfig.saturated_chunk_tokens`): set
+        while the batch is full of sequences (one slot free at most), more requests wait than
+        slots are free, and the batch has decoding requests; else the whole budget. (A queue
+        behind a batch that is not full waits for memory or budget, not for decodes.)"""
+        cfg = self.config.scheduler
+        free = cfg.max_num_seqs - len(self.running)
+        if (
+            cfg.saturated_chunk_tokens
+            and free <= 1
+            and len(self.waiting) > free
+            and any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+        ):
+            return cfg.saturated_chunk_tokens
+        return cfg.max_num_batched_tokens
+
     def _chunk_end(self, req: Request, start: int, budget: int, junction: int | None = None) -> int:
         """Where the chunk from `start` ends; `junction`: the junction observed at admission
         (default: the last admission's)."""
+        budget = min(budget, self._chunk_cap)
         if not self.cache.config.enable_prefix_caching:
             return min(req.num_tokens, start + budget)  # nothing is kept: no stop to make
         reach = min(req.num_tokens, start + budget)
@@ -280,7 +299,9 @@ class Scheduler:
         return chunk_end(start, req.num_tokens, budget, stops, self.bounds.block_size)
 
     def _free_end(self, req: Request, start: int, budget: int) -> int:
-        """Where the chunk would end with no checkpoint stop (budget, prompt, block grid)."""
+        """Where the chunk would end with no checkpoint stop (budget and its cap, prompt, block
+        grid)."""
+        budget = min(budget, self._chunk_cap)
         return chunk_end(start, req.num_tokens, budget, [], self.bounds.block_size)
 
     def _preempt_newest(self) -> Request:

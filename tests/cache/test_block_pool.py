@@ -95,3 +95,62 @@ def test_low_priority_pages_are_evicted_after_unkeyed_and_before_other_cached_bl
     assert pool.allocate(1) == [cached]
     assert pool.allocate(1) == [hit_snap]
     pool.check_integrity()
+
+
+def test_refresh_requeues_free_cached_blocks_as_if_freed_now() -> None:
+    pool = BlockPool(5)
+    a, b, c, d = pool.allocate(4)
+    for i, x in enumerate((a, b, c)):
+        pool.add_key(x, key(i), i)
+    pool.free([a, b, c])  # LRU: a, b, c
+    pool.refresh([d, a])  # d is referenced: left alone; a moves behind c
+    assert pool.hits[a] == 0 and pool.ref_cnt[d] == 1  # not a hit, no reference taken
+    assert pool.allocate(3) == [b, c, a]
+    pool.check_integrity()
+
+
+def test_refresh_leaves_unkeyed_and_low_priority_blocks_in_place() -> None:
+    pool = BlockPool(5)
+    a, b, c, _ = pool.allocate(4)
+    pool.add_key(a, key(1), 1)
+    pool.add_key(b, key(2), 2)
+    pool.free([a])
+    pool.free([b], low_priority=True)
+    pool.free([c])  # unkeyed: head
+    pool.refresh([c, b])
+    assert pool.allocate(3) == [c, b, a]
+    pool.check_integrity()
+
+
+def test_refresh_rescores_a_scored_block() -> None:
+    pool = BlockPool(5, value=lambda _key, _pos: 0.0)
+    a, b, c, _ = pool.allocate(4)
+    for i, x in enumerate((a, b, c)):
+        pool.add_key(x, key(i), i)
+    pool.free([a, b, c])
+    pool.refresh([a])
+    assert pool.allocate(3) == [b, c, a]
+    pool.check_integrity()
+
+
+def test_demote_sends_free_cached_blocks_to_the_low_priority_queue() -> None:
+    pool = BlockPool(6)
+    a, b, c, d, e = pool.allocate(5)
+    for i, x in enumerate((a, b, c, d)):
+        pool.add_key(x, key(i), i)
+    pool.free([a, b, c])
+    pool.demote([c, e])  # e is referenced: left alone
+    assert pool.ref_cnt[e] == 1
+    assert pool.allocate(3) == [c, a, b]  # the demoted block goes first
+    pool.check_integrity()
+
+
+def test_demote_leaves_a_scored_pool_alone() -> None:
+    pool = BlockPool(4, value=lambda _key, _pos: 0.0)
+    a, b, _ = pool.allocate(3)
+    pool.add_key(a, key(1), 1)
+    pool.add_key(b, key(2), 2)
+    pool.free([a, b])
+    pool.demote([b])
+    assert pool.allocate(2) == [a, b]
+    pool.check_integrity()

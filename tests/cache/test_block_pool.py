@@ -112,8 +112,8 @@ def test_refresh_requeues_free_cached_blocks_as_if_freed_now() -> None:
 def test_refresh_leaves_unkeyed_and_low_priority_blocks_in_place() -> None:
     pool = BlockPool(5)
     a, b, c, _ = pool.allocate(4)
-    pool.add_key(a, key(1), 1)
-    pool.add_key(b, key(2), 2)
+    pool.add_key(a, key(1), 2)
+    pool.add_key(b, key(2), 1)  # worth less than a: the low-priority queue goes first
     pool.free([a])
     pool.free([b], low_priority=True)
     pool.free([c])  # unkeyed: head
@@ -137,7 +137,7 @@ def test_demote_sends_free_cached_blocks_to_the_low_priority_queue() -> None:
     pool = BlockPool(6)
     a, b, c, d, e = pool.allocate(5)
     for i, x in enumerate((a, b, c, d)):
-        pool.add_key(x, key(i), i)
+        pool.add_key(x, key(i), 4 - i)  # c is worth less than a, the LRU head
     pool.free([a, b, c])
     pool.demote([c, e])  # e is referenced: left alone
     assert pool.ref_cnt[e] == 1

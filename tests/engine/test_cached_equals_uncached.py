@@ -108,16 +108,15 @@ def tight_pool(policy: str, k: int, internal: bool) -> dict[str, int]:
     """A pool that preempts on `drive`'s script (internal checkpoints split less, so need
     fewer pages at once; a shorter `max_model_len` lets the pool shrink; admission keeps fewer
     states under pressure: `junction` preempts from 20 pages down; states demoted or refreshed
-    when their request lets go keep more hits, so fewer pages are taken at once)."""
+    when their request lets go keep more hits, so fewer pages are taken at once; `limit`
+    holds decode snapshots only while they earn their page)."""
     if k:
         if not internal:
             return {"num_blocks": 28}
         return {"num_blocks": {"junction": 20, "limit": 22}.get(policy, 24), "max_model_len": 96}
     if not internal or policy == "lookahead":
         return {"num_blocks": 16}
-    if policy == "limit":
-        return {"num_blocks": 15}
-    return {"num_blocks": 14, "max_model_len": 96}
+    return {"num_blocks": 13 if policy == "limit" else 14, "max_model_len": 96}
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)

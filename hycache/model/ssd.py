@@ -19,6 +19,8 @@ state h at chunk boundaries. It is exact up to rounding, for any chunk size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -56,7 +58,23 @@ def ssd_chunked(
     chunk_size: int,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked SSD scan over a whole sequence.
+    """Chunked SSD scan over a whole sequence: `ssd_chunked_states` with no state asked for
+    inside the sequence. Returns y and the final state."""
+    y, final, _ = ssd_chunked_states(x, dt, A, B, C, chunk_size, initial_state)
+    return y, final
+
+
+def ssd_chunked_states(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor | None = None,
+    state_at: Sequence[int] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chunked SSD scan over a whole sequence, and the states after `state_at` tokens.
 
     Args:
         x: (batch, seqlen, n_heads, head_dim) SSM input.
@@ -67,10 +85,15 @@ def ssd_chunked(
         chunk_size: block length Q (any positive int; only rounding depends on it).
         initial_state: (batch, n_heads, head_dim, d_state) state before the first token, or
             None for zeros.
+        state_at: token counts 1 .. seqlen - 1 after which the state is wanted too (internal
+            checkpoints). Each is read out of the chunk that holds it, `start state decayed +
+            the chunk's inputs up to there` (one row of the chunk's decay matrix), so the scan
+            is not cut there: the chunk grid, hence y, is the same whatever is asked for.
 
     Returns:
         y: (batch, seqlen, n_heads, head_dim) outputs (without the D skip term).
         final_state: (batch, n_heads, head_dim, d_state) state after the last token.
+        states: (batch, len(state_at), n_heads, head_dim, d_state), in `state_at`'s order.
 
     Everything is computed in x's dtype; callers pass float32 (or float64).
     """
@@ -128,7 +151,24 @@ def ssd_chunked(
     y = y + y_off * torch.exp(a_cum).permute(0, 1, 4, 2, 3)[..., None]
 
     y = y.reshape(b, nc * q, h, p)[:, :t]  # (batch, seqlen, n_heads, head_dim)
-    return y, state.reshape(b, h, p, n)
+
+    # 5. States inside the sequence: after `o` tokens, o - 1 is row l of chunk c, and
+    #    h = exp(a_{0..l}) h_start(c) + sum_{s <= l} exp(a_{s+1..l}) dt_s x_s ⊗ B_s.
+    k = len(state_at)
+    if k:
+        if not all(0 < o < t for o in state_at):
+            raise ValueError(f"state_at: token counts in 1 .. {t - 1}, got {list(state_at)}")
+        idx = torch.tensor([o - 1 for o in state_at], device=x.device)
+        ci, li = idx // q, idx % q  # (K,) chunk, row in it
+        dec = decay.permute(1, 4, 0, 2, 3, 5)[ci, li]  # (K, batch, group, head_in_group, s)
+        into = torch.einsum("kbgrs,bksgn,bksgrp->bkgrpn", dec, Bc[:, ci], xdt[:, ci])
+        grow = torch.exp(a_cum.permute(1, 4, 0, 2, 3)[ci, li])  # (K, batch, group, hig)
+        # into: (batch, K, group, head_in_group, head_dim, d_state)
+        into = into + grow.permute(1, 0, 2, 3)[..., None, None] * start_states[:, ci]
+        states = into.reshape(b, k, h, p, n)
+    else:
+        states = x.new_empty(b, 0, h, p, n)
+    return y, state.reshape(b, h, p, n), states
 
 
 def ssd_update_(

@@ -88,7 +88,9 @@ def _shape(out: SchedulerOutput) -> dict[str, int]:
             s.num_tokens * s.start + s.num_tokens * (s.num_tokens + 1) // 2 for s in chunks
         ),
         "cached_qk_pairs": sum(s.num_tokens * s.start for s in chunks),
-        "decode_rows": sum(1 + len(s.draft_token_ids) for s in out.scheduled if s not in chunks),
+        "decode_rows": sum(
+            1 + len(s.draft_token_ids) for s in out.scheduled if s.request.num_tokens - s.start <= 1
+        ),
     }
 
 

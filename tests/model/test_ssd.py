@@ -73,6 +73,32 @@ def test_states_inside_the_scan_equal_the_recurrence(
         torch.testing.assert_close(states[:, k], s_ref, rtol=0, atol=1e-10)
 
 
+def test_long_scans_run_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long sequence is scanned a piece of `SCAN_PIECE_CHUNKS` chunks at a time (the
+    within-chunk tensors stay small), with the same results as the recurrence."""
+    import hycache.model.ssd as ssd
+
+    seen: list[int] = []
+    decay = ssd.segment_decay
+
+    def recorded(a: torch.Tensor) -> torch.Tensor:
+        seen.append(a.shape[1])  # (batch, chunk, group, head_in_group, l)
+        return decay(a)
+
+    monkeypatch.setattr(ssd, "segment_decay", recorded)
+    t = 4 * ssd.SCAN_PIECE_CHUNKS * 3 + 5  # chunk 4: three whole pieces and a partial one
+    x, dt, A, B, C, s0 = _inputs(3, 1, t, 4, 3, 2, 5)
+    offsets = [1, 31, 32, 33, 64, t - 1]
+    y, final, states = ssd.ssd_chunked_states(x, dt, A, B, C, 4, s0, offsets)
+    assert seen == [ssd.SCAN_PIECE_CHUNKS] * 3 + [2]
+    y_ref, s_ref = ssd_recurrent(x, dt, A, B, C, s0)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
+    torch.testing.assert_close(final, s_ref, rtol=0, atol=1e-10)
+    for k, o in enumerate(offsets):
+        _, s_o = ssd_recurrent(x[:, :o], dt[:, :o], A, B[:, :o], C[:, :o], s0)
+        torch.testing.assert_close(states[:, k], s_o, rtol=0, atol=1e-10)
+
+
 def test_states_inside_the_scan_refuse_the_ends() -> None:
     x, dt, A, B, C, s0 = _inputs(0, 1, 10, 4, 3, 2, 5)
     for bad in ([0], [10], [3, 11]):

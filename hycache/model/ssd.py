@@ -205,8 +205,9 @@ def _scan(
     if k:
         idx = torch.tensor([o - 1 for o in state_at], device=x.device)
         ci, li = idx // q, idx % q  # (K,) chunk, row in it
-        dec = decay.permute(1, 4, 0, 2, 3, 5)[ci, li]  # (K, batch, group, head_in_group, s)
-        into = torch.einsum("kbgrs,bksgn,bksgrp->bkgrpn", dec, Bc[:, ci], xdt[:, ci])
+        dec = decay.permute(0, 1, 4, 5, 2, 3)[:, ci, li]  # (batch, K, s, group, head_in_group)
+        w = xdt[:, ci] * dec[..., None]  # (batch, K, s, group, head_in_group, head_dim)
+        into = torch.einsum("bksgrp,bksgn->bkgrpn", w, Bc[:, ci])  # one batched matmul
         grow = torch.exp(a_cum.permute(1, 4, 0, 2, 3)[ci, li])  # (K, batch, group, hig)
         # into: (batch, K, group, head_in_group, head_dim, d_state)
         into = into + grow.permute(1, 0, 2, 3)[..., None, None] * start_states[:, ci]

@@ -79,7 +79,9 @@ def _wrap_ssd(meter: Meter) -> Any:
 
 
 def _shape(out: SchedulerOutput) -> dict[str, int]:
-    chunks = [s for s in out.scheduled if s.request.num_tokens - s.start > 1]
+    # the observer runs after the step was applied (requests have grown): a decode or verify
+    # step computes one known token, a prefill chunk more
+    chunks = [s for s in out.scheduled if s.num_tokens > 1]
     return {
         "prefill_tokens": sum(s.num_tokens for s in chunks),
         "writes": sum(len(s.alloc.states[0].writes) for s in chunks) if chunks else 0,
@@ -88,9 +90,7 @@ def _shape(out: SchedulerOutput) -> dict[str, int]:
             s.num_tokens * s.start + s.num_tokens * (s.num_tokens + 1) // 2 for s in chunks
         ),
         "cached_qk_pairs": sum(s.num_tokens * s.start for s in chunks),
-        "decode_rows": sum(
-            1 + len(s.draft_token_ids) for s in out.scheduled if s.request.num_tokens - s.start <= 1
-        ),
+        "decode_rows": sum(1 + len(s.draft_token_ids) for s in out.scheduled if s.num_tokens <= 1),
     }
 
 

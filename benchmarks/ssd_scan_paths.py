@@ -27,8 +27,8 @@ import hycache.model.ssd as ssd
 
 H, P, G, N, Q = 8, 64, 2, 64, 64
 
-# (tokens, checkpoint offsets): a 1,024-token prompt's chunk under `limit` (block 552, tail
-# and decode-snapshot boundaries), the families row's 4,064-token chunk with 7 block
+# (tokens, checkpoint offsets): about a 1,024-token prompt's chunk under `limit` (the block
+# boundary 552 and two near the end), the families row's 4,064-token chunk with 7 block
 # boundaries, and a whole 8,192-token step
 CASES: tuple[tuple[int, tuple[int, ...]], ...] = (
     (1_055, (552, 1_016, 1_048)),

@@ -350,8 +350,8 @@ class Boundaries:
         exports vLLM's one, every other policy each stop it would otherwise have split at.
 
             start        p1        p2            end
-              |----------+---------+-------------|   one forward; the scan is cut at p1, p2
-                         ^ state   ^ state           and the states written to fresh pages
+              |----------+---------+-------------|   one forward and one scan; the states
+                         ^ state   ^ state           at p1, p2 read out of it to fresh pages
         """
         if not self.internal:
             return ()

@@ -164,6 +164,11 @@ def print_overhead(part: dict[str, Any]) -> None:
             f"  caching when nothing is shared ({o['name']}): output tokens/s "
             f"{o['output_tokens_per_s']:.3f}x, TTFT p50 {o['ttft_p50_s']:.3f}x"
         )
+        if o.get("output_tokens_per_cpu_s") is not None:
+            console.print(
+                f"  on the engine thread's CPU clock: output tokens per CPU second "
+                f"{o['output_tokens_per_cpu_s']:.3f}x, TTFT p50 {o['ttft_cpu_p50_s']:.3f}x"
+            )
 
 
 def print_engine(a: BenchArgs, doc: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ from torch import nn
 from hycache.model.configs.base import HybridConfig
 from hycache.model.layers import compute_dtype
 from hycache.model.paged import StateCache, StepBatch
-from hycache.model.ssd import ssd_chunked, ssd_update_
+from hycache.model.ssd import ssd_chunked_states, ssd_update_
 
 __all__ = [
     "SCAN_CHUNK_MAX",
@@ -457,22 +457,19 @@ class Mamba2Mixer(nn.Module):
             by_offset: dict[int, list[int]] = {}
             for off, slot in plan.writes[r]:
                 by_offset.setdefault(off, []).append(slot)
-            prev = 0
-            for off in [*sorted(by_offset), e - s]:
-                if off == prev:
-                    continue
-                # y_seg: (1, seg_len, n_heads, head_dim), state: (1, n_heads, head_dim, d_state)
-                y_seg, state = ssd_chunked(
-                    x[:, prev:off],
-                    dtr[:, prev:off],
-                    A,
-                    B[:, prev:off],
-                    C[:, prev:off],
-                    min(self.chunk_size, SCAN_CHUNK_MAX),
-                    state,
-                )
-                y[s + prev : s + off] = y_seg[0]
-                for slot in by_offset.get(off, ()):
+            # one scan over the whole chunk; the states at internal checkpoints are read out
+            # of it (not cut: a cut ended the scan there, a call and a padded chunk apiece)
+            inner = [off for off in sorted(by_offset) if 0 < off < e - s]
+            # y_r: (1, q, n_heads, head_dim), final: (1, n_heads, head_dim, d_state),
+            # at: (1, len(inner), n_heads, head_dim, d_state)
+            y_r, final, at = ssd_chunked_states(
+                x, dtr, A, B, C, min(self.chunk_size, SCAN_CHUNK_MAX), state, inner
+            )
+            y[s:e] = y_r[0]
+            for off, slots in by_offset.items():
+                h_off = state[0] if off == 0 else final[0] if off == e - s else None
+                if h_off is None:
+                    h_off = at[0, inner.index(off)]
+                for slot in slots:
                     conv_cache[slot].copy_(seq[:, off : off + self.d_conv - 1])
-                    ssm_cache[slot].copy_(state[0])
-                prev = off
+                    ssm_cache[slot].copy_(h_off)

@@ -19,6 +19,8 @@ state h at chunk boundaries. It is exact up to rounding, for any chunk size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -56,7 +58,23 @@ def ssd_chunked(
     chunk_size: int,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked SSD scan over a whole sequence.
+    """Chunked SSD scan over a whole sequence: `ssd_chunked_states` with no state asked for
+    inside the sequence. Returns y and the final state."""
+    y, final, _ = ssd_chunked_states(x, dt, A, B, C, chunk_size, initial_state)
+    return y, final
+
+
+def ssd_chunked_states(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor | None = None,
+    state_at: Sequence[int] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chunked SSD scan over a whole sequence, and the states after `state_at` tokens.
 
     Args:
         x: (batch, seqlen, n_heads, head_dim) SSM input.
@@ -67,13 +85,66 @@ def ssd_chunked(
         chunk_size: block length Q (any positive int; only rounding depends on it).
         initial_state: (batch, n_heads, head_dim, d_state) state before the first token, or
             None for zeros.
+        state_at: token counts 1 .. seqlen - 1 after which the state is wanted too (internal
+            checkpoints). Each is read out of the chunk that holds it, `start state decayed +
+            the chunk's inputs up to there` (one row of the chunk's decay matrix), so the scan
+            is not cut there: the chunk grid, hence y, is the same whatever is asked for.
 
     Returns:
         y: (batch, seqlen, n_heads, head_dim) outputs (without the D skip term).
         final_state: (batch, n_heads, head_dim, d_state) state after the last token.
+        states: (batch, len(state_at), n_heads, head_dim, d_state), in `state_at`'s order.
+
+    The sequence is scanned in pieces of `SCAN_PIECE_CHUNKS` chunks, the state carried from
+    one to the next (the chunk grid is the same as in one piece).
 
     Everything is computed in x's dtype; callers pass float32 (or float64).
     """
+    b, t, h, p = x.shape
+    if not all(0 < o < t for o in state_at):
+        raise ValueError(f"state_at: token counts in 1 .. {t - 1}, got {list(state_at)}")
+    piece = max(1, min(chunk_size, t)) * SCAN_PIECE_CHUNKS
+    if t <= piece:
+        return _scan(x, dt, A, B, C, chunk_size, initial_state, state_at)
+    ys: list[torch.Tensor] = []
+    found: dict[int, torch.Tensor] = {}  # token count -> (batch, n_heads, head_dim, d_state)
+    state = initial_state
+    for a in range(0, t, piece):
+        e = min(a + piece, t)
+        local = [o - a for o in state_at if a < o < e]
+        y, state, at = _scan(
+            x[:, a:e], dt[:, a:e], A, B[:, a:e], C[:, a:e], chunk_size, state, local
+        )
+        ys.append(y)
+        found.update((o + a, at[:, k]) for k, o in enumerate(local))
+        found[e] = state
+    states = [found[o] for o in state_at]
+    y_all = torch.cat(ys, dim=1)  # (batch, seqlen, n_heads, head_dim)
+    if not states:
+        return y_all, state, x.new_empty(b, 0, h, p, B.shape[3])
+    return y_all, state, torch.stack(states, dim=1)
+
+
+SCAN_PIECE_CHUNKS = 8
+"""Chunks per piece of `ssd_chunked_states`. The within-chunk tensors of one piece (its decay
+and score matrices, chunks x Q x Q per head) stay small enough for the CPU's caches: one scan
+over 8,192 tokens (Q = 64) took 2.0x the CPU time of the same scan in pieces of 8 chunks,
+4,064 tokens 2.1x, 1,055 tokens 1.4x (`tiny`'s Mamba shapes, one thread; pieces of 4 or 16
+chunks were no faster than 8). A microbenchmark's figure (`benchmarks/ssd_scan_paths.py`): in the
+CPU engine's runs the long scans did not show that slowness (docs/admission.md)."""
+
+
+def _scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor | None,
+    state_at: Sequence[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`ssd_chunked_states` over one piece."""
     b, t, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     r = h // g
@@ -128,7 +199,23 @@ def ssd_chunked(
     y = y + y_off * torch.exp(a_cum).permute(0, 1, 4, 2, 3)[..., None]
 
     y = y.reshape(b, nc * q, h, p)[:, :t]  # (batch, seqlen, n_heads, head_dim)
-    return y, state.reshape(b, h, p, n)
+
+    # 5. States inside the sequence: after `o` tokens, o - 1 is row l of chunk c, and
+    #    h = exp(a_{0..l}) h_start(c) + sum_{s <= l} exp(a_{s+1..l}) dt_s x_s ⊗ B_s.
+    k = len(state_at)
+    if k:
+        idx = torch.tensor([o - 1 for o in state_at], device=x.device)
+        ci, li = idx // q, idx % q  # (K,) chunk, row in it
+        dec = decay.permute(0, 1, 4, 5, 2, 3)[:, ci, li]  # (batch, K, s, group, head_in_group)
+        w = xdt[:, ci] * dec[..., None]  # (batch, K, s, group, head_in_group, head_dim)
+        into = torch.einsum("bksgrp,bksgn->bkgrpn", w, Bc[:, ci])  # one batched matmul
+        grow = torch.exp(a_cum.permute(1, 4, 0, 2, 3)[ci, li])  # (K, batch, group, hig)
+        # into: (batch, K, group, head_in_group, head_dim, d_state)
+        into = into + grow.permute(1, 0, 2, 3)[..., None, None] * start_states[:, ci]
+        states = into.reshape(b, k, h, p, n)
+    else:
+        states = x.new_empty(b, 0, h, p, n)
+    return y, state.reshape(b, h, p, n), states
 
 
 def ssd_update_(

@@ -95,6 +95,27 @@ def test_engine_part_alternates_lookahead_and_limit(doc: dict[str, Any]) -> None
     assert any("repeat 2/2" in m for m in doc["_messages"])
 
 
+def test_engine_part_times_the_engine_thread_beside_the_wall(doc: dict[str, Any]) -> None:
+    """Every engine figure also on the engine thread's CPU clock, which never runs ahead of
+    the wall clock (one thread); per repeat, for the side-by-side ratios."""
+    eng = doc["engine"]
+    for res in eng["policies"].values():
+        assert 0 < res["engine_cpu_s"] <= res["wall_s"]
+        assert res["engine_steps"] > 0
+        assert res["output_tokens_per_cpu_s"] >= res["output_tokens_per_s"]
+        assert 0 < res["ttft_cpu_p50_s"] <= res["ttft_p50_s"]
+        assert res["ttft_cpu_p50_s"] <= res["ttft_cpu_p95_s"] <= res["ttft_p95_s"]
+    for arm, runs in eng["per_repeat"].items():
+        assert set(runs) == {
+            "ttft_p50_s",
+            "output_tokens_per_cpu_s",
+            "ttft_cpu_p50_s",
+            "engine_cpu_s",
+        }
+        assert all(len(v) == 2 for v in runs.values()), arm
+        assert eng["policies"][arm]["engine_cpu_s"] == pytest.approx(sum(runs["engine_cpu_s"]) / 2)
+
+
 def test_simulated_tables_have_every_arm(doc: dict[str, Any]) -> None:
     simd = doc["simulated"]
     assert list(simd) == ["system-prompt", "family", "multi-turn", "trace", "no-sharing"]

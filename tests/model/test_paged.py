@@ -302,3 +302,33 @@ def test_internal_checkpoints_equal_the_sequential_recurrence(
             torch.testing.assert_close(states.ssm[:, slot], ref.ssm[:, 0], rtol=0, atol=ATOL)
             torch.testing.assert_close(states.conv[:, slot], ref.conv[:, 0], rtol=0, atol=ATOL)
     assert not want
+
+
+def test_internal_checkpoints_change_nothing_else_and_cost_no_extra_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A prefill chunk that writes states at internal offsets runs one scan per Mamba layer,
+    as the chunk that writes none does, and its outputs are the same, bit for bit: the states
+    are read out of the scan, which is not cut at them (a cut ended the scan there, so each
+    checkpoint cost a scan call and a padded chunk per layer, and moved y's rounding)."""
+    import hycache.model.mamba2 as mamba2
+
+    model = BambaForCausalLM.random(small_config(), seed=7, dtype=F64)
+    calls: list[int] = []
+    scan = mamba2.ssd_chunked_states
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return scan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mamba2, "ssd_chunked_states", counted)
+    tokens = _tokens(60, 9)
+    outs = []
+    for writes in ([(60, 9)], [(5, 1), (13, 2), (29, 3), (46, 4), (60, 9)]):
+        kv, states = fresh_caches(model, num_blocks=16, block_size=16, num_slots=12)
+        calls.clear()
+        outs.append(
+            step(model, tokens, 0, shuffled_blocks(16, 4), kv, states, src=-1, writes=writes)
+        )
+        assert len(calls) == model.config.num_mamba_layers
+    assert torch.equal(outs[0], outs[1])

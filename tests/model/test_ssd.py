@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hycache.model.ssd import segment_sum, ssd_chunked, ssd_recurrent, ssd_step
+from hycache.model.ssd import (
+    segment_sum,
+    ssd_chunked,
+    ssd_chunked_states,
+    ssd_recurrent,
+    ssd_step,
+)
 
 
 def _inputs(seed: int, b: int, t: int, h: int, p: int, g: int, n: int) -> tuple[torch.Tensor, ...]:
@@ -40,6 +47,63 @@ def test_chunked_equals_recurrence(
     assert y.shape == (2, t, h, 3) and s.shape == (2, h, 3, 5)
     torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
     torch.testing.assert_close(s, s_ref, rtol=0, atol=1e-10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    t=st.integers(2, 40),
+    chunk=st.integers(1, 16),
+    data=st.data(),
+)
+def test_states_inside_the_scan_equal_the_recurrence(
+    seed: int, t: int, chunk: int, data: st.DataObject
+) -> None:
+    """The states after any token counts inside the sequence, read out of one scan, equal the
+    recurrence's after that many tokens; y and the final state are those of the scan asked
+    for nothing, bit for bit (the chunk grid does not depend on what is asked)."""
+    offsets = data.draw(st.lists(st.integers(1, t - 1), max_size=6))
+    x, dt, A, B, C, s0 = _inputs(seed, 2, t, 4, 3, 2, 5)
+    y, final, states = ssd_chunked_states(x, dt, A, B, C, chunk, s0, offsets)
+    y_plain, final_plain = ssd_chunked(x, dt, A, B, C, chunk, s0)
+    assert torch.equal(y, y_plain) and torch.equal(final, final_plain)
+    assert states.shape == (2, len(offsets), 4, 3, 5)
+    for k, o in enumerate(offsets):
+        _, s_ref = ssd_recurrent(x[:, :o], dt[:, :o], A, B[:, :o], C[:, :o], s0)
+        torch.testing.assert_close(states[:, k], s_ref, rtol=0, atol=1e-10)
+
+
+def test_long_scans_run_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long sequence is scanned a piece of `SCAN_PIECE_CHUNKS` chunks at a time (the
+    within-chunk tensors stay small), with the same results as the recurrence."""
+    import hycache.model.ssd as ssd
+
+    seen: list[int] = []
+    decay = ssd.segment_decay
+
+    def recorded(a: torch.Tensor) -> torch.Tensor:
+        seen.append(a.shape[1])  # (batch, chunk, group, head_in_group, l)
+        return decay(a)
+
+    monkeypatch.setattr(ssd, "segment_decay", recorded)
+    t = 4 * ssd.SCAN_PIECE_CHUNKS * 3 + 5  # chunk 4: three whole pieces and a partial one
+    x, dt, A, B, C, s0 = _inputs(3, 1, t, 4, 3, 2, 5)
+    offsets = [1, 31, 32, 33, 64, t - 1]
+    y, final, states = ssd.ssd_chunked_states(x, dt, A, B, C, 4, s0, offsets)
+    assert seen == [ssd.SCAN_PIECE_CHUNKS] * 3 + [2]
+    y_ref, s_ref = ssd_recurrent(x, dt, A, B, C, s0)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
+    torch.testing.assert_close(final, s_ref, rtol=0, atol=1e-10)
+    for k, o in enumerate(offsets):
+        _, s_o = ssd_recurrent(x[:, :o], dt[:, :o], A, B[:, :o], C[:, :o], s0)
+        torch.testing.assert_close(states[:, k], s_o, rtol=0, atol=1e-10)
+
+
+def test_states_inside_the_scan_refuse_the_ends() -> None:
+    x, dt, A, B, C, s0 = _inputs(0, 1, 10, 4, 3, 2, 5)
+    for bad in ([0], [10], [3, 11]):
+        with pytest.raises(ValueError, match="state_at"):
+            ssd_chunked_states(x, dt, A, B, C, 4, s0, bad)
 
 
 def test_split_scan_carries_state() -> None:

@@ -109,6 +109,36 @@ def test_no_caching_arm_turns_prefix_caching_off_and_hits_nothing() -> None:
     # here caching saves prefill: the siblings share 20 tokens
     assert doc["limit"]["prefill_tokens_computed"] < doc[NO_CACHING]["prefill_tokens_computed"]
     assert caching_overhead({"limit": doc["limit"]}) is None
+    assert "output_tokens_per_cpu_s" not in over  # the simulator has no engine thread
+
+
+def test_caching_overhead_carries_the_engine_cpu_clock_when_timed() -> None:
+    from hycache.sim.compare import caching_overhead
+
+    doc = {
+        "limit": {
+            "output_tokens_per_s": 9.0,
+            "ttft_p50_s": 2.0,
+            "ttft_p95_s": 4.0,
+            "output_tokens_per_cpu_s": 12.0,
+            "ttft_cpu_p50_s": 1.5,
+            "ttft_cpu_p95_s": 3.0,
+        },
+        NO_CACHING: {
+            "output_tokens_per_s": 10.0,
+            "ttft_p50_s": 1.0,
+            "ttft_p95_s": 2.0,
+            "output_tokens_per_cpu_s": 12.0,
+            "ttft_cpu_p50_s": 1.0,
+            "ttft_cpu_p95_s": 2.0,
+        },
+    }
+    over = caching_overhead(doc)
+    assert over is not None
+    assert over["output_tokens_per_s"] == pytest.approx(0.9)
+    assert over["output_tokens_per_cpu_s"] == pytest.approx(1.0)
+    assert over["ttft_cpu_p50_s"] == pytest.approx(1.5)
+    assert over["ttft_cpu_p95_s"] == pytest.approx(1.5)
 
 
 def test_parse_arms() -> None:

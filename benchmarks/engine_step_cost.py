@@ -27,12 +27,10 @@ from typing import Any
 import torch
 
 import hycache.model.mamba2 as mamba2
-from hycache.bench.suite import EngineBench
-from hycache.engine.engine import LLM
+from hycache.bench.suite import EngineBench, engine_for_arm
 from hycache.model.layers import Attention
 from hycache.request import SamplingParams
 from hycache.sched.scheduler import SchedulerOutput
-from hycache.sim.compare import ARMS
 
 PARTS = ("mamba", "ssd", "attention", "drafter")
 
@@ -95,24 +93,7 @@ def _shape(out: SchedulerOutput) -> dict[str, int]:
 
 
 def run_arm(b: EngineBench, name: str) -> dict[str, Any]:
-    arm = ARMS[name]
-    k = b.knobs
-    knobs = k.replace(
-        policy=arm.policy,
-        enable_prefix_caching=arm.caching and k.enable_prefix_caching,
-        internal_checkpoints=k.internal_checkpoints if arm.internal is None else arm.internal,
-    )
-    llm = LLM(
-        "tiny",
-        knobs=knobs,
-        max_model_len=b.shared_prefix_tokens + b.suffix_tokens + b.output_tokens + 16,
-        num_speculative_tokens=b.num_speculative_tokens,
-        max_num_batched_tokens=b.max_num_batched_tokens,
-        max_num_seqs=b.concurrency,
-        num_blocks=b.num_blocks,
-        seed=b.seed,
-        warmup=True,
-    )
+    llm = engine_for_arm(b, name)
     meter = Meter()
     for m in llm.model.modules():
         if isinstance(m, mamba2.Mamba2Mixer):

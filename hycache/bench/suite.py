@@ -152,19 +152,19 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
-def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
+def engine_for_arm(b: EngineBench, name: str) -> Any:
+    """The `LLM` that `b`'s engine part runs arm `name` on (a policy, or one with `-split`: no
+    internal checkpoints; `no-caching`), warmed up as a server is before its first request."""
     from hycache.engine.engine import LLM
 
-    arm = ARMS[name]  # a policy, or one with `-split` (no internal checkpoints)
-
-    prompts = deque(b.prompts())
+    arm = ARMS[name]
     k = b.knobs
     knobs = k.replace(
         policy=arm.policy,
         enable_prefix_caching=arm.caching and k.enable_prefix_caching,
         internal_checkpoints=k.internal_checkpoints if arm.internal is None else arm.internal,
     )
-    llm = LLM(
+    return LLM(
         "tiny",
         knobs=knobs,
         max_model_len=b.shared_prefix_tokens + b.suffix_tokens + b.output_tokens + 16,
@@ -175,8 +175,13 @@ def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
         seed=b.seed,
         kv_store=b.kv_store,
         kv_store_gb=b.kv_store_gb,
-        warmup=True,  # as a server is before its first request
+        warmup=True,
     )
+
+
+def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
+    prompts = deque(b.prompts())
+    llm = engine_for_arm(b, name)
     try:
         return _closed_loop(b, llm, prompts)
     finally:

@@ -347,6 +347,8 @@ class CacheManager:
         assert self.admission is not None
         shared = self.state_pool is self.pool
         pool, n = (self.pool, need) if shared else (self.state_pool, need_pages)
+        if pool.unkeyed_free(n) >= n:  # the step's pages come from unkeyed free ones
+            return
         chance = pool.reuse.chance(StateKind.SNAPSHOT)
         # newest request first (the one a preemption would pick)
         held = [r for r in reversed(self.ssm[0].request_ids()) if r in self._held and r != rid]

@@ -124,8 +124,7 @@ class Admission:
     def entry_worth(self, block_id: int) -> float:
         """The worth of the pool's cached block `block_id` (its kind, its deepest key)."""
         kind = self.pool.kind[block_id]
-        position = max(pos for _, pos in self.pool.keys[block_id])
-        return self.worth(kind, self.saving(kind, position))
+        return self.worth(kind, self.saving(kind, self.pool.deepest(block_id)))
 
     def page_value(self, kind: str = "") -> float:
         """What one more page saves over the life a page of `kind` kept now would have, in

@@ -190,9 +190,13 @@ class BlockPool:
             n += 1
         return n
 
+    def deepest(self, block_id: int) -> int:
+        """The deepest position a cached block is keyed at."""
+        return max(pos for _, pos in self.keys[block_id])
+
     def worth(self, block_id: int) -> float:
         """A cached block's expected saving: its kind's chance times its deepest position."""
-        return self.reuse.chance(self.kind[block_id]) * max(pos for _, pos in self.keys[block_id])
+        return self.reuse.chance(self.kind[block_id]) * self.deepest(block_id)
 
     def is_ghost(self, key: CacheKey) -> bool:
         """`key` was on a block evicted among the last `ghost_depth` (and is not cached now)."""

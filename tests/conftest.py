@@ -4,9 +4,9 @@
   threads, so two workers running torch do not oversubscribe the cores.
 - After a test that grew the process by more than `COLLECT_AFTER_GROWTH` resident bytes,
   Python's cyclic collector runs: it counts objects, not bytes, so an engine caught in a
-  reference cycle (the store tier's mirror and its manager still make one) would otherwise
-  hold its GBs across the next tests, in both workers at once. The engines the bench builds
-  hold none: `tests/bench/test_closed_loop.py` checks it without this.
+  reference cycle would otherwise hold its GBs across the next tests, in both workers at
+  once. A safety net: the engines the bench builds and an engine with a store hold none
+  (`tests/bench/test_closed_loop.py`, `tests/store/test_store_engine.py` check it without it).
 """
 
 from __future__ import annotations

@@ -154,8 +154,11 @@ class CacheManager:
         # hit there: with a second tier every state is kept (admission off)
         self.admission = None
         groups = self.config.groups
+        # the group -> pool map as a dict, not `self.pool_for`: a bound method would make
+        # manager -> mirror -> manager a cycle, which holds the pools until the cyclic collector
+        pool_for = {g: self.pool_for(g) for g in range(len(groups))}.__getitem__
         self._mirror = StoreMirror(
-            store, fingerprint, self.pools, self.pool_for, groups, self.bounds, io
+            store, fingerprint, self.pools, pool_for, groups, self.bounds, io
         )
         return self._mirror
 

@@ -154,3 +154,26 @@ def test_the_store_heals_what_it_lost_while_the_device_held_it() -> None:
     assert used.hit_tokens > 0 and used.store_hit_tokens == 0
     other = LLM("tiny", kv_store=store, **kw).generate([fam[2]], SP)[0]
     assert other.hit_tokens == other.store_hit_tokens >= used.hit_tokens
+
+
+def test_a_dropped_engine_with_a_store_frees_its_cache_without_the_cycle_collector() -> None:
+    """The store mirror holds no reference back to the cache manager, and the pools hold
+    the mirror's callback weakly: dropping an engine with a store frees its cache (and the
+    tensors the mirror's block IO reads) at once. The mirror used to hold the manager's bound
+    `pool_for` and the pools its bound `_on_event`, and each test engine with a store waited
+    for the cyclic collector."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        llm = LLM("tiny", **GEOMETRY, num_blocks=40, kv_store="host", kv_store_gb=0.05)
+        llm.generate(family(n=2), SP)
+        cache = weakref.ref(llm.scheduler.cache)
+        assert llm.store is not None
+        llm.store.close()
+        del llm
+        assert cache() is None, "something still holds the cache manager (a reference cycle?)"
+    finally:
+        gc.enable()

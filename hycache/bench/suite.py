@@ -198,7 +198,9 @@ def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[st
     last: dict[str, float] = {}
     # the same instants on the engine thread's CPU clock (`time.thread_time`): with torch on
     # one thread the model runs on this thread, so on a shared machine the CPU seconds count
-    # the engine's own work and not the other processes' (the wall clock counts both)
+    # the engine's own work and not the other processes' (the wall clock counts both). Each
+    # interval starts on the wall clock and ends on the CPU clock first, so the CPU interval
+    # lies inside the wall one: a CPU figure is never above its wall figure by the read gap.
     arrived_cpu: dict[str, float] = {}
     first_cpu: dict[str, float] = {}
     outs: list[Any] = []
@@ -211,7 +213,7 @@ def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[st
             rid = llm.add_request(prompts.popleft(), sp)
             arrived[rid], arrived_cpu[rid] = time.perf_counter(), time.thread_time()
         events = llm.step()
-        now, cpu = time.perf_counter(), time.thread_time()
+        cpu, now = time.thread_time(), time.perf_counter()  # an interval's end: CPU first
         steps += 1
         peak = max(peak, pool.num_blocks - 1 - pool.num_free)
         for e in events:
@@ -221,8 +223,8 @@ def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[st
                 last[e.request_id] = now
             if e.output is not None:
                 outs.append(e.output)
-    wall = time.perf_counter() - t0
     cpu_s = time.thread_time() - c0
+    wall = time.perf_counter() - t0
     ttft = [first[o.request_id] - arrived[o.request_id] for o in outs]
     ttft_cpu = [first_cpu[o.request_id] - arrived_cpu[o.request_id] for o in outs]
     itl = [

@@ -226,7 +226,7 @@ class Scheduler:
         promised: set[bytes] = set()
         if wait and self.waiting:
             for s in scheduled:
-                in_step |= chunk_keys(s.request, s.start, s.end, b)
+                in_step |= chunk_keys(s.request, s.start, self._keys_end(s.request, s.end), b)
             promised = promised_checkpoints(self.running, self.bounds)
         deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
@@ -260,11 +260,17 @@ class Scheduler:
             self._scheduled_ids.add(req.request_id)
             budget -= end - start
             if wait:
-                in_step |= chunk_keys(req, start, end, b)
+                in_step |= chunk_keys(req, start, self._keys_end(req, end), b)
                 promised |= promised_checkpoints([req], self.bounds)
         self.waiting.extendleft(reversed(deferred))
         self.cache.unstage()
         return budget
+
+    def _keys_end(self, req: Request, end: int) -> int:
+        """How far a chunk counts as computing for a waiting request (`should_wait`): a prefill
+        cut for packing, to its prompt's end (the rest runs next step), so a sibling waits one
+        step for the blocks instead of recomputing them."""
+        return req.num_tokens if req.request_id in self._packed and end < req.num_tokens else end
 
     def _pack(
         self,
@@ -278,7 +284,12 @@ class Scheduler:
         """The chunk's budget and end after packing (`chunking.packing_cap`): a chunk that
         finishes the prefill, once per admission, beside this step's decoding requests (those
         scheduled, and the running ones still to come) and prefill chunks."""
-        if self.step_cost is None or end < req.num_tokens or req.request_id in self._packed:
+        if (
+            self.step_cost is None
+            or self.waiting  # someone waits: `saturated_chunk_tokens`' regime, not this one
+            or end < req.num_tokens
+            or req.request_id in self._packed
+        ):
             return budget, end
         done = {s.request.request_id for s in scheduled}
         k = self.config.speculative.num_speculative_tokens
@@ -293,7 +304,7 @@ class Scheduler:
             if r.request_id not in done and r.status is RequestStatus.RUNNING
             and r.num_tokens - r.num_computed_tokens == 1
         ]  # fmt: skip
-        cap = packing_cap(self.step_cost, step, start, end - start)
+        cap = packing_cap(self.step_cost, step, start, end - start, self.cache.config.unit)
         if cap >= end - start:
             return budget, end
         self._packed.add(req.request_id)

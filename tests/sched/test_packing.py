@@ -99,6 +99,9 @@ def test_packing_cap_bounds() -> None:
     assert packing_cap(FixedOracle(40), decode, 0, PACK_RATIO * 40) == 40
     assert packing_cap(FixedOracle(40), decode, 0, PACK_RATIO * 40 + 1) == PACK_RATIO * 40 + 1
     assert packing_cap(FixedOracle(40), decode, 0, 30) == 30
+    # the cut lands on the unit grid: (10 + 40) floored to 16 is 48, 38 tokens from 10
+    assert packing_cap(FixedOracle(40), decode, 10, 100, unit=16) == 38
+    assert packing_cap(FixedOracle(5), decode, 10, 20, unit=16) == 20  # no grid point: no cut
 
 
 @settings(max_examples=25, deadline=None)

@@ -310,6 +310,12 @@ class BlockPool:
                 del self._free[b]
                 self._free_low[b] = None
 
+    def lru_blocks_of(self, kinds: Iterable[str]) -> list[int]:
+        """The free cached blocks of the LRU queue whose kind is one of `kinds`, least recently
+        freed first (a scored pool has none there: its score already weighs the kind)."""
+        wanted = set(kinds)
+        return [b for b in self._free if self.keys[b] and self.kind[b] in wanted]
+
     def refresh(self, block_ids: Iterable[int]) -> None:
         """Re-queue free cached blocks as if freed now, in the order given (the first is
         evicted first); referenced, unkeyed and low-priority blocks stay where they are. Not a

@@ -93,6 +93,8 @@ class SSMManager:
         self.pool = pool
         self.bounds = bounds
         self._states: dict[str, _State] = {}
+        self._rare: frozenset[str] = frozenset()  # the kinds below the demotion bar, last seen
+        self._refreshed: dict[int, CacheKey] = {}  # released states left among the cached
 
     def find_hit(
         self, hashes: PrefixHashes, limit: int, lookup: KeyLookup | None = None
@@ -211,6 +213,26 @@ class SSMManager:
         low, rest = self._age_at_release(st.kept)
         self.pool.demote(low)
         self.pool.refresh(rest)
+        self._refreshed.update((b, self.pool.keys[b][0][0]) for b in rest)
+        self._demote_newly_rare()
+
+    def _rare_kinds(self) -> frozenset[str]:
+        """The state kinds hit less than `DEMOTE_RATIO` times as often as attention blocks."""
+        reuse = self.pool.reuse
+        bar = DEMOTE_RATIO * reuse.chance(ATTENTION_KIND)
+        return frozenset(k for k in reuse.resolved if k != ATTENTION_KIND and reuse.chance(k) < bar)
+
+    def _demote_newly_rare(self) -> None:
+        """A kind that has just fallen below the demotion bar: demote its states the LRU queue
+        still holds."""
+        rare = self._rare_kinds()
+        new = rare - self._rare
+        self._rare = rare
+        pool = self.pool
+        live = {b: k for b, k in self._refreshed.items() if pool.lookup(k) == b}
+        self._refreshed = live
+        if new:
+            pool.demote(b for b in pool.lru_blocks_of(new) if b in live)
 
     def _age_at_release(self, kept: list[tuple[int, CacheKey]]) -> tuple[list[int], list[int]]:
         """The request's states still cached under the key it keyed (a block evicted and

@@ -146,6 +146,9 @@ class BlockPool:
         self.ghost_depth = max(1, (num_blocks - 1) // GHOST_FRACTION)
         self.ghosts: OrderedDict[CacheKey, int] = OrderedDict()
         self.num_evicted = 0
+        # what a hit on an entry of a kind at a position saves, in tokens (the owner sets
+        # `Boundaries.hit_saving`; by default the position)
+        self.saving: Callable[[str, int], int] = lambda _kind, position: position
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -195,8 +198,10 @@ class BlockPool:
         return max(pos for _, pos in self.keys[block_id])
 
     def worth(self, block_id: int) -> float:
-        """A cached block's expected saving: its kind's chance times its deepest position."""
-        return self.reuse.chance(self.kind[block_id]) * self.deepest(block_id)
+        """A cached block's expected saving: its kind's chance times what a hit on its deepest
+        key saves (`saving`)."""
+        kind = self.kind[block_id]
+        return self.reuse.chance(kind) * self.saving(kind, self.deepest(block_id))
 
     def is_ghost(self, key: CacheKey) -> bool:
         """`key` was on a block evicted among the last `ghost_depth` (and is not cached now)."""

@@ -243,7 +243,11 @@ class SSMManager:
         pool = self.pool
         live = {b: key for b, key in kept if pool.lookup(key) == b}
         pos = {b: p for b in live for k, p in pool.keys[b] if k == live[b]}
-        chance = {b: pool.reuse.chance(pool.kind[b]) for b in live}
+        # the chance of a hit weighed by what it saves per token of the prefix it covers
+        chance = {
+            b: pool.reuse.chance(pool.kind[b]) * pool.saving(pool.kind[b], pos[b]) / pos[b]
+            for b in live
+        }
         order = sorted(live, key=lambda b: (chance[b], -pos[b], b))
         bar = DEMOTE_RATIO * pool.reuse.chance(ATTENTION_KIND)
         return [b for b in order if chance[b] < bar], [b for b in order if chance[b] >= bar]

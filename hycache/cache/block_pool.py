@@ -13,8 +13,9 @@ Free blocks are reused in this order (head, next to reuse, on the left):
 
 A low-priority page that is hit and freed again joins the ordinary LRU queue. The
 low-priority queue goes before the others only while its head is worth no more than theirs
-(`worth`: its kind's chance times its deepest position; on a chat a fresh snapshot, hit most
-of the time, outlives stale states of kinds nobody hits).
+(`worth`: its kind's chance times what a hit on its deepest key saves, `saving`, set by the
+cache manager to `Boundaries.hit_saving`; on a chat a fresh snapshot, hit most of the time,
+outlives stale states of kinds nobody hits).
 
 `refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
 as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is

@@ -22,7 +22,9 @@ UNIT = 4
 def _manager(num_blocks: int = 16) -> SSMManager:
     cfg = make_config(block_size=16, unit=UNIT, policy="limit")
     bounds = Boundaries.from_config(cfg.cache, cfg.speculative)
-    return SSMManager(1, BlockPool(num_blocks), bounds)
+    pool = BlockPool(num_blocks)
+    pool.saving = bounds.hit_saving  # as `CacheManager` sets it
+    return SSMManager(1, pool, bounds)
 
 
 def _hashes(seed: int, n: int = 64) -> PrefixHashes:
@@ -126,3 +128,32 @@ def test_a_state_whose_page_was_reused_is_not_demoted() -> None:
     _release(m, "b", _hashes(2), 8)
     assert tail in pool.lru_blocks_of([StateKind.TAIL])
     pool.check_integrity()
+
+
+def test_a_state_whose_hit_saves_a_unit_is_demoted_at_release() -> None:
+    """The drop scheme's junction (a hit saves `u` tokens over the junction a unit below) is
+    demoted when its request lets go, though its kind is hit as often as a replay boundary,
+    which stays among the cached blocks."""
+    m = _manager()
+    pool = m.pool
+    older = _attention_entry(pool, 48)
+    ha, hb = _hashes(1), _hashes(2)
+    drop = _keep_state(m, "a", ha, 32, StateKind.DROP_JUNCTION)
+    replay = _keep_state(m, "b", hb, 32, StateKind.REPLAY)
+    for kind in (StateKind.DROP_JUNCTION, StateKind.REPLAY, ATTENTION_KIND):
+        for hit in (True, False):
+            pool.reuse.record(kind, hit=hit)
+    m.free("a", ha)
+    m.free("b", hb)
+    order = [b for b in pool.allocate(pool.num_free) if b in (older, drop, replay)]
+    assert order == [drop, older, replay]
+
+
+def test_the_cache_manager_prices_its_pools_hits_with_the_boundaries() -> None:
+    from hycache.cache.manager import CacheManager
+
+    cfg = make_config(block_size=16, unit=UNIT, policy="limit")
+    cache = CacheManager(cfg.cache, cfg.speculative)
+    for pool in cache.pools:
+        assert pool.saving(StateKind.DROP_JUNCTION, 64) == UNIT
+        assert pool.saving(StateKind.REPLAY, 64) == 64

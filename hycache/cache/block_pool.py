@@ -13,8 +13,9 @@ Free blocks are reused in this order (head, next to reuse, on the left):
 
 A low-priority page that is hit and freed again joins the ordinary LRU queue. The
 low-priority queue goes before the others only while its head is worth no more than theirs
-(`worth`: its kind's chance times its deepest position; on a chat a fresh snapshot, hit most
-of the time, outlives stale states of kinds nobody hits).
+(`worth`: its kind's chance times what a hit on its deepest key saves, `saving`, set by the
+cache manager to `Boundaries.hit_saving`; on a chat a fresh snapshot, hit most of the time,
+outlives stale states of kinds nobody hits).
 
 `refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
 as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is
@@ -146,6 +147,9 @@ class BlockPool:
         self.ghost_depth = max(1, (num_blocks - 1) // GHOST_FRACTION)
         self.ghosts: OrderedDict[CacheKey, int] = OrderedDict()
         self.num_evicted = 0
+        # what a hit on an entry of a kind at a position saves, in tokens (the owner sets
+        # `Boundaries.hit_saving`; by default the position)
+        self.saving: Callable[[str, int], int] = lambda _kind, position: position
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -195,8 +199,10 @@ class BlockPool:
         return max(pos for _, pos in self.keys[block_id])
 
     def worth(self, block_id: int) -> float:
-        """A cached block's expected saving: its kind's chance times its deepest position."""
-        return self.reuse.chance(self.kind[block_id]) * self.deepest(block_id)
+        """A cached block's expected saving: its kind's chance times what a hit on its deepest
+        key saves (`saving`)."""
+        kind = self.kind[block_id]
+        return self.reuse.chance(kind) * self.saving(kind, self.deepest(block_id))
 
     def is_ghost(self, key: CacheKey) -> bool:
         """`key` was on a block evicted among the last `ghost_depth` (and is not cached now)."""
@@ -309,6 +315,12 @@ class BlockPool:
             if b in self._free and self.keys[b] and self.value is None:
                 del self._free[b]
                 self._free_low[b] = None
+
+    def lru_blocks_of(self, kinds: Iterable[str]) -> list[int]:
+        """The free cached blocks of the LRU queue whose kind is one of `kinds`, least recently
+        freed first (a scored pool has none there: its score already weighs the kind)."""
+        wanted = set(kinds)
+        return [b for b in self._free if self.keys[b] and self.kind[b] in wanted]
 
     def refresh(self, block_ids: Iterable[int]) -> None:
         """Re-queue free cached blocks as if freed now, in the order given (the first is

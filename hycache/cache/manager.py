@@ -82,6 +82,8 @@ class CacheManager:
             if cache.num_state_pages is not None
             else self.pool
         )
+        for pool in self.pools:
+            pool.saving = self.bounds.hit_saving
         self.attention: list[AttentionManager] = []
         self.ssm: list[SSMManager] = []
         for gid, kind in enumerate(cache.groups):

@@ -25,7 +25,9 @@ when the request lets go. So when a request lets go, the states it keyed that ar
 are refreshed (`BlockPool.refresh`): they age with those blocks, not from their write
 (aged from their write, LRU evicted them first and left the prefix's attention blocks cached
 but unusable: docs/admission.md, "The default against the split arms"). Those of a kind
-rarely hit go to the low-priority queue instead (`DEMOTE_RATIO`, `BlockPool.demote`).
+rarely hit go to the low-priority queue instead (`DEMOTE_RATIO`, `BlockPool.demote`), weighed
+by what a hit saves (the drop scheme's junction: a unit); and when a kind falls below that bar,
+the states of it that released requests left among the cached blocks are demoted then.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class SSMManager:
         self.pool = pool
         self.bounds = bounds
         self._states: dict[str, _State] = {}
+        self._rare: frozenset[str] = frozenset()  # the kinds below the demotion bar, last seen
+        self._refreshed: dict[int, CacheKey] = {}  # released states left among the cached
 
     def find_hit(
         self, hashes: PrefixHashes, limit: int, lookup: KeyLookup | None = None
@@ -211,19 +215,52 @@ class SSMManager:
         low, rest = self._age_at_release(st.kept)
         self.pool.demote(low)
         self.pool.refresh(rest)
+        self._refreshed.update((b, self.pool.keys[b][0][0]) for b in rest)
+        self._demote_newly_rare()
+
+    def _demote_bar(self) -> float:
+        """A released state goes to the low-priority queue when its kind's chance, weighed by
+        what a hit saves per token of its prefix, is below this (`DEMOTE_RATIO`)."""
+        return DEMOTE_RATIO * self.pool.reuse.chance(ATTENTION_KIND)
+
+    def _rare_kinds(self) -> frozenset[str]:
+        """The state kinds whose chance is below the demotion bar."""
+        reuse, bar = self.pool.reuse, self._demote_bar()
+        return frozenset(k for k in reuse.resolved if k != ATTENTION_KIND and reuse.chance(k) < bar)
+
+    def _demote_newly_rare(self) -> None:
+        """A kind that has just fallen below the demotion bar: demote the states of it that
+        released requests left among the cached blocks. Before the pool first evicts no kind
+        is resolved, every kind sits at the prior and every release refreshes its states;
+        demoted only at their next release, they held a quarter of the pool for a whole
+        turnover on the bench's trace (docs/admission.md). A live request's states are left
+        for its release (a preempted request resumes from them)."""
+        rare = self._rare_kinds()
+        new = rare - self._rare
+        self._rare = rare
+        pool = self.pool
+        live = {b: k for b, k in self._refreshed.items() if pool.lookup(k) == b}
+        self._refreshed = live
+        if new:
+            pool.demote(b for b in pool.lru_blocks_of(new) if b in live)
 
     def _age_at_release(self, kept: list[tuple[int, CacheKey]]) -> tuple[list[int], list[int]]:
         """The request's states still cached under the key it keyed (a block evicted and
         reused since carries another), in eviction order (the kinds least likely to be hit
         first, then the highest position first, as a request's attention blocks are freed):
-        those whose kind is hit less than `DEMOTE_RATIO` times as often as attention blocks
+        those whose kind's chance times the share of its prefix a hit saves
+        (`BlockPool.saving`: a unit of the drop scheme's junction) is below the demotion bar
         (for `BlockPool.demote`), and the others (for `BlockPool.refresh`)."""
         pool = self.pool
         live = {b: key for b, key in kept if pool.lookup(key) == b}
         pos = {b: p for b in live for k, p in pool.keys[b] if k == live[b]}
-        chance = {b: pool.reuse.chance(pool.kind[b]) for b in live}
+        # the chance of a hit weighed by what it saves per token of the prefix it covers
+        chance = {
+            b: pool.reuse.chance(pool.kind[b]) * pool.saving(pool.kind[b], pos[b]) / pos[b]
+            for b in live
+        }
         order = sorted(live, key=lambda b: (chance[b], -pos[b], b))
-        bar = DEMOTE_RATIO * pool.reuse.chance(ATTENTION_KIND)
+        bar = self._demote_bar()
         return [b for b in order if chance[b] < bar], [b for b in order if chance[b] >= bar]
 
     def request_ids(self) -> list[str]:

@@ -154,3 +154,22 @@ def test_demote_leaves_a_scored_pool_alone() -> None:
     pool.demote([b])
     assert pool.allocate(2) == [a, b]
     pool.check_integrity()
+
+
+def test_the_low_priority_head_is_weighed_by_what_its_hit_saves() -> None:
+    """A low-priority entry deeper than the LRU head but whose hit saves only a few tokens
+    (`saving`: the drop scheme's junction saves a unit) goes first; weighed by its position
+    it would hold the whole low-priority queue behind it."""
+    pool = BlockPool(5)
+    head, low, _, _ = pool.allocate(4)
+    pool.add_key(head, key(1), 8, "a")
+    pool.add_key(low, key(2), 64, "drop")
+    pool.free([head])
+    pool.free([low], low_priority=True)
+    assert pool.worth(low) > pool.worth(head)  # by position: the LRU head goes first
+    assert pool.peek_victim() == head
+    pool.saving = lambda kind, position: 4 if kind == "drop" else position
+    assert pool.worth(low) < pool.worth(head)
+    assert pool.peek_victim() == low
+    assert pool.allocate(1) == [low]
+    pool.check_integrity()

@@ -23,7 +23,7 @@ from hycache.cache.coordinator import CacheHit
 from hycache.cache.manager import CacheManager, StepAllocation
 from hycache.config import HycacheConfig
 from hycache.request import CacheOutcome, Request, RequestStatus, SamplingParams, TokenLogprob
-from hycache.sched.chunking import chunk_end
+from hycache.sched.chunking import StepCostOracle, StepSeq, chunk_end, packing_cap
 from hycache.sched.inflight import chunk_keys, promised_checkpoints, should_wait
 
 
@@ -78,10 +78,20 @@ class StepResult:
 
 
 class Scheduler:
-    def __init__(self, config: HycacheConfig, *, keep_finished: int = 1024) -> None:
+    def __init__(
+        self,
+        config: HycacheConfig,
+        *,
+        keep_finished: int = 1024,
+        step_cost: StepCostOracle | None = None,
+    ) -> None:
         """`keep_finished`: how many of the most recent finished requests `finished` keeps, for
-        inspection (the engine keeps none: its steps report every finish)."""
+        inspection (the engine keeps none: its steps report every finish). `step_cost`: what
+        the model's step cost says about packing (`chunking.packing_cap`): once per admission,
+        the chunk that finishes a prefill in a step with decoding requests is cut where its
+        compute would stop hiding under the step's memory time. None: never."""
         self.config = config
+        self.step_cost = step_cost
         self.cache = CacheManager(config.cache, config.speculative, config.scheduler.max_num_seqs)
         self.bounds = self.cache.bounds
         self.waiting: deque[Request] = deque()
@@ -92,6 +102,7 @@ class Scheduler:
         self._arrivals = 0
         self._scheduled_ids: set[str] = set()
         self._chunk_cap = config.scheduler.max_num_batched_tokens  # this step's (`schedule`)
+        self._packed: set[str] = set()  # requests whose prefill was cut for packing
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -167,8 +178,10 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING or budget <= 0:
                 continue
             start = req.num_computed_tokens
+            cap = budget
             if req.num_tokens - start > 1:
                 end = self._chunk_end(req, start, budget)
+                cap, end = self._pack(req, start, end, cap, scheduled)
                 drafts: list[int] = []
             else:
                 drafts = req.spec_token_ids[: min(k, budget - 1)]
@@ -185,7 +198,7 @@ class Scheduler:
                 alloc = self.cache.allocate(req, start, end, ahead, num_drafts=len(drafts))
             if alloc is None:
                 continue
-            split = end < self._free_end(req, start, budget)
+            split = end < self._free_end(req, start, cap)
             scheduled.append(ScheduledRequest(req, start, end - start, drafts, alloc, split))
             self._scheduled_ids.add(req.request_id)
             budget -= end - start + len(drafts)
@@ -213,7 +226,7 @@ class Scheduler:
         promised: set[bytes] = set()
         if wait and self.waiting:
             for s in scheduled:
-                in_step |= chunk_keys(s.request, s.start, s.end, b)
+                in_step |= chunk_keys(s.request, s.start, self._keys_end(s.request, s.end), b)
             promised = promised_checkpoints(self.running, self.bounds)
         deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
@@ -225,7 +238,9 @@ class Scheduler:
             start = hit.resume_point
             req.junction_stops, req.drop_stops = self._extra_stops(req, hit, start)
             req.num_computed_tokens = start
+            self._packed.discard(req.request_id)
             end = self._chunk_end(req, start, budget, hit.junction)
+            cap, end = self._pack(req, start, end, budget, scheduled, hit.junction)
             ahead = self._lookahead(req, end, [])
             alloc = self.cache.allocate(req, start, end, ahead, hit) if end > start else None
             if alloc is None:
@@ -240,16 +255,60 @@ class Scheduler:
             if req.first_outcome is None:
                 req.first_outcome = req.outcome
             self.running.append(req)
-            split = end < self._free_end(req, start, budget)
+            split = end < self._free_end(req, start, cap)
             scheduled.append(ScheduledRequest(req, start, end - start, [], alloc, split))
             self._scheduled_ids.add(req.request_id)
             budget -= end - start
             if wait:
-                in_step |= chunk_keys(req, start, end, b)
+                in_step |= chunk_keys(req, start, self._keys_end(req, end), b)
                 promised |= promised_checkpoints([req], self.bounds)
         self.waiting.extendleft(reversed(deferred))
         self.cache.unstage()
         return budget
+
+    def _keys_end(self, req: Request, end: int) -> int:
+        """How far a chunk counts as computing for a waiting request (`should_wait`): a prefill
+        cut for packing, to its prompt's end (the rest runs next step), so a sibling waits one
+        step for the blocks instead of recomputing them."""
+        return req.num_tokens if req.request_id in self._packed and end < req.num_tokens else end
+
+    def _pack(
+        self,
+        req: Request,
+        start: int,
+        end: int,
+        budget: int,
+        scheduled: list[ScheduledRequest],
+        junction: int | None = None,
+    ) -> tuple[int, int]:
+        """The chunk's budget and end after packing (`chunking.packing_cap`): a chunk that
+        finishes the prefill, once per admission, beside this step's decoding requests (those
+        scheduled, and the running ones still to come) and prefill chunks."""
+        if (
+            self.step_cost is None
+            or self.waiting  # someone waits: `saturated_chunk_tokens`' regime, not this one
+            or end < req.num_tokens
+            or req.request_id in self._packed
+        ):
+            return budget, end
+        done = {s.request.request_id for s in scheduled}
+        k = self.config.speculative.num_speculative_tokens
+        step = [
+            StepSeq(s.start, s.num_tokens + len(s.draft_token_ids), len(s.draft_token_ids),
+                    s.num_tokens > 1)
+            for s in scheduled
+        ] + [
+            StepSeq(r.num_computed_tokens, 1 + min(k, len(r.spec_token_ids)),
+                    min(k, len(r.spec_token_ids)), False)
+            for r in self.running
+            if r.request_id not in done and r.status is RequestStatus.RUNNING
+            and r.num_tokens - r.num_computed_tokens == 1
+        ]  # fmt: skip
+        cap = packing_cap(self.step_cost, step, start, end - start, self.cache.config.unit)
+        if cap >= end - start:
+            return budget, end
+        self._packed.add(req.request_id)
+        return cap, self._chunk_end(req, start, cap, junction)
 
     def _extra_stops(
         self, req: Request, hit: CacheHit, start: int
@@ -352,6 +411,7 @@ class Scheduler:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.cache.free(req)
+        self._packed.discard(req.request_id)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:

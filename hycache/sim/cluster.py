@@ -88,7 +88,8 @@ class Instance:
         self.index = index
         self.cost = cost
         self.dry_step_s = dry_step_s
-        self.sched = Scheduler(config, keep_finished=0)  # `update` returns each finish
+        # `update` returns each finish; the cost model packs prefill under decodes
+        self.sched = Scheduler(config, keep_finished=0, step_cost=cost)
         # shared context is counted only where the cost model prices it apart (hot path)
         self.block_size = config.cache.block_size if cost and cost.prices_warm_context else None
         spec = config.speculative

@@ -16,12 +16,14 @@ equations, what they ignore and where the constants come from are in ``docs/cost
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from hycache.cache.layout import PoolSizes, shared_page_bytes, split_budget
 from hycache.cache.layout import attention_block_bytes as layout_block_bytes
 from hycache.config import RecomputeCost
+from hycache.sched.chunking import StepSeq
 from hycache.sim.model_spec import ModelSpec
 from hycache.sim.presets import GpuSpec
 from hycache.sim.terms import resolve
@@ -513,6 +515,35 @@ class CostModel:
         if self.pool_layout == "separate":
             return self.attention_block_bytes(self.block_size)
         return self.block_bytes(self.block_size)
+
+    def free_prefill_tokens(self, step: Sequence[StepSeq], context_len: int, limit: int) -> int:
+        """The most prefill tokens (at most `limit`, after `context_len` cached ones) that can
+        join `step` while every phase stays bound by its memory traffic, or is no more
+        compute-bound than without them: the chunk's compute hides under time the step takes
+        anyway (`hycache.sched.chunking.StepCostOracle`). 0 when phases add up instead of
+        overlapping. Found by bisection: a phase's compute grows faster with the chunk than
+        its memory."""
+        if not self.phase_overlap or limit <= 0:
+            return 0
+        seqs = tuple(
+            SeqWork(s.num_new_tokens, s.context_len, s.num_draft_tokens, s.is_prefill) for s in step
+        )
+        base = {p.name: p.compute_s for p in self.phases(StepWork(seqs))}
+
+        def hidden(n: int) -> bool:
+            work = StepWork((*seqs, SeqWork(n, context_len, 0, True)))
+            return all(
+                p.compute_s <= max(p.memory_s, base.get(p.name, 0.0)) for p in self.phases(work)
+            )
+
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hidden(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def step_time(self, work: StepWork) -> float:
         """Seconds the step takes (0 for a step with no work)."""

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hycache.sched.chunking import StepSeq
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
 from hycache.sim.model_spec import ModelSpec
 from hycache.sim.presets import (
@@ -346,3 +347,37 @@ def test_step_work_counts_context_shared_with_an_earlier_decoding_request() -> N
     assert hit >= 16 and work["b"].shared_context_len == hit // 16 * 16
     assert work["c"].shared_context_len == 0
     assert all(w.shared_context_len == 0 for w in step_work(out).seqs)  # no block size given
+
+
+def _with_chunk(step: StepWork, n: int, ctx: int) -> StepWork:
+    return StepWork((*step.seqs, SeqWork(n, ctx, 0, True)))
+
+
+@pytest.mark.parametrize("reqs", [8, 63])
+def test_free_prefill_tokens_are_the_most_that_hide_under_the_decodes_memory_time(
+    reqs: int,
+) -> None:
+    """At the free count every phase stays memory-bound (the step only grows by the chunk's
+    own bytes); one token more makes a phase compute-bound."""
+    model = cm(spec=True)
+    decodes = decode(reqs, 6_000, k=3)
+    step = [StepSeq(s.context_len, s.num_new_tokens, 3, False) for s in decodes.seqs]
+    n = model.free_prefill_tokens(step, 4_000, 8_192)
+    assert 0 < n < 8_192
+    hidden = model.phases(_with_chunk(decodes, n, 4_000))
+    assert all(p.compute_s <= p.memory_s for p in hidden)
+    assert any(p.compute_s > p.memory_s for p in model.phases(_with_chunk(decodes, n + 1, 4_000)))
+    base = model.step_time(decodes)
+    assert model.step_time(_with_chunk(decodes, n, 4_000)) < 1.01 * base
+    assert model.free_prefill_tokens(step, 4_000, n // 2) == n // 2  # at most the limit
+    # a bigger decode batch leaves more memory time to hide a chunk under
+    if reqs == 8:
+        more = [step[0]] * 63
+        assert model.free_prefill_tokens(more, 4_000, 8_192) > n
+
+
+def test_nothing_hides_when_phases_add_up_or_the_step_is_compute_bound() -> None:
+    step = [StepSeq(6_000, 4, 3, False)] * 63
+    assert cm(spec=True, phase_overlap=False).free_prefill_tokens(step, 0, 8_192) == 0
+    busy = [StepSeq(0, 8_000, 0, True), *step]  # already compute-bound: no room
+    assert cm(spec=True).free_prefill_tokens(busy, 0, 8_192) == 0

@@ -60,6 +60,17 @@ def tokens(rng: random.Random, n: int, vocab: int = 30000) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]
 
 
+def sharing_requests(cfg: HycacheConfig, rng: random.Random, n: int = 8) -> list[Request]:
+    """`n` requests ("r0" ...) whose prompts are a random prefix (1-199 tokens) of one
+    200-token root plus 1-89 tokens of their own, each asking for 1-29 tokens."""
+    root = tokens(rng, 200)
+    return [
+        new_request(cfg, f"r{i}", root[: rng.randrange(1, 200)] + tokens(rng, rng.randrange(1, 90)),
+                    max_tokens=rng.randrange(1, 30))
+        for i in range(n)
+    ]  # fmt: skip
+
+
 def new_request(
     cfg: HycacheConfig,
     rid: str,

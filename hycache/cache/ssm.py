@@ -239,6 +239,9 @@ class SSMManager:
         new = rare - self._rare
         self._rare = rare
         pool = self.pool
+        # pruned only when used, or when it outgrows the pool (not at every release)
+        if not new and len(self._refreshed) <= pool.num_blocks:
+            return
         live = {b: k for b, k in self._refreshed.items() if pool.lookup(k) == b}
         self._refreshed = live
         if new:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hycache.config import POLICY_NAMES, HycacheConfig
 from hycache.sched.chunking import PACK_RATIO, StepSeq, packing_cap
 from hycache.sched.scheduler import Scheduler
-from tests.helpers import RecordingExecutor, make_config, new_request, tokens
+from tests.helpers import RecordingExecutor, make_config, new_request, sharing_requests, tokens
 from tests.sched.test_invariants import check_step
 
 
@@ -123,12 +123,7 @@ def test_packing_keeps_the_cache_sound_and_every_stop_checkpointed(
     sched = Scheduler(cfg, step_cost=oracle)
     ex = RecordingExecutor(num_speculative_tokens=3, acceptance_rate=0.6, seed=seed)
     rng = random.Random(seed)
-    root = tokens(rng, 200)
-    pending = [
-        new_request(cfg, f"r{i}", root[: rng.randrange(1, 200)] + tokens(rng, rng.randrange(1, 90)),
-                    max_tokens=rng.randrange(1, 30))
-        for i in range(8)
-    ]  # fmt: skip
+    pending = sharing_requests(cfg, rng)
     reqs = list(pending)
     for _ in range(5000):
         if pending and rng.random() < 0.3:

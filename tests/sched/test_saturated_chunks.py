@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hycache.config import HycacheConfig
 from hycache.sched.executor import DryRunExecutor
 from hycache.sched.scheduler import Scheduler
-from tests.helpers import make_config, new_request, tokens
+from tests.helpers import make_config, new_request, sharing_requests, tokens
 
 
 def config(cap: int, max_num_seqs: int, policy: str = "limit") -> HycacheConfig:
@@ -72,12 +72,7 @@ def test_no_chunk_exceeds_the_cap_while_requests_wait_behind_decodes(
     sched = Scheduler(cfg)
     ex = DryRunExecutor(num_speculative_tokens=3, acceptance_rate=0.6, seed=seed)
     rng = random.Random(seed)
-    root = tokens(rng, 200)
-    pending = [
-        new_request(cfg, f"r{i}", root[: rng.randrange(1, 200)] + tokens(rng, rng.randrange(1, 90)),
-                    max_tokens=rng.randrange(1, 30))
-        for i in range(8)
-    ]  # fmt: skip
+    pending = sharing_requests(cfg, rng)
     done = 0
     for _ in range(5000):
         if pending and rng.random() < 0.3:

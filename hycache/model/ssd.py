@@ -202,19 +202,23 @@ def _scan(
 
     # 5. States inside the sequence: after `o` tokens, o - 1 is row l of chunk c, and
     #    h = exp(a_{0..l}) h_start(c) + sum_{s <= l} exp(a_{s+1..l}) dt_s x_s ⊗ B_s.
-    k = len(state_at)
-    if k:
-        idx = torch.tensor([o - 1 for o in state_at], device=x.device)
-        ci, li = idx // q, idx % q  # (K,) chunk, row in it
-        dec = decay.permute(0, 1, 4, 5, 2, 3)[:, ci, li]  # (batch, K, s, group, head_in_group)
-        w = xdt[:, ci] * dec[..., None]  # (batch, K, s, group, head_in_group, head_dim)
-        into = torch.einsum("bksgrp,bksgn->bkgrpn", w, Bc[:, ci])  # one batched matmul
-        grow = torch.exp(a_cum.permute(1, 4, 0, 2, 3)[ci, li])  # (K, batch, group, hig)
-        # into: (batch, K, group, head_in_group, head_dim, d_state)
-        into = into + grow.permute(1, 0, 2, 3)[..., None, None] * start_states[:, ci]
-        states = into.reshape(b, k, h, p, n)
-    else:
-        states = x.new_empty(b, 0, h, p, n)
+    #    Only the chunk's first l + 1 rows enter the sum (the decay is 0 above the diagonal),
+    #    so each state is one (r * head_dim, l + 1) @ (l + 1, d_state) product per group
+    #    (`row` below is l).
+    found = []
+    for o in state_at:
+        c, row = divmod(o - 1, q)
+        m = row + 1
+        dec = decay[:, c, :, :, row, :m].permute(0, 3, 1, 2)  # (batch, m, group, head_in_group)
+        w = (xdt[:, c, :m] * dec[..., None]).reshape(b, m, g, r * p)  # rows s <= row
+        into = torch.matmul(w.permute(0, 2, 3, 1), Bc[:, c, :m].permute(0, 2, 1, 3))
+        # into: (batch, group, head_in_group * head_dim, d_state)
+        grow = torch.exp(a_cum[:, c, :, :, row])  # (batch, group, head_in_group)
+        into = into.view(b, g, r, p, n).addcmul_(
+            grow[..., None, None], start_states[:, c]
+        )  # (batch, group, head_in_group, head_dim, d_state)
+        found.append(into.reshape(b, h, p, n))
+    states = torch.stack(found, dim=1) if found else x.new_empty(b, 0, h, p, n)
     return y, state.reshape(b, h, p, n), states
 
 

@@ -330,12 +330,18 @@ class SchedulerConfig:
     requests, a prefill chunk is at most this long (0: no cap). The requests then wait for
     decodes to finish, and each step that carries prefill hides the decoding requests'
     memory-bound pass under its compute: more, shorter chunks finish the decodes sooner
-    (docs/admission.md, "The default against the split arms")."""
+    (docs/admission.md, "The default against the split arms").
+
+    `step_packing`: when the scheduler is given a step-cost oracle (the simulator's cost
+    model), a chunk that finishes a prefill beside decoding requests, while nobody waits, is
+    cut at the prefill tokens the step absorbs for free (`hycache.sched.chunking`); False:
+    never cut (docs/admission.md, "Step packing")."""
 
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 64
     wait_for_inflight_prefix: bool = True
     saturated_chunk_tokens: int = 1024
+    step_packing: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens <= 0:

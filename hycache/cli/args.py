@@ -15,7 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from hycache.config import DEFAULT_EVICTION_ALPHA, EVICTION_NAMES, POLICY_NAMES, CacheKnobs
+from hycache.config import (
+    DEFAULT_EVICTION_ALPHA,
+    EVICTION_NAMES,
+    POLICY_NAMES,
+    CacheKnobs,
+    SchedulerConfig,
+)
 from hycache.engine.options import EngineOptions
 from hycache.server.settings import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS
 from hycache.sim.build import WORKLOAD_KINDS, PrefixHints, SimGeometry, WorkloadSizes
@@ -60,15 +66,24 @@ class UserError(Exception):
 # -- argparse types ---------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    """argparse type for a count that must be >= 1."""
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type for a count that must be >= 1."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type for a count that may be 0 (0 turns the feature off)."""
+    return _int_at_least(text, 0)
 
 
 def positive_float(text: str) -> float:
@@ -228,6 +243,27 @@ def add_cache_flags(p: argparse.ArgumentParser, *, block_size: int = 4416, unit:
     add_flag(g, "--internal-checkpoints")
     add_flag(g, "--admission")
     add_flag(g, "--no-prefix-caching")
+
+
+def add_sim_scheduler_flags(p: argparse.ArgumentParser) -> None:
+    """The simulated scheduler's chunking flags (simulate: they act only while requests wait
+    or decode beside a prefill, which explain's one-at-a-time run never has)."""
+    g = p.add_argument_group("scheduler")
+    g.add_argument(
+        "--saturated-chunk-tokens",
+        type=non_negative_int,
+        metavar="N",
+        default=SchedulerConfig.saturated_chunk_tokens,
+        help="while the batch is full and requests wait, cap a prefill chunk at N tokens "
+        "beside decoding requests (0: no cap)",
+    )
+    g.add_argument(
+        "--step-packing",
+        action=argparse.BooleanOptionalAction,
+        default=SchedulerConfig.step_packing,
+        help="cut a prefill's last chunk at the tokens a decode step absorbs for free (the "
+        "cost model's), while nobody waits",
+    )
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -528,6 +564,11 @@ class CacheArgs:
             acceptance_rate=args.acceptance_rate,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
+            # simulate's flags (`add_sim_scheduler_flags`); explain has none
+            saturated_chunk_tokens=getattr(
+                args, "saturated_chunk_tokens", SchedulerConfig.saturated_chunk_tokens
+            ),
+            step_packing=getattr(args, "step_packing", SchedulerConfig.step_packing),
         )
         return cls(geometry, args.eagle, args.num_speculative_tokens, args.num_blocks)
 

@@ -14,6 +14,7 @@ from hycache.cli.args import (
     UserError,
     add_cache_flags,
     add_flag,
+    add_sim_scheduler_flags,
     add_size_flags,
     add_trace_flags,
     check_store_gb,
@@ -250,6 +251,8 @@ def run_inputs(
         "cache_sized_per_arm": pools.sized,
         "max_num_batched_tokens": g.max_num_batched_tokens,
         "max_num_seqs": g.max_num_seqs,
+        "saturated_chunk_tokens": g.saturated_chunk_tokens,
+        "step_packing": g.step_packing,
         "concurrency": workload.concurrency,
         "prefix_hint": a.workload.hints.summary(),
         "offered_load": offered,
@@ -326,6 +329,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="run a workload through the scheduler and cache")
     add_cache_flags(p)
+    add_sim_scheduler_flags(p)
     add_workload_flags(p)
     add_policy_flags(p)
     add_tier_flags(p)

@@ -286,6 +286,7 @@ class Scheduler:
         scheduled, and the running ones still to come) and prefill chunks."""
         if (
             self.step_cost is None
+            or not self.config.scheduler.step_packing
             or self.waiting  # someone waits: `saturated_chunk_tokens`' regime, not this one
             or end < req.num_tokens
             or req.request_id in self._packed

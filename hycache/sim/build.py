@@ -178,6 +178,8 @@ class SimGeometry:
     acceptance_rate: float = 0.7
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 64
+    saturated_chunk_tokens: int = SchedulerConfig.saturated_chunk_tokens
+    step_packing: bool = SchedulerConfig.step_packing
 
 
 def build_config(
@@ -202,7 +204,12 @@ def build_config(
         SpeculativeConfig(
             num_speculative_tokens=g.num_speculative_tokens, acceptance_rate=g.acceptance_rate
         ),
-        SchedulerConfig(g.max_num_batched_tokens, g.max_num_seqs),
+        SchedulerConfig(
+            g.max_num_batched_tokens,
+            g.max_num_seqs,
+            saturated_chunk_tokens=g.saturated_chunk_tokens,
+            step_packing=g.step_packing,
+        ),
     )
 
 

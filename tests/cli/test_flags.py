@@ -122,6 +122,35 @@ def test_prefix_hint_bare_needs_a_workload(capsys: pytest.CaptureFixture[str]) -
     assert err.count("\n") == 1 and "--prefix-hint: give a token count N" in err
 
 
+def test_simulate_s_chunking_flags_reach_the_scheduler_and_the_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--saturated-chunk-tokens N` and `--no-step-packing` set every arm's scheduler (and are
+    reported); a negative N is an error; explain, which never queues, has neither."""
+    from hycache.cli.args import CacheArgs
+    from hycache.config import SchedulerConfig
+    from hycache.sim.build import build_config
+
+    def scheduler(extra: list[str]) -> SchedulerConfig:
+        geometry = CacheArgs.from_cli_args(make_parser().parse_args([*SIMULATE, *extra])).geometry
+        return build_config(geometry, max_model_len=512, num_blocks=64, policy="limit").scheduler
+
+    assert scheduler([]) == SchedulerConfig(8192, 64)
+    off = scheduler(["--saturated-chunk-tokens", "0", "--no-step-packing"])
+    assert (off.saturated_chunk_tokens, off.step_packing) == (0, False)
+    out = tmp_path / "s.json"
+    argv = [*SIMULATE, "--saturated-chunk-tokens", "256", "--no-step-packing", "--json", str(out)]
+    assert main(argv) == 0
+    inputs = json.loads(out.read_text())["inputs"]
+    assert (inputs["saturated_chunk_tokens"], inputs["step_packing"]) == (256, False)
+    with pytest.raises(SystemExit) as bad:
+        main([*SIMULATE, "--saturated-chunk-tokens", "-1"])
+    assert bad.value.code == 2
+    assert "--saturated-chunk-tokens: must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["explain", "--no-step-packing"])
+
+
 def test_bench_model_and_gpu_name_the_simulated_part(tmp_path: Path) -> None:
     """`bench --model M --gpu G`: the simulated part runs M on G (a GDN preset here)."""
     from hycache.cli.bench import BenchArgs

@@ -5,6 +5,7 @@ changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
@@ -38,10 +39,13 @@ def config(policy: str = "limit", internal: bool = True) -> HycacheConfig:
 
 
 def newcomer_chunks(
-    oracle: FixedOracle | None, prompt_len: int = 300, policy: str = "limit"
+    oracle: FixedOracle | None, prompt_len: int = 300, policy: str = "limit", packing: bool = True
 ) -> tuple[list[tuple[int, int, bool]], Scheduler]:
     """r0 decodes; then r1 (`prompt_len` tokens) arrives: r1's chunks (start, end, split)."""
     cfg = config(policy)
+    if not packing:
+        off = dataclasses.replace(cfg.scheduler, step_packing=False)
+        cfg = dataclasses.replace(cfg, scheduler=off)
     sched = Scheduler(cfg, step_cost=oracle)
     ex = RecordingExecutor(num_speculative_tokens=3, acceptance_rate=0.5)
     rng = random.Random(3)
@@ -78,6 +82,13 @@ def test_without_an_oracle_or_with_no_cut_worth_it_the_chunks_are_unchanged() ->
     # the chunk is more than PACK_RATIO times the free tokens: not cut
     assert newcomer_chunks(FixedOracle(11), prompt_len=200)[0] == [(0, 200, False)]
     assert newcomer_chunks(FixedOracle(11), prompt_len=9)[0] == [(0, 9, False)]  # fits
+
+
+def test_step_packing_off_never_asks_the_oracle_and_cuts_nothing() -> None:
+    oracle = FixedOracle(64)
+    chunks, _ = newcomer_chunks(oracle, prompt_len=600, packing=False)
+    assert chunks == newcomer_chunks(None, prompt_len=600)[0]
+    assert oracle.calls == []
 
 
 def test_the_oracle_sees_the_step_and_is_asked_once_per_admission_beside_decodes() -> None:

@@ -52,6 +52,16 @@ unconditionally) lost on the fresh trace (seed 80: token hit rate 0.2461 against
 ghosts see too little of a trace's long reuse distances to price its pages), and comparing
 them with the victim without the exception lost too (0.2413): docs/admission.md.
 
+Under pressure a prompt state of a kind the pool rates rare (`ssm.rare_kind`: hit less than
+half as often as attention blocks, the kinds whose released states are demoted to the
+low-priority queue) is refused outright, explored ones too (`refuses_rare`; not junction and
+replay states, nor snapshots, which have their rules above). Compared with the victim alone,
+such a state was kept whenever it lay deeper than a cheap LRU head, and in a quarter pool
+(a few cached pages, a horizon of seconds) each one pushed out the next request's hit (the
+trace at 1/4, seed 78: units below the tail, chance 0.036, 384 admitted; docs/admission.md).
+The bar follows the attention blocks' chance, so a kind that is hit again as often as they
+are is admitted again.
+
 A refused kind is still admitted once in `explore` refusals (a per-kind counter, no
 randomness; never a page the running requests need), so that its estimate keeps following
 the workload. The manager also gives a held snapshot page back (`CacheManager._release`)
@@ -77,6 +87,7 @@ from collections.abc import Callable
 
 from hycache.cache.block_pool import BlockPool
 from hycache.cache.boundaries import StateKind
+from hycache.cache.ssm import rare_kind
 
 ALWAYS_KEPT = frozenset({StateKind.JUNCTION, StateKind.REPLAY})
 ADMIT_EXPLORE = 8  # a refused kind is still admitted once in this many refusals
@@ -153,10 +164,24 @@ class Admission:
             return self.page_value(kind)
         return self.entry_worth(victim)
 
+    def refuses_rare(self, kind: str) -> bool:
+        """A prompt state of a kind the pool rates rare (`ssm.rare_kind`: the kinds whose
+        released states are demoted) while the pool is under pressure: refused, explored
+        ones too (see the module docstring)."""
+        return (
+            self.pool.under_pressure
+            and kind not in ALWAYS_KEPT
+            and kind != StateKind.SNAPSHOT
+            and rare_kind(self.pool.reuse, kind)
+        )
+
     def admit(self, kind: str, saved: int, reserve: int = 0) -> bool:
         """Whether a state of `kind` whose hit saves `saved` tokens takes a page now;
         `reserve`: the free pages the running requests are about to need (one each; for a
         decode snapshot, all they and those to join them still take: `pages_to_come`)."""
+        if self.refuses_rare(kind):
+            self.refused[kind] += 1
+            return False
         displaced = self.displaced(kind, saved, reserve)
         kept = kind in ALWAYS_KEPT and displaced < math.inf
         if self.worth(kind, saved) >= displaced or kept:

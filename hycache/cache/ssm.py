@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup
+from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup, ReuseStats
 from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
 from hycache.hashing import PrefixHashes
 
@@ -43,6 +43,14 @@ from hycache.hashing import PrefixHashes
 # on a conversation trace, tail checkpoints and the drop scheme's extra states (chance < 0.1
 # against 0.34) held a quarter of the pool, and LRU evicted older prefixes before them.
 DEMOTE_RATIO = 0.5
+
+
+def rare_kind(reuse: ReuseStats, kind: str) -> bool:
+    """Whether state `kind` is hit less than `DEMOTE_RATIO` times as often as attention blocks
+    (`BlockPool.reuse`): its released states are demoted, and under pressure admission keeps
+    none of it (`hycache.cache.admission`). A kind never resolved sits at the prior: not rare."""
+    bar = DEMOTE_RATIO * reuse.chance(ATTENTION_KIND)
+    return kind != ATTENTION_KIND and kind in reuse.resolved and reuse.chance(kind) < bar
 
 
 def find_ssm_hit(
@@ -225,8 +233,8 @@ class SSMManager:
 
     def _rare_kinds(self) -> frozenset[str]:
         """The state kinds whose chance is below the demotion bar."""
-        reuse, bar = self.pool.reuse, self._demote_bar()
-        return frozenset(k for k in reuse.resolved if k != ATTENTION_KIND and reuse.chance(k) < bar)
+        reuse = self.pool.reuse
+        return frozenset(k for k in reuse.resolved if rare_kind(reuse, k))
 
     def _demote_newly_rare(self) -> None:
         """A kind that has just fallen below the demotion bar: demote the states of it that

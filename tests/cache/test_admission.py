@@ -75,6 +75,46 @@ def test_junction_and_replay_states_displace_any_cached_entry_but_no_running_pag
     assert not empty.admit(StateKind.JUNCTION, 4096, reserve=7)
 
 
+def test_under_pressure_a_rare_kind_is_refused_even_over_a_cheap_victim() -> None:
+    """Under pressure a prompt state of a kind hit less than `DEMOTE_RATIO` times as often as
+    attention blocks (the kinds whose released states are demoted) is refused, explored ones
+    too, however little the victim is worth; before pressure it is kept, kinds above the bar
+    are still compared with the victim, and junction / replay states and snapshots keep
+    their own rules."""
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    _cached(pool, 40, ATTENTION_KIND)
+    pool.reuse.hit[ATTENTION_KIND] = pool.reuse.resolved[ATTENTION_KIND] = 8  # 0.9: bar 0.45
+    pool.reuse.resolved[StateKind.BELOW_TAIL] = 8  # 0.1: rare
+    pool.reuse.hit[StateKind.DROP_REPLAY], pool.reuse.resolved[StateKind.DROP_REPLAY] = 5, 8
+    pool.reuse.resolved[StateKind.JUNCTION] = pool.reuse.resolved[StateKind.SNAPSHOT] = 50
+    assert adm.admit(StateKind.BELOW_TAIL, 4096)  # nothing evicted yet: a free page
+    pool.evicted[(0, False, False)] += 1
+    assert adm.worth(StateKind.BELOW_TAIL, 4096) > adm.displaced() == 0.9 * 40
+    assert adm.refuses_rare(StateKind.BELOW_TAIL)
+    assert not any(adm.admit(StateKind.BELOW_TAIL, 4096) for _ in range(4 * ADMIT_EXPLORE))
+    assert adm.refused[StateKind.BELOW_TAIL] == 4 * ADMIT_EXPLORE
+    assert adm.admit(StateKind.DROP_REPLAY, 4096)  # 0.6 >= 0.45: compared, and worth more
+    assert adm.admit(StateKind.JUNCTION, 64)
+    assert not adm.refuses_rare(StateKind.SNAPSHOT) and adm.admit(StateKind.SNAPSHOT, 4096)
+
+
+def test_a_rare_kind_is_admitted_again_once_attention_blocks_are_hit_as_rarely() -> None:
+    """The bar follows the attention blocks' chance: when it falls to within `DEMOTE_RATIO`
+    of the kind's, the kind is no longer rare and is compared with the victim again."""
+    pool = BlockPool(8)
+    adm = Admission(pool)
+    _cached(pool, 40, ATTENTION_KIND)
+    pool.evicted[(0, False, False)] += 1
+    pool.reuse.hit[ATTENTION_KIND] = pool.reuse.resolved[ATTENTION_KIND] = 8
+    pool.reuse.resolved[StateKind.BELOW_TAIL] = 8  # 0.1
+    assert not adm.admit(StateKind.BELOW_TAIL, 4096)
+    pool.reuse.hit[ATTENTION_KIND] = 0  # attention blocks: 0.1, bar 0.05
+    assert not adm.refuses_rare(StateKind.BELOW_TAIL)
+    assert adm.admit(StateKind.BELOW_TAIL, 4096)  # 409.6 >= 0.1 * 40
+    assert not adm.admit(StateKind.BELOW_TAIL, 32)  # 3.2 < 4: the victim comparison
+
+
 def test_a_drop_junction_state_is_worth_one_unit() -> None:
     """The drop scheme's junction sits a unit above the request's own junction state, so a
     hit on it saves `u` tokens, wherever it lies (`Boundaries.hit_saving`)."""

@@ -45,12 +45,20 @@ from hycache.hashing import PrefixHashes
 DEMOTE_RATIO = 0.5
 
 
+def demote_bar(reuse: ReuseStats) -> float:
+    """A released state goes to the low-priority queue when its kind's chance, weighed by what
+    a hit saves per token of its prefix, is below this: `DEMOTE_RATIO` times the attention
+    blocks' chance (`BlockPool.reuse`)."""
+    return DEMOTE_RATIO * reuse.chance(ATTENTION_KIND)
+
+
 def rare_kind(reuse: ReuseStats, kind: str) -> bool:
-    """Whether state `kind` is hit less than `DEMOTE_RATIO` times as often as attention blocks
-    (`BlockPool.reuse`): its released states are demoted, and under pressure admission keeps
-    none of it (`hycache.cache.admission`). A kind never resolved sits at the prior: not rare."""
-    bar = DEMOTE_RATIO * reuse.chance(ATTENTION_KIND)
-    return kind != ATTENTION_KIND and kind in reuse.resolved and reuse.chance(kind) < bar
+    """Whether state `kind` is hit less often than the demotion bar (`demote_bar`): its released
+    states are demoted, and under pressure admission keeps none of it
+    (`hycache.cache.admission`). A kind never resolved sits at the prior: not rare."""
+    return (
+        kind != ATTENTION_KIND and kind in reuse.resolved and reuse.chance(kind) < demote_bar(reuse)
+    )
 
 
 def find_ssm_hit(
@@ -226,11 +234,6 @@ class SSMManager:
         self._refreshed.update((b, self.pool.keys[b][0][0]) for b in rest)
         self._demote_newly_rare()
 
-    def _demote_bar(self) -> float:
-        """A released state goes to the low-priority queue when its kind's chance, weighed by
-        what a hit saves per token of its prefix, is below this (`DEMOTE_RATIO`)."""
-        return DEMOTE_RATIO * self.pool.reuse.chance(ATTENTION_KIND)
-
     def _rare_kinds(self) -> frozenset[str]:
         """The state kinds whose chance is below the demotion bar."""
         reuse = self.pool.reuse
@@ -271,7 +274,7 @@ class SSMManager:
             for b in live
         }
         order = sorted(live, key=lambda b: (chance[b], -pos[b], b))
-        bar = self._demote_bar()
+        bar = demote_bar(pool.reuse)
         return [b for b in order if chance[b] < bar], [b for b in order if chance[b] >= bar]
 
     def request_ids(self) -> list[str]:

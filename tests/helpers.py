@@ -71,6 +71,31 @@ def sharing_requests(cfg: HycacheConfig, rng: random.Random, n: int = 8) -> list
     ]  # fmt: skip
 
 
+def newcomer_prefill(
+    sched: Scheduler, ex: DryRunExecutor, prompt_len: int, queued: bool = False
+) -> list[ScheduledRequest]:
+    """r0 (8 tokens) runs to its first token; then r1 (`prompt_len` tokens) arrives, with r2
+    (40 tokens) queued behind it when `queued`: r1's scheduled entries until its first token
+    (random tokens from seed 3, in that order)."""
+    cfg = sched.config
+    rng = random.Random(3)
+    r0 = new_request(cfg, "r0", tokens(rng, 8), max_tokens=200)
+    sched.add_request(r0)
+    while not r0.num_output_tokens:
+        out = sched.schedule()
+        sched.update(out, ex.execute(out))
+    r1 = new_request(cfg, "r1", tokens(rng, prompt_len), max_tokens=2)
+    sched.add_request(r1)
+    if queued:
+        sched.add_request(new_request(cfg, "r2", tokens(rng, 40), max_tokens=2))
+    entries: list[ScheduledRequest] = []
+    while not r1.num_output_tokens:
+        out = sched.schedule()
+        entries += [s for s in out.scheduled if s.request is r1]
+        sched.update(out, ex.execute(out))
+    return entries
+
+
 def new_request(
     cfg: HycacheConfig,
     rid: str,

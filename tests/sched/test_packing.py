@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hycache.config import POLICY_NAMES, HycacheConfig
 from hycache.sched.chunking import PACK_RATIO, StepSeq, packing_cap
 from hycache.sched.scheduler import Scheduler
-from tests.helpers import RecordingExecutor, make_config, new_request, sharing_requests, tokens
+from tests.helpers import RecordingExecutor, make_config, newcomer_prefill, sharing_requests
 from tests.sched.test_invariants import check_step
 
 
@@ -48,19 +48,7 @@ def newcomer_chunks(
         cfg = dataclasses.replace(cfg, scheduler=off)
     sched = Scheduler(cfg, step_cost=oracle)
     ex = RecordingExecutor(num_speculative_tokens=3, acceptance_rate=0.5)
-    rng = random.Random(3)
-    r0 = new_request(cfg, "r0", tokens(rng, 8), max_tokens=200)
-    sched.add_request(r0)
-    while not r0.num_output_tokens:
-        out = sched.schedule()
-        sched.update(out, ex.execute(out))
-    r1 = new_request(cfg, "r1", tokens(rng, prompt_len), max_tokens=2)
-    sched.add_request(r1)
-    chunks = []
-    while not r1.num_output_tokens:
-        out = sched.schedule()
-        chunks += [(s.start, s.end, s.split) for s in out.scheduled if s.request is r1]
-        sched.update(out, ex.execute(out))
+    chunks = [(s.start, s.end, s.split) for s in newcomer_prefill(sched, ex, prompt_len)]
     return chunks, sched
 
 

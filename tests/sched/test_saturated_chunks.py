@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hycache.config import HycacheConfig
 from hycache.sched.executor import DryRunExecutor
 from hycache.sched.scheduler import Scheduler
-from tests.helpers import make_config, new_request, sharing_requests, tokens
+from tests.helpers import make_config, newcomer_prefill, sharing_requests
 
 
 def config(cap: int, max_num_seqs: int, policy: str = "limit") -> HycacheConfig:
@@ -28,24 +28,8 @@ def prefill_chunks(cap: int, max_num_seqs: int, queued: bool) -> list[int]:
     """r0 decodes; then r1 (300-token prompt) arrives, with r2 behind it when `queued`: the
     lengths of r1's prefill chunks."""
     cfg = config(cap, max_num_seqs)
-    sched = Scheduler(cfg)
     ex = DryRunExecutor(num_speculative_tokens=3, acceptance_rate=0.5)
-    rng = random.Random(3)
-    r0 = new_request(cfg, "r0", tokens(rng, 8), max_tokens=200)
-    sched.add_request(r0)
-    while not r0.num_output_tokens:
-        out = sched.schedule()
-        sched.update(out, ex.execute(out))
-    r1 = new_request(cfg, "r1", tokens(rng, 300), max_tokens=2)
-    sched.add_request(r1)
-    if queued:
-        sched.add_request(new_request(cfg, "r2", tokens(rng, 40), max_tokens=2))
-    lengths = []
-    while not r1.num_output_tokens:
-        out = sched.schedule()
-        lengths += [s.num_tokens for s in out.scheduled if s.request is r1]
-        sched.update(out, ex.execute(out))
-    return lengths
+    return [s.num_tokens for s in newcomer_prefill(Scheduler(cfg), ex, 300, queued)]
 
 
 def test_a_prefill_behind_which_requests_wait_for_a_slot_is_chunked_at_the_cap() -> None:

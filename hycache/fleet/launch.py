@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,6 +36,9 @@ from typing import IO, Any
 
 ROUTINGS = ("kv", "round-robin", "exact")
 LOOPBACK = "127.0.0.1"
+# how often the frontend may send a request elsewhere when its worker cannot be reached or
+# dies mid-stream (Dynamo's migration): a dead worker then costs no request
+MIGRATION_LIMIT = 3
 
 
 class FleetError(RuntimeError):
@@ -209,7 +213,7 @@ class Fleet:
             "frontend",
             [py, "-m", "dynamo.frontend", "--router-mode", mode, "--http-host", LOOPBACK,
              "--http-port", str(self.http_port), "--kv-cache-block-size", str(spec.unit),
-             *spec.frontend_args],
+             "--migration-limit", str(MIGRATION_LIMIT), *spec.frontend_args],
         )  # fmt: skip
         self._wait("frontend", self._serves_model, self.procs)
         return self
@@ -245,6 +249,16 @@ class Fleet:
             str(p.relative_to(self.discovery)) for p in self.discovery.rglob("*") if p.is_file()
         )
 
+    def decisions(self) -> dict[str, Decision]:
+        """Every routing decision so far, by request id (the OpenAI response's id after its
+        `cmpl-` / `chatcmpl-` prefix): Dynamo's KV router's, read from the frontend's log
+        (its matched blocks times the block size), or hycache's router's, from its log."""
+        if self.spec.routing == "exact":
+            router = next(p for p in self.procs if p.name == "router")
+            return parse_decisions(router.tail(1 << 30), 1)
+        frontend = next(p for p in self.procs if p.name == "frontend")
+        return parse_decisions(frontend.tail(1 << 30), self.spec.unit)
+
     # -- stopping --------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -260,6 +274,46 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a request went and the hit its router predicted there (tokens)."""
+
+    worker_id: int
+    predicted: int
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Dynamo's frontend, per routed request (its second request_id is the OpenAI response's)
+_KV_ROUTED = re.compile(
+    r"route request completed.*request_id=(?P<id>[0-9a-f-]{36}) .*"
+    r"overlap_blocks=(?P<blocks>\d+) .*worker_id=(?P<worker>\d+)"
+)
+# hycache's router (`hycache.fleet.router.ExactRouter`)
+_EXACT_ROUTED = re.compile(
+    r"hycache route request_id=(?P<id>\S+) worker_id=(?P<worker>\d+) "
+    r"resume_point=(?P<blocks>\d+)"
+)
+
+
+def parse_decisions(log: str, block: int) -> dict[str, Decision]:
+    """The routing decisions in a frontend's or hycache router's log (the last for an id)."""
+    out: dict[str, Decision] = {}
+    for line in _ANSI.sub("", log).splitlines():
+        m = _KV_ROUTED.search(line) or _EXACT_ROUTED.search(line)
+        if m is not None:
+            out[m["id"]] = Decision(int(m["worker"]), int(m["blocks"]) * block)
+    return out
+
+
+def request_key(response_id: str) -> str:
+    """The id the routers log for an OpenAI response id (`cmpl-<uuid>` -> `<uuid>`)."""
+    return (
+        response_id.split("-", 1)[1]
+        if response_id.startswith(("cmpl-", "chatcmpl-"))
+        else response_id
+    )
 
 
 READY_LINE = b"hycache fleet worker ready"

@@ -116,7 +116,12 @@ class ExactRouter:
                     data = item.data() if hasattr(item, "data") else item
                     if not started:
                         started = True
-                        log.info("routed to %x resume_point=%d", wid, answer.resume_point)
+                        log.warning(
+                            "hycache route request_id=%s worker_id=%d resume_point=%d",
+                            context.id(),
+                            wid,
+                            answer.resume_point,
+                        )
                     yield data
                 return
             except Exception as e:

@@ -16,6 +16,12 @@ prefix-match unit, so the router's blocks are hycache's units):
                   where this engine's own lookup would resume the request, and its load
                   (what `hycache.fleet.router` scores)
 
+KV events (`--events`): the engine's own (`LLM.kv_events`, published over a ZMQ PUB on the
+loopback in vLLM's framing by `hycache.engine.kv_events.publish_kv_events`), relayed into
+Dynamo's event plane by its `KvEventPublisher`. `resumable`: the router's blocks are the
+prefix-match unit `u`, its matched depth the resume point. `full`: vLLM's per-group events
+(blocks of `B`); Dynamo indexes the attention group alone, as it does for a vLLM hybrid.
+
 Cancellation: a request whose context is stopped or killed (the client went away) is aborted
 in the engine at once. SIGTERM / SIGINT: `runtime.shutdown()`, which takes the instance out of
 discovery before the process ends (no stale instance for the router).
@@ -36,6 +42,7 @@ from typing import Any
 from hycache.engine.engine import LLM
 from hycache.engine.outputs import RequestOutput, StreamEvent
 from hycache.fleet.card import write_card
+from hycache.fleet.launch import LOOPBACK
 from hycache.request import SamplingParams
 from hycache.server.worker import Accepted, EngineWorker, Failed, ServerClosed
 
@@ -135,6 +142,7 @@ class DynamoHandlers:
                 await asyncio.wait({get, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 if not get.done():  # the client went away: end it in the engine
                     get.cancel()
+                    log.warning("hycache fleet worker: %s aborted, client gone", rid)
                     return
                 item = get.result()
                 if isinstance(item, Failed):
@@ -161,6 +169,76 @@ class DynamoHandlers:
             }
 
         yield await asyncio.wrap_future(self.worker.call(ask))
+
+
+def router_block_size(llm: LLM, events: str) -> int:
+    """The block size the router must use for this worker: the unit its `resumable` events
+    publish (`u`), or the attention block `B` of vLLM-style `full` events."""
+    cache = llm.config.cache
+    return cache.block_size if events == "full" else cache.unit
+
+
+class DynamoWire:
+    """The engine's KV events on a ZMQ PUB socket on the loopback, for Dynamo's
+    `KvEventPublisher` to relay: a step observer drains `llm.kv_events(mode)` after each step
+    (on the engine's thread, the socket's only user).
+
+    vLLM's framing (`topic, 8-byte sequence, msgpack batch`), with the batch cut to the three
+    fields Dynamo 1.6.1 decodes (`ts, events, data_parallel_rank`: its decoder reads a batch
+    as exactly that tuple and drops the whole batch when hycache's trailing
+    `resumable_events` field is there)."""
+
+    def __init__(self, llm: LLM, mode: str) -> None:
+        import msgspec
+        import zmq
+
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._ctx = zmq.Context()
+        self._socket = self._ctx.socket(zmq.PUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(f"tcp://{LOOPBACK}:*")
+        self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._seq = 0
+        self._log = llm.kv_events(mode)  # type: ignore[arg-type]
+        self._llm = llm
+        llm.add_step_observer(self._observe)
+
+    def _observe(self, _: object) -> None:
+        batch = self._log.drain()
+        if batch is None:
+            return
+        payload = self._encode((batch.ts, batch.events, batch.data_parallel_rank))
+        self._socket.send_multipart((b"", self._seq.to_bytes(8, "big"), payload))
+        self._seq += 1
+
+    def close(self) -> None:
+        """Stop publishing; call on the engine's thread."""
+        self._llm.remove_step_observer(self._observe)
+        self._socket.close()
+        self._ctx.term()
+
+
+def start_events(worker: EngineWorker, endpoint: Any, mode: str, block_size: int) -> Any:
+    """Publish the engine's KV events in `mode` and relay them into Dynamo's event plane;
+    (the wire, the relay), or None for mode "none"."""
+    if mode == "none":
+        return None
+    from dynamo.llm import KvEventPublisher
+
+    wire = worker.call(lambda llm: DynamoWire(llm, mode)).result()
+    relay = KvEventPublisher(
+        endpoint, kv_block_size=block_size, zmq_endpoint=wire.endpoint, zmq_topic=""
+    )
+    return wire, relay
+
+
+def stop_events(worker: EngineWorker, events: Any) -> None:
+    if events is None:
+        return
+    wire, relay = events
+    relay.shutdown()
+    with contextlib.suppress(ServerClosed):
+        worker.call(lambda _: wire.close()).result(timeout=30)
 
 
 def engine_resume_point(llm: LLM, token_ids: list[int]) -> int:
@@ -203,7 +281,8 @@ async def serve_worker(llm: LLM, model: str, settings: WorkerSettings) -> None:
     ns, comp = settings.namespace, settings.component
     generate = runtime.endpoint(f"{ns}.{comp}.generate")
     resume = runtime.endpoint(f"{ns}.{comp}.resume_point")
-    unit = llm.config.cache.unit
+    unit = router_block_size(llm, settings.events)
+    events = start_events(worker, generate, settings.events, unit)
     if settings.model_name is not None:
         card = write_card(model, Path(settings.card_dir) if settings.card_dir else None)
         await register_model(
@@ -216,11 +295,12 @@ async def serve_worker(llm: LLM, model: str, settings: WorkerSettings) -> None:
             kv_cache_block_size=unit,
         )
     log.warning(
-        "hycache fleet worker ready: %s.%s instance %x, unit %d",
+        "hycache fleet worker ready: %s.%s instance %x, block %d, events %s",
         ns,
         comp,
         generate.connection_id(),
         unit,
+        settings.events,
     )
     try:
         await asyncio.gather(
@@ -229,5 +309,6 @@ async def serve_worker(llm: LLM, model: str, settings: WorkerSettings) -> None:
         )
     finally:
         with contextlib.suppress(Exception):
+            stop_events(worker, events)
             worker.stop()
     log.warning("hycache fleet worker stopped")

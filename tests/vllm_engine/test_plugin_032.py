@@ -161,6 +161,7 @@ def shapes(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn]]:
         k,
         lookahead=False,
         shared_prefix_checkpoint=flag,
+        pass_price=(0.0, 1.0),  # every stop made: the mechanisms, before pricing
     )
     return setup, turns
 

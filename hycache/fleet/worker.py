@@ -183,10 +183,11 @@ class DynamoWire:
     `KvEventPublisher` to relay: a step observer drains `llm.kv_events(mode)` after each step
     (on the engine's thread, the socket's only user).
 
-    vLLM's framing (`topic, 8-byte sequence, msgpack batch`), with the batch cut to the three
-    fields Dynamo 1.6.1 decodes (`ts, events, data_parallel_rank`: its decoder reads a batch
-    as exactly that tuple and drops the whole batch when hycache's trailing
-    `resumable_events` field is there)."""
+    vLLM's framing (`topic, 8-byte sequence, msgpack batch`), the batch always written as the
+    three fields `ts, events, data_parallel_rank`: Dynamo 1.6.1 decodes a batch as exactly
+    that tuple (its `zmq_wire.rs`) and drops the whole batch otherwise, so neither
+    `hycache.cache.events.encode_batch`'s `full`-mode tail (`resumable_events`) nor its
+    omitted trailing defaults reach it."""
 
     def __init__(self, llm: LLM, mode: str) -> None:
         import msgspec

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
     from hycache.engine.engine import LLM
 
+# the bound on a hang (a wait that must end, a server that must start): generous, as a loaded
+# machine needs it; a latency is never asserted in seconds, only against a control run beside it
+HANG_S = 120.0
+
 
 def make_config(
     *,

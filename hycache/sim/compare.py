@@ -85,7 +85,7 @@ STORE_KEYS = (
 
 
 # with a scoring router (`prefix-aware`, `attention-only`): its predicted hit, reported only then
-ROUTING_KEYS = ("predicted_hit_tokens", "overstated_requests")
+ROUTING_KEYS = ("predicted_hit_tokens", "overstated_hit_tokens", "overstated_requests")
 
 
 @dataclass(frozen=True)

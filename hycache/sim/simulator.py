@@ -140,14 +140,17 @@ def summarize(result: SimResult) -> dict[str, float]:
 
 def _prediction_keys(recs: Sequence[RequestRecord]) -> dict[str, float]:
     """What a scoring router predicted against what the requests got (empty: no
-    predictions): the hit tokens it predicted, summed (beside `hit_tokens`, the actual ones),
-    and the requests it predicted more for than they got."""
+    predictions): the hit tokens it predicted, summed (beside `hit_tokens`, the actual ones);
+    the tokens it predicted beyond what each request got, summed, and how many requests that
+    was. A prediction can also fall short (a prefix cached after the routing, by a request
+    then in flight); only the excess counts as overstated."""
     pairs = [(r.predicted_hit_tokens, r.hit_tokens) for r in recs]
     predicted = [(p, a) for p, a in pairs if p is not None]
     if not predicted:
         return {}
     return {
         "predicted_hit_tokens": sum(p for p, _ in predicted),
+        "overstated_hit_tokens": sum(max(p - a, 0) for p, a in predicted),
         "overstated_requests": sum(1 for p, a in predicted if p > a),
     }
 

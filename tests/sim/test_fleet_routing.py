@@ -72,7 +72,7 @@ def test_prefix_aware_predicts_the_actual_hit(seed: int, policy: Policy) -> None
     res = run(policy, families(seed), "prefix-aware")
     assert all(predicted(r) == r.hit_tokens for r in res.records)
     assert res.summary["predicted_hit_tokens"] == res.summary["hit_tokens"]
-    assert res.summary["overstated_requests"] == 0
+    assert res.summary["overstated_requests"] == res.summary["overstated_hit_tokens"] == 0
 
 
 @settings(max_examples=12, deadline=None)
@@ -92,6 +92,8 @@ def test_attention_only_overstates_where_states_are_sparse(policy: Policy) -> No
     over = [r for r in res.records if predicted(r) > r.hit_tokens]
     assert over, "no request overstated"
     assert res.summary["overstated_requests"] == len(over)
+    excess = sum(predicted(r) - r.hit_tokens for r in over)
+    assert res.summary["overstated_hit_tokens"] == excess > 0
     assert res.summary["predicted_hit_tokens"] > res.summary["hit_tokens"]
     exact = run(policy, reqs, "prefix-aware")
     assert exact.summary["predicted_hit_tokens"] == exact.summary["hit_tokens"]

@@ -267,8 +267,12 @@ def plot(path: str, doc: dict[str, Any]) -> None:
             ax = axes[i][j]
             for line in lines:
                 color, marker, ls = style[line]
-                if key == "overstated":
-                    ys = [overstated_share(r["lines"][line]) for r in rows]
+                if key == "overstated":  # of routed requests: from 2 instances on
+                    routed = [r for r in rows if r["instances"] > 1]
+                    xs_line = [r["instances"] for r in routed]
+                    ys = [overstated_share(r["lines"][line]) for r in routed]
+                    ax.plot(xs_line, ys, color=color, marker=marker, linestyle=ls, label=line)
+                    continue
                 else:
                     ys = [r["lines"][line][key] for r in rows]
                 ax.plot(xs, ys, color=color, marker=marker or None, linestyle=ls, label=line)
@@ -311,7 +315,9 @@ def markdown(doc: dict[str, Any]) -> str:
             hit = " / ".join(f"{li[x]['token_hit_rate']:.3f}" for x in LINES)
             ttft = " / ".join(f"{li[x]['ttft_p50_s']:.3f}" for x in ROUTINGS)
             ao = li["attention-only"]
-            over = f"{overstated_share(ao):.1%} ({ao['overstated_requests'] or 0})"
+            over = "-"  # one instance: nothing is routed
+            if r["instances"] > 1:
+                over = f"{overstated_share(ao):.1%} ({ao['overstated_requests'] or 0})"
             out.append(f"| {name} | {r['instances']} | {hit} | {ttft} | {over} |")
     return "\n".join(out)
 

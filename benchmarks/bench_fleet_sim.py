@@ -21,15 +21,19 @@ prompt 128 requests instead of 256, and the Mooncake-like trace 400 requests, re
 loop. At one instance every routing is the one engine (tests/sim/test_fleet_routing.py), so
 that point is run once.
 
-`--predict` gives the simulator's prediction for a small real fleet instead (the setting of
-`benchmarks/bench_fleet.py`: hycache workers on the `tiny` model behind a router): per arm the
-hit tokens and hit rate predicted, the hit the router expected, and the pooled ideal; timings
-only mean something with a calibrated `--gpu-config` (`hycache calibrate`).
+`--predict` gives the simulator's prediction for a small real fleet instead (hycache workers
+on the `tiny` model behind a router): per arm the hit tokens and hit rate predicted, the hit the
+router expected, and the pooled ideal; timings only mean something with a calibrated
+`--gpu-config` (`hycache calibrate`). `--predict --like-bench-fleet` is
+`benchmarks/bench_fleet.py`'s default run (4 workers, B=64, u=16, k=2, 256 blocks each,
+concurrency 4; family and multi-turn at `hycache bench serve`'s shapes, a 48-request trace cut
+to 768-token prompts and 16 output tokens).
 
     .venv/bin/python benchmarks/bench_fleet_sim.py --predict --workers 4 --workload family
         --shape '{"families": 4, "requests_per_family": 4}' --block-size 64
         --prefix-match-unit 16 --num-blocks 512 [--num-speculative-tokens 2]
         [--concurrency 4] [--gpu-config calibrated.json] [--json out/fleet_predicted.json]
+    .venv/bin/python benchmarks/bench_fleet_sim.py --predict --like-bench-fleet
 """
 
 from __future__ import annotations
@@ -336,6 +340,8 @@ class FleetSetting:
     shape: dict[str, Any] = field(default_factory=dict)
     trace: str | None = None  # a Mooncake JSONL file (else `trace_requests` generated)
     trace_requests: int = 100
+    trace_prompt_tokens: int | None = None  # cut every trace prompt to its first N tokens
+    trace_output_tokens: int | None = None  # every trace request's output length
     model: str = "tiny"
     gpu: str = "h100"
     gpu_config: str | None = None  # a calibrated device profile (`hycache calibrate`)
@@ -352,7 +358,16 @@ def setting_workload(f: FleetSetting) -> Workload:
         records = None if f.trace else generate_mooncake_like(f.trace_requests, seed=f.seed)
         source = TraceSource(path=f.trace, records=records)
         w = build_workload(WorkloadSpec("trace", trace=source, seed=f.seed))
-        return Workload("trace", closed_loop(w.requests), concurrency=f.concurrency)
+        cut, out = f.trace_prompt_tokens, f.trace_output_tokens
+        reqs = [
+            replace(
+                r,
+                prompt_token_ids=r.prompt_token_ids[:cut],
+                max_tokens=r.max_tokens if out is None else out,
+            )
+            for r in closed_loop(w.requests)
+        ]
+        return Workload("trace", reqs, concurrency=f.concurrency)
     base = DEFAULT_SHAPES[f.workload]
     names = {x.name for x in fields(base)}
     unknown = set(f.shape) - names
@@ -409,6 +424,43 @@ def predict(f: FleetSetting) -> dict[str, Any]:
     }
 
 
+# benchmarks/bench_fleet.py's fleet (branch `dynamo`): its engines' flags, load and workloads
+BENCH_FLEET = {
+    "workers": 4,
+    "model": "tiny",
+    "block_size": 64,
+    "prefix_match_unit": 16,
+    "num_speculative_tokens": 2,
+    "num_blocks": 256,
+    "concurrency": 4,
+    "trace_requests": 48,
+    "trace_prompt_tokens": 768,
+    "trace_output_tokens": 16,
+}
+BENCH_FLEET_WORKLOADS = ("family", "multi-turn", "trace")
+# bench_fleet's arms, and the simulated routing each stands for (`kv` fed resumable events is
+# the exact router up to the spacing of states where a request leaves a published path)
+BENCH_FLEET_ARMS = {
+    "kv": "prefix-aware",
+    "exact": "prefix-aware",
+    "attention": "attention-only",
+    "round-robin": "round-robin",
+}
+
+
+def like_bench_fleet(gpu_config: str | None = None) -> dict[str, Any]:
+    """The simulator's prediction for `benchmarks/bench_fleet.py`'s default run: its workloads
+    as `hycache bench serve` builds them (`SERVE_SHAPES`), its four arms."""
+    from hycache.bench.loadgen import SERVE_SHAPES
+
+    out: dict[str, Any] = {"arms": BENCH_FLEET_ARMS, "workloads": {}}
+    for name in BENCH_FLEET_WORKLOADS:
+        shape = asdict(SERVE_SHAPES[name]) if name in SERVE_SHAPES else {}
+        f = FleetSetting(workload=name, shape=shape, gpu_config=gpu_config, **BENCH_FLEET)
+        out["workloads"][name] = predict(f)
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
@@ -420,12 +472,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--markdown", action="store_true", help="print the docs' table")
     p = ap.add_argument_group("--predict: the simulator beside a real fleet")
     p.add_argument("--predict", action="store_true")
+    p.add_argument(
+        "--like-bench-fleet",
+        action="store_true",
+        help="with --predict: benchmarks/bench_fleet.py's default setting, every workload",
+    )
     d = FleetSetting()
     p.add_argument("--workers", type=int, default=d.workers)
     p.add_argument("--workload", default=d.workload, choices=(*DEFAULT_SHAPES, "trace"))
     p.add_argument("--shape", type=json.loads, default={}, help="the shape's fields, JSON")
     p.add_argument("--trace", default=None, help="a Mooncake JSONL trace (--workload trace)")
     p.add_argument("--trace-requests", type=int, default=d.trace_requests)
+    p.add_argument("--trace-prompt-tokens", type=int, default=None)
+    p.add_argument("--trace-output-tokens", type=int, default=None)
     p.add_argument("--model", default=d.model)
     p.add_argument("--gpu", default=d.gpu)
     p.add_argument("--gpu-config", default=None)
@@ -443,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.predict:
         keys = {f.name for f in fields(FleetSetting)}
         f = FleetSetting(**{k: v for k, v in vars(args).items() if k in keys})
-        doc = predict(f)
+        doc = like_bench_fleet(args.gpu_config) if args.like_bench_fleet else predict(f)
         text = json.dumps(doc, indent=2) + "\n"
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)

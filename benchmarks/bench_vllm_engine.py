@@ -69,7 +69,7 @@ LARGE_BLOCK = {
     "shared_prefix_range": (7_000, 13_000),
     "suffix_range": (1_000, 3_000),
     "families": 2,
-    "siblings": 4,
+    "siblings": 3,
     "mtp": 1,
     "max_tokens": 8,
     "max_num_batched_tokens": 4096,

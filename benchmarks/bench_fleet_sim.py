@@ -15,7 +15,7 @@ it) is spread over more instances by
     attention-only   the deepest attention-block match, states unseen: Dynamo's and llm-d's score
     pooled-ideal     one engine with N times the pool (the bar a router can reach)
 
-Scaled to run in a few minutes on one core (see `SCALED`): the family workload has 16
+Scaled to run in about 7 minutes of one core (see `SCALED`): the family workload has 16
 families (about 130 requests) instead of 32, multi-turn 32 sessions instead of 64, the system
 prompt 128 requests instead of 256, and the Mooncake-like trace 400 requests, replayed closed
 loop. At one instance every routing is the one engine (tests/sim/test_fleet_routing.py), so

@@ -72,8 +72,7 @@ PRODUCER = textwrap.dedent(
     """
     import sys
     from hycache.engine.engine import LLM
-    from tests.helpers import HANG_S
-from tests.store.test_store_engine import GEOMETRY, SP, family
+    from tests.store.test_store_engine import GEOMETRY, SP, family
     llm = LLM("tiny", kv_store=sys.argv[1], kv_store_gb=0.0625, num_speculative_tokens=2,
               **GEOMETRY)
     fam = family(seed=12)

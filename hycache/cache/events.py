@@ -116,16 +116,35 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
 
 
-def encode_batch(batch: KVEventBatch, wire: Wire = "vllm") -> bytes:
-    """A batch's msgpack bytes as `wire`'s consumer reads them (see the module docstring):
-    always `ts, events, data_parallel_rank` (a rank of None written as nil, never omitted),
-    then, on the "vllm" wire only, the `resumable_events` tail when the batch carries one."""
+class WireBatch(
+    msgspec.Struct,
+    array_like=True,  # type: ignore[call-arg]
+    gc=False,  # type: ignore[call-arg]
+):
+    """Exactly vLLM's `EventBatch` fields, written as three array elements whatever their
+    values (the "dynamo" wire, and a batch without a tail on either)."""
+
+    ts: float
+    events: list[KVEvent]
+    data_parallel_rank: int | None = None
+
+
+def for_wire(batch: KVEventBatch, wire: Wire = "vllm") -> KVEventBatch | WireBatch:
+    """The struct whose msgpack encoding is `batch` on `wire` (module docstring): the batch
+    itself on the "vllm" wire when it carries a tail, else its three fields. A publisher that
+    encodes structs itself (vLLM's, which also fills `data_parallel_rank`) is handed this."""
     if wire not in WIRES:
         raise ValueError(f"wire: one of {', '.join(WIRES)}, got {wire!r}")
-    fields: list[Any] = [batch.ts, batch.events, batch.data_parallel_rank]
     if wire == "vllm" and batch.resumable_events is not None:
-        fields.append(batch.resumable_events)
-    return _encoder.encode(fields)
+        return batch
+    return WireBatch(batch.ts, batch.events, batch.data_parallel_rank)
+
+
+def encode_batch(batch: KVEventBatch, wire: Wire = "vllm") -> bytes:
+    """A batch's msgpack bytes as `wire`'s consumer reads them (`for_wire`): always `ts,
+    events, data_parallel_rank` (a rank of None written as nil, never omitted), then, on the
+    "vllm" wire only, the `resumable_events` tail when the batch carries one."""
+    return _encoder.encode(for_wire(batch, wire))
 
 
 def decode_batch(data: bytes) -> KVEventBatch:

@@ -31,7 +31,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 
 # what `--scheduler-cls hycache.vllm.Scheduler` loads in a vLLM deployment, and nothing else:
 # the harness beside vLLM's real scheduler lives with the benchmarks (hycache/bench/vllm)
-VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "cpu_fixes"}
+VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "cpu_fixes", "events"}
 
 
 def module_name(path: Path) -> str:

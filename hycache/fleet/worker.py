@@ -17,7 +17,8 @@ prefix-match unit, so the router's blocks are hycache's units):
                   (what `hycache.fleet.router` scores)
 
 KV events (`--events`): the engine's own (`LLM.kv_events`, published over a ZMQ PUB on the
-loopback in vLLM's framing by `hycache.engine.kv_events.publish_kv_events`), relayed into
+loopback in vLLM's framing by `hycache.engine.kv_events.publish_kv_events`, on the "dynamo"
+wire of `hycache.cache.events.encode_batch`: the three fields Dynamo decodes), relayed into
 Dynamo's event plane by its `KvEventPublisher`. `resumable`: the router's blocks are the
 prefix-match unit `u`, its matched depth the resume point. `full`: vLLM's per-group events
 (blocks of `B`); Dynamo indexes the attention group alone, as it does for a vLLM hybrid.
@@ -37,9 +38,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from hycache.cache.event_log import EventMode
 from hycache.engine.engine import LLM
+from hycache.engine.kv_events import ZmqEventPublisher, publish_kv_events, stop_publishing
 from hycache.engine.outputs import RequestOutput, StreamEvent
 from hycache.fleet.card import write_card
 from hycache.fleet.launch import LOOPBACK
@@ -178,68 +181,31 @@ def router_block_size(llm: LLM, events: str) -> int:
     return cache.block_size if events == "full" else cache.unit
 
 
-class DynamoWire:
-    """The engine's KV events on a ZMQ PUB socket on the loopback, for Dynamo's
-    `KvEventPublisher` to relay: a step observer drains `llm.kv_events(mode)` after each step
-    (on the engine's thread, the socket's only user).
-
-    vLLM's framing (`topic, 8-byte sequence, msgpack batch`), the batch always written as the
-    three fields `ts, events, data_parallel_rank`: Dynamo 1.6.1 decodes a batch as exactly
-    that tuple (its `zmq_wire.rs`) and drops the whole batch otherwise, so neither
-    `hycache.cache.events.encode_batch`'s `full`-mode tail (`resumable_events`) nor its
-    omitted trailing defaults reach it."""
-
-    def __init__(self, llm: LLM, mode: str) -> None:
-        import msgspec
-        import zmq
-
-        self._encode = msgspec.msgpack.Encoder().encode
-        self._ctx = zmq.Context()
-        self._socket = self._ctx.socket(zmq.PUB)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(f"tcp://{LOOPBACK}:*")
-        self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._seq = 0
-        self._log = llm.kv_events(mode)  # type: ignore[arg-type]
-        self._llm = llm
-        llm.add_step_observer(self._observe)
-
-    def _observe(self, _: object) -> None:
-        batch = self._log.drain()
-        if batch is None:
-            return
-        payload = self._encode((batch.ts, batch.events, batch.data_parallel_rank))
-        self._socket.send_multipart((b"", self._seq.to_bytes(8, "big"), payload))
-        self._seq += 1
-
-    def close(self) -> None:
-        """Stop publishing; call on the engine's thread."""
-        self._llm.remove_step_observer(self._observe)
-        self._socket.close()
-        self._ctx.term()
-
-
 def start_events(worker: EngineWorker, endpoint: Any, mode: str, block_size: int) -> Any:
-    """Publish the engine's KV events in `mode` and relay them into Dynamo's event plane;
-    (the wire, the relay), or None for mode "none"."""
+    """Publish the engine's KV events in `mode` on a loopback ZMQ PUB, encoded for Dynamo's
+    decoder (`publish_kv_events(..., wire="dynamo")`), and relay them into Dynamo's event plane;
+    (the publisher, the relay), or None for mode "none"."""
     if mode == "none":
         return None
     from dynamo.llm import KvEventPublisher
 
-    wire = worker.call(lambda llm: DynamoWire(llm, mode)).result()
+    def publish(llm: LLM) -> ZmqEventPublisher:
+        return publish_kv_events(llm, f"tcp://{LOOPBACK}:*", cast(EventMode, mode), wire="dynamo")
+
+    publisher = worker.call(publish).result()
     relay = KvEventPublisher(
-        endpoint, kv_block_size=block_size, zmq_endpoint=wire.endpoint, zmq_topic=""
+        endpoint, kv_block_size=block_size, zmq_endpoint=publisher.bound_endpoint, zmq_topic=""
     )
-    return wire, relay
+    return publisher, relay
 
 
 def stop_events(worker: EngineWorker, events: Any) -> None:
     if events is None:
         return
-    wire, relay = events
+    publisher, relay = events
     relay.shutdown()
     with contextlib.suppress(ServerClosed):
-        worker.call(lambda _: wire.close()).result(timeout=30)
+        worker.call(lambda llm: stop_publishing(llm, publisher)).result(timeout=30)
 
 
 def engine_resume_point(llm: LLM, token_ids: list[int]) -> int:

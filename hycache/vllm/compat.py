@@ -106,6 +106,31 @@ PLUGIN: tuple[Internal, ...] = (
     ),
 )
 
+KVCM = "vllm.v1.core.kv_cache_manager"
+COORD = "vllm.v1.core.kv_cache_coordinator"
+# what the plugin's KV events (`hycache.vllm.events`) use: the same on 0.32, 0.33 and 0.34.
+# Checked apart from the plugin's (`events_problem`): a vLLM lacking one publishes its own
+# events, and the plugin's scheduling is unaffected
+EVENTS: tuple[Internal, ...] = (
+    Internal(KVCM, "KVCacheManager.take_events"),
+    Internal(KVCM, "KVCacheManager.free", ("request",)),
+    Internal(
+        COORD, "KVCacheCoordinator.find_longest_cache_hit", ("block_hashes", "max_cache_hit_length")
+    ),
+    Internal(POOL, "BlockHashToBlockMap.get_one_block", ("key",)),
+    Internal(UTILS, "make_block_hash_with_group_id"),
+)
+EVENTS_SCHEDULER_ATTRS = (
+    "enable_kv_cache_events",
+    "kv_event_publisher",
+    "requests",
+    "hash_block_size",
+    "vllm_config",
+    "kv_cache_config.kv_cache_groups",
+    "kv_cache_manager.coordinator",
+    "kv_cache_manager.block_pool.cached_block_hash_to_block",
+)
+
 # what the harness (`reference`, `explain`) drives vLLM's scheduler with, beyond the plugin
 HARNESS: tuple[Internal, ...] = (
     Internal("vllm.v1.outputs", "ModelRunnerOutput"),
@@ -253,6 +278,23 @@ def runtime_problem(sched: Any) -> str | None:
     )
 
 
+@cache
+def _events_internals_problem() -> str | None:
+    for internal in EVENTS:
+        why = _internal_problem(internal)
+        if why is not None:
+            return why
+    return None
+
+
+def events_problem(sched: Any) -> str | None:
+    """Why the plugin cannot publish its KV events from this vLLM scheduler (a missing
+    internal in `EVENTS` or `EVENTS_SCHEDULER_ATTRS`), or None."""
+    if release_of(version()) not in RELEASES:
+        return f"vLLM {version()} is not a supported release"
+    return _events_internals_problem() or _missing(sched, EVENTS_SCHEDULER_ATTRS, "the scheduler")
+
+
 def managers_problem(attention: Any, mamba: Any) -> str | None:
     """The attributes the plugin reads on a hybrid model's attention and Mamba managers."""
     return _missing(attention, ATTENTION_ATTRS, "FullAttentionManager") or _missing(
@@ -291,6 +333,22 @@ def manager_bases() -> tuple[type, type]:
 
 def make_block_hash_with_group_id(block_hash: Any, group: int) -> Any:
     return resolve(Internal(UTILS, "make_block_hash_with_group_id"))(block_hash, group)
+
+
+def longest_cache_hit(kv_cache_manager: Any, block_hashes: Sequence[Any], max_length: int) -> int:
+    """vLLM's own lookup, the one its scheduler admits a request with (the coordinator's
+    `find_longest_cache_hit`: every group's hit, the Mamba state, the drafter's rule): the
+    tokens a request with these block hashes would resume at, capped at `max_length`. Reads
+    only."""
+    coordinator = kv_cache_manager.coordinator
+    _, hit, *_ = coordinator.find_longest_cache_hit(list(block_hashes), max_length)
+    return int(hit)
+
+
+def key_cached(block_pool: Any, block_hash: Any, group: int) -> bool:
+    """Whether vLLM's block pool holds a block under `block_hash` in `group`."""
+    key = make_block_hash_with_group_id(block_hash, group)
+    return block_pool.cached_block_hash_to_block.get_one_block(key) is not None
 
 
 def get_group_id(key: Any) -> int:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from hycache.cache.boundaries import MAX_PREFIX_HINTS, Boundaries, StateKind, floor_to
 from hycache.cache.stops import PRIOR_CHANCE, FlatPrice, PassPricer, stop_pays
 from hycache.config import Policy
-from hycache.vllm import compat, managers
+from hycache.vllm import compat, events, managers
 from hycache.vllm.managers import STOPS_ATTR, stops_of
 
 if TYPE_CHECKING:
@@ -205,6 +205,8 @@ class _Limit:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # the KV events the deployment asked for (`hycache.vllm.events`), inert or not
+        self.hycache_events = events.install(self)
         reason = inert_reason(self)
         self.hycache_inert_reason = reason
         if reason is not None:

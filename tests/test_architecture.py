@@ -30,7 +30,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 
 # what `--scheduler-cls hycache.vllm.Scheduler` loads in a vLLM deployment, and nothing else:
 # the harness beside vLLM's real scheduler lives with the benchmarks (hycache/bench/vllm)
-VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "cpu_fixes"}
+VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat"}
 
 
 def module_name(path: Path) -> str:
@@ -112,6 +112,34 @@ def test_lower_layers_do_not_import_upper_ones(layer: str) -> None:
 def test_the_vllm_package_is_the_plugin_only() -> None:
     present = {p.stem for p in (ROOT / "vllm").iterdir() if p.suffix == ".py" or p.is_dir()}
     assert present - {"__pycache__"} == VLLM_PLUGIN
+
+
+def test_the_cpu_fixes_are_a_package_vllm_alone_loads() -> None:
+    """`hycache.vllm_cpu` (vLLM's general plugin on its CPU engine) reaches vLLM through
+    `hycache.vllm.compat` only, and no hycache module imports it (vLLM does, by entry point)."""
+    edges = graph()
+    fixes = {m: t for m, t in edges.items() if _within(m, "hycache.vllm_cpu")}
+    assert fixes, "hycache/vllm_cpu is gone"
+    outside = {n for t in fixes.values() for n in t if not _within(n, "hycache.vllm_cpu")}
+    assert outside <= {"hycache.vllm", "hycache.vllm.compat"}, sorted(outside)
+    importers = sorted(
+        m
+        for m, t in edges.items()
+        if m not in fixes and any(_within(n, "hycache.vllm_cpu") for n in t)
+    )
+    assert not importers, importers
+
+
+def test_the_cpu_fixes_read_no_launch_argument_by_position() -> None:
+    """The fused-kernel stand-ins read a launch's arguments by the kernel's parameter names
+    (`compat.PRECOPY`, `compat.POSTPROCESS`), never `args[13]`."""
+    tree = ast.parse((ROOT / "vllm_cpu" / "state_copies.py").read_text())
+    by_position = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "args"
+    ]
+    assert not by_position, by_position
 
 
 def test_only_the_coordinator_applies_the_eagle_drop() -> None:
@@ -206,3 +234,4 @@ def test_engine_args_are_typed_through() -> None:
 
     for f in fields(EngineArgs):
         assert "dict" not in str(f.type), f"EngineArgs.{f.name}: {f.type}"
+

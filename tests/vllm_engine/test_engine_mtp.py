@@ -74,14 +74,14 @@ def _count_copies() -> Iterator[None]:
     """Count the block copies each fix-3 stand-in makes while the module runs."""
     from vllm.v1.worker import mamba_utils
 
-    from hycache.vllm import cpu_fixes
+    from hycache.vllm_cpu import state_copies
 
     kernels = {
         "precopy": mamba_utils.precopy_mamba_align_fused_kernel,
         "postprocess": mamba_utils.postprocess_mamba_fused_kernel,
     }
     bodies = {k: v.body for k, v in kernels.items()}
-    copy_block = cpu_fixes._copy_state_block
+    copy_block = state_copies._copy_state_block
     current: list[str] = []
 
     def counted(*a: Any, **k: Any) -> None:
@@ -98,13 +98,13 @@ def _count_copies() -> Iterator[None]:
 
         return body
 
-    cpu_fixes._copy_state_block = counted
+    state_copies._copy_state_block = counted
     for kind, kernel in kernels.items():
         kernel.body = wrap(kind)
     try:
         yield
     finally:
-        cpu_fixes._copy_state_block = copy_block
+        state_copies._copy_state_block = copy_block
         for kind, kernel in kernels.items():
             kernel.body = bodies[kind]
 

@@ -86,7 +86,9 @@ test-vllm-engine: $(VLLM_CPU_STAMP)
 test-all: setup
 	$(BIN)/pytest -q -m ''
 
-demo: setup
+# the demo runs `hycache explain` and `hycache bench` (hycache's own engine and simulator):
+# the main venv only, not vLLM's CPU engine nor the 0.34 folder
+demo: $(STAMP)
 	$(BIN)/hycache explain --block-size 4416 --prefix-match-unit 64 --eagle \
 		--prompt-tokens 64016 --shared-prefix 57600
 	$(BIN)/hycache bench --json out/bench.json --plot out/bench.png

@@ -235,3 +235,21 @@ def test_engine_args_are_typed_through() -> None:
     for f in fields(EngineArgs):
         assert "dict" not in str(f.type), f"EngineArgs.{f.name}: {f.type}"
 
+
+# -- the front door ----------------------------------------------------------------------------
+
+
+def _make_prerequisites(target: str) -> list[str]:
+    makefile = (ROOT.parent / "Makefile").read_text().splitlines()
+    (line,) = [ln for ln in makefile if ln.startswith(f"{target}:")]
+    return line.split(":", 1)[1].split()
+
+
+def test_make_demo_sets_up_only_what_the_demo_runs() -> None:
+    """`make demo` runs `hycache explain` and `hycache bench` (hycache's own engine and
+    simulator, no vLLM): it builds the main venv only, never vLLM's CPU engine venv nor the
+    0.34 folder, which `make test` (through `setup`) still builds."""
+    assert _make_prerequisites("demo") == ["$(STAMP)"]
+    setup = _make_prerequisites("setup")
+    assert {"$(STAMP)", "$(VLLM_034_STAMP)", "$(VLLM_CPU_STAMP)"} <= set(setup)
+    assert "setup" in _make_prerequisites("test")

@@ -4,7 +4,7 @@ Run with `.venv-vllm-cpu/bin/python benchmarks/bench_vllm_engine.py --shared-pre
 --suffix 200 --siblings 3 --block-size 64 --prefix-match-unit 16 [--mtp 2] --json
 out/vllm_engine.json`.
 
-A tiny random Nemotron-H (`tests/vllm_engine/tiny_model.py`; with `--mtp K`, its MTP layer
+A tiny random Nemotron-H (`hycache/bench/vllm/tiny_model.py`; with `--mtp K`, its MTP layer
 drafts K tokens per step, accepted part of the time) serves the producer, then the siblings (in
 waves of `--concurrency`), in each arm:
 
@@ -35,7 +35,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm_engine.tiny_model import write
+from hycache.bench.vllm.tiny_model import write
 
 ARMS = ("stock", "plugin", "nocache")
 

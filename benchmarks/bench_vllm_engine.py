@@ -6,9 +6,9 @@ Run with `.venv-vllm-cpu/bin/python benchmarks/bench_vllm_engine.py --shared-pre
 --json out/vllm_engine.json`, or a deployed hybrid's block size with `--shape large-block`
 (below).
 
-A tiny random Nemotron-H (`tests/vllm_engine/tiny_model.py`; with `--mtp K`, its MTP layer
-drafts K tokens per step, accepted part of the time) serves each family's first request, then
-its siblings (in waves of `--concurrency`), in each arm:
+A tiny random Nemotron-H (`hycache/bench/vllm/tiny_model.py`; with `--mtp K`, its MTP layer
+drafts K tokens per step, accepted part of the time) serves the producer, then the siblings (in
+waves of `--concurrency`), in each arm:
 
     stock    prefix caching (`mamba_cache_mode="align"`), vLLM's scheduler, hycache's CPU fixes
     plugin   the same with `scheduler_cls="hycache.vllm.SyncScheduler"`
@@ -51,7 +51,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hycache.bench.repeats import ratio_spread, spread, verdict
-from tests.vllm_engine.tiny_model import write
+from hycache.bench.vllm.tiny_model import write
 
 ARMS = ("stock", "plugin", "nocache")
 # what a worker process is told (with the model's path)

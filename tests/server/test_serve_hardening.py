@@ -366,8 +366,8 @@ def test_usage_and_stats_agree_on_store_hits() -> None:
     `store_cached_tokens` sum to `/v1/stats` `engine.store_hit_tokens` (and `cached_tokens` to
     `engine.hit_tokens`); `cache.store_hit_tokens` also counts re-admissions, so it is never
     below; a re-admitted request reports its first admission."""
+    from tests.helpers import family, noise
     from tests.server.conftest import wait_idle
-    from tests.store.test_store_engine import family, noise
 
     llm = LLM(
         "tiny", block_size=16, prefix_match_unit=4, max_model_len=256, num_blocks=40,

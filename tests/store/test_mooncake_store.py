@@ -17,8 +17,7 @@ import pytest
 
 from hycache.engine.engine import LLM
 from hycache.request import SamplingParams
-from tests.helpers import HANG_S
-from tests.store.test_store_engine import GEOMETRY, SP, assert_no_leaks, family, noise, replay
+from tests.helpers import GEOMETRY, HANG_S, SP, assert_no_leaks, family, noise, replay
 
 mooncake = pytest.importorskip("mooncake.store", reason="mooncake-transfer-engine not installed")
 
@@ -72,7 +71,7 @@ PRODUCER = textwrap.dedent(
     """
     import sys
     from hycache.engine.engine import LLM
-    from tests.store.test_store_engine import GEOMETRY, SP, family
+    from tests.helpers import GEOMETRY, SP, family
     llm = LLM("tiny", kv_store=sys.argv[1], kv_store_gb=0.0625, num_speculative_tokens=2,
               **GEOMETRY)
     fam = family(seed=12)

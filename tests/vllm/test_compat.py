@@ -21,8 +21,7 @@ from hycache.bench.vllm.reference import VllmSetup, run_reference
 from hycache.config import CacheKnobs
 from hycache.sim.explain import ExplainInputs
 from hycache.vllm import compat
-from tests.vllm.shapes import family, hits
-from tests.vllm.test_plugin import PLUGIN, SYNC, with_cls
+from tests.vllm.shapes import PLUGIN, SYNC, family, hits, with_cls
 
 SETUP = VllmSetup(CacheKnobs(64, 16), 8192)
 

@@ -19,27 +19,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
-from hycache.bench.vllm.scenario import RequestTrace, Turn, run_hycache
+from hycache.bench.vllm.scenario import Turn, run_hycache
 from hycache.cache.boundaries import MAX_PREFIX_HINTS, Boundaries
 from hycache.config import CacheKnobs, Policy
 from hycache.vllm import Scheduler, SyncScheduler
 from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
 from hycache.vllm.scheduler import parse_hints
-from tests.cli.test_cli import WORKED
-from tests.vllm.shapes import GEOMETRIES, budget, family, hits, hycache_config, scenario
+from tests.helpers import WORKED
+from tests.vllm.shapes import (
+    GEOMETRIES,
+    PLUGIN,
+    SYNC,
+    budget,
+    contains_an_answer,
+    family,
+    hits,
+    hycache_config,
+    passes,
+    scenario,
+    with_cls,
+)
 
 settings.load_profile("vllm-reference")
 
-PLUGIN = "hycache.vllm.Scheduler"
-SYNC = "hycache.vllm.SyncScheduler"
 
 
-def passes(traces: list[RequestTrace]) -> list[int]:
-    return [len(t.chunk_ends) for t in traces]
 
 
-def with_cls(setup: VllmSetup, cls: str | None) -> VllmSetup:
-    return dataclasses.replace(setup, scheduler_cls=cls)
 
 
 def FREE(setup: VllmSetup) -> VllmSetup:
@@ -250,15 +256,6 @@ class RecordingScheduler(SyncScheduler):
         return stops
 
 
-def contains_an_answer(turns: list[Turn]) -> bool:
-    """A prompt that extends an earlier prompt and its answer (a chat turn): decode-side
-    snapshots, which the plugin does not bring, decide its hit."""
-    return any(
-        list(t.prompt[: len(p.prompt) + len(p.answer)]) == [*p.prompt, *p.answer]
-        for i, t in enumerate(turns)
-        for p in turns[:i]
-        if len(t.prompt) > len(p.prompt)
-    )
 
 
 @st.composite

@@ -21,7 +21,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from hycache.bench.vllm.scenario import Turn
 from tests.vllm_engine.predict import engine_core, predicted_hits
-from tests.vllm_engine.tiny_model import write
+from hycache.bench.vllm.tiny_model import write
 
 MAX_TOKENS = 8
 BLOCK, UNIT, BUDGET = 32, 16, 256

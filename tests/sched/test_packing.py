@@ -9,7 +9,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hycache.config import POLICY_NAMES, HycacheConfig
@@ -110,6 +110,7 @@ def test_packing_cap_bounds() -> None:
     policy=st.sampled_from(POLICY_NAMES),
     internal=st.booleans(),
 )
+@example(seed=171, free=1, policy="limit", internal=False)  # a junction block at a B-grid T
 def test_packing_keeps_the_cache_sound_and_every_stop_checkpointed(
     seed: int, free: int, policy: str, internal: bool
 ) -> None:

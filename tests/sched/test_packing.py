@@ -117,7 +117,7 @@ def test_packing_keeps_the_cache_sound_and_every_stop_checkpointed(
     """Random requests sharing prefixes, arriving while others decode, under a packing oracle:
     integrity after every step; a cut is never counted as a checkpoint split (with internal
     checkpoints only `lookahead` splits at one); every junction stop is written (stop <->
-    checkpoint); some cuts happen."""
+    checkpoint)."""
     cfg = config(policy, internal)
     oracle = FixedOracle(free)
     sched = Scheduler(cfg, step_cost=oracle)
@@ -142,4 +142,5 @@ def test_packing_keeps_the_cache_sound_and_every_stop_checkpointed(
     for r in reqs:
         for stop in r.junction_stops:
             assert stop in ex.written[r.request_id]
-    assert oracle.calls  # packing was asked
+    # no `assert oracle.calls`: some workloads (seed 2, `limit`) never put a final chunk beside
+    # a decode with nobody waiting; the deterministic tests above pin that packing is asked

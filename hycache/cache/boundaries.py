@@ -191,6 +191,11 @@ class Boundaries:
         keys = {floor_to(t, self.unit), self.tail_checkpoint(t) + self.drop}
         return tuple(sorted(k for k in keys if 0 < k <= t and k % self.block_size))
 
+    def last_prompt_state(self, num_prompt_tokens: int) -> int:
+        """The last position whose prompt state can be kept and keyed: `T`, or `T - 1` with
+        lookahead keys (the key of `n` covers token `n`)."""
+        return num_prompt_tokens - self.lookahead
+
     def is_block_grid_resume_point(self, n: int) -> bool:
         """A position one unit below a block boundary: `(n + u) % B == 0`."""
         return n > 0 and (n + self.unit) % self.block_size == 0
@@ -232,7 +237,9 @@ class Boundaries:
         (vLLM re-derives it per chunk, also after a mid-block resume). Inside the prompt,
         `junction` and `limit` (effective) add `j` itself (on the hash grid: where the next
         sibling resumes) and the block boundary right after it, where the chunk that starts
-        mid-block stops anyway (keeping that state costs no forward pass):
+        mid-block stops anyway (keeping that state costs no forward pass), when a prompt state
+        is kept there (`last_prompt_state`: not at a block-grid prompt end under lookahead
+        keys: a junction stop never checkpointed):
 
             floor(j/B)*B        j      floor(j/B)*B + B
                  |--------------+-------|
@@ -250,7 +257,9 @@ class Boundaries:
         if fine and junction <= num_prompt_tokens:
             stop = floor_to(junction, self.unit)
             stops.add(stop)
-            if stop % b and floor + b <= num_prompt_tokens:
+            # only where a prompt state is kept: with lookahead keys a prompt ending on the
+            # block grid keeps no state at its end (the key of T needs token T)
+            if stop % b and floor + b <= self.last_prompt_state(num_prompt_tokens):
                 stops.add(floor + b)
         return tuple(sorted(s for s in stops if s > start))
 
@@ -394,7 +403,7 @@ class Boundaries:
         the prompt is kept, so a stop always yields a checkpoint.
         """
         t = num_prompt_tokens
-        if end <= 0 or end > t - self.lookahead or end % self.unit:
+        if end <= 0 or end > self.last_prompt_state(t) or end % self.unit:
             return False
         if end in junction_stops or end == self.tail_checkpoint(t):
             return True

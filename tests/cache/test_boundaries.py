@@ -56,6 +56,23 @@ def test_junction_past_the_prompt_is_block_floored_and_never_kept() -> None:
     assert b.junction_stops(992, 0, 2_000) == (512, 992, 1_024)
 
 
+def test_no_junction_stop_at_a_prompt_end_that_keeps_no_state() -> None:
+    """The block boundary after a mid-block junction is a stop only where a prompt state is
+    kept: with lookahead keys a prompt ending on it (T = 48, j = 44) keeps none there, so no
+    stop is recorded there; without them it is kept. Every junction stop is a checkpoint."""
+    look = Boundaries(16, 4, True, Policy.LIMIT)
+    assert look.lookahead and look.last_prompt_state(48) == 47
+    assert look.junction_stops(44, 0, 48) == (32, 44)
+    assert look.junction_stops(44, 0, 49) == (32, 44, 48)
+    plain = Boundaries(16, 4, False, Policy.LIMIT)  # no drafter: no lookahead keys
+    assert plain.junction_stops(44, 0, 48) == (32, 44, 48)
+    for b in (look, plain):
+        for t in range(40, 70):
+            for j in range(1, b.lookup_limit(t) + 1):  # every junction a lookup observes
+                stops = b.junction_stops(j, 0, t)
+                assert all(b.should_checkpoint(s, t, stops) for s in stops), (t, j)
+
+
 @pytest.mark.parametrize("drop,unit", [(0, U), (B, B)])
 def test_junction_is_replay_without_a_unit_or_a_drafter(drop: int, unit: int) -> None:
     b = bounds(Policy.JUNCTION, drop=drop, unit=unit)

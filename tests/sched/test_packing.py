@@ -9,7 +9,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hycache.config import POLICY_NAMES, HycacheConfig
@@ -110,13 +110,14 @@ def test_packing_cap_bounds() -> None:
     policy=st.sampled_from(POLICY_NAMES),
     internal=st.booleans(),
 )
+@example(seed=171, free=1, policy="limit", internal=False)  # a junction block at a B-grid T
 def test_packing_keeps_the_cache_sound_and_every_stop_checkpointed(
     seed: int, free: int, policy: str, internal: bool
 ) -> None:
     """Random requests sharing prefixes, arriving while others decode, under a packing oracle:
     integrity after every step; a cut is never counted as a checkpoint split (with internal
     checkpoints only `lookahead` splits at one); every junction stop is written (stop <->
-    checkpoint); some cuts happen."""
+    checkpoint)."""
     cfg = config(policy, internal)
     oracle = FixedOracle(free)
     sched = Scheduler(cfg, step_cost=oracle)
@@ -141,4 +142,5 @@ def test_packing_keeps_the_cache_sound_and_every_stop_checkpointed(
     for r in reqs:
         for stop in r.junction_stops:
             assert stop in ex.written[r.request_id]
-    assert oracle.calls  # packing was asked
+    # no `assert oracle.calls`: some workloads (seed 2, `limit`) never put a final chunk beside
+    # a decode with nobody waiting; the deterministic tests above pin that packing is asked

@@ -90,6 +90,10 @@ from hycache.cache.boundaries import StateKind
 from hycache.cache.ssm import rare_kind
 
 ALWAYS_KEPT = frozenset({StateKind.JUNCTION, StateKind.REPLAY})
+# the most prefix-hint states (`StateKind.HINT`) one request may keep, each a page per SSM
+# group: a client's hints are priced by their chance like any state, and this bounds what one
+# request can take before that chance has been observed (`CacheManager.admits`)
+MAX_HINT_STATES = 4
 ADMIT_EXPLORE = 8  # a refused kind is still admitted once in this many refusals
 HELD_CHANCE = 0.5  # a snapshot taking a page the running requests need must beat this chance
 

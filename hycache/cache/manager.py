@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hycache.cache.admission import Admission
+from hycache.cache.admission import MAX_HINT_STATES, Admission
 from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import NULL_BLOCK, BlockEvent, BlockPool, CacheKey
 from hycache.cache.boundaries import Boundaries, StateKind
@@ -97,6 +97,7 @@ class CacheManager:
             Admission(self.state_pool, saving=self.bounds.hit_saving) if cache.admission else None
         )
         self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
+        self._hint_states: dict[str, set[int]] = {}  # admission: per request, its hint states
         # admission: per held decode snapshot, its position and the pool's evictions then
         self._held: dict[str, tuple[int, int]] = {}
         self._final: dict[str, int] = {}  # per live request: prompt + max_tokens + k tokens
@@ -221,10 +222,21 @@ class CacheManager:
             return True
         assert self.admission is not None
         kind = self.bounds.state_kind(
-            position, req.num_prompt_tokens, req.junction_stops, req.drop_stops
+            position, req.num_prompt_tokens, req.junction_stops, req.drop_stops, req.hint_stops
         )
+        if kind == StateKind.HINT and not self._hint_room(req, position):
+            return False
         saved = self.bounds.hit_saving(kind, position)
-        return self.admission.admit(kind, saved, len(self._live))
+        admitted = self.admission.admit(kind, saved, len(self._live))
+        if admitted and kind == StateKind.HINT:
+            self._hint_states.setdefault(req.request_id, set()).add(position)
+        return admitted
+
+    def _hint_room(self, req: Request, position: int) -> bool:
+        """Whether a prefix hint's state at `position` is within the request's bound: it holds
+        fewer than `MAX_HINT_STATES` hint states (a page each per SSM group), or this one."""
+        held = self._hint_states.get(req.request_id, ())
+        return position in held or len(held) < MAX_HINT_STATES
 
     def _fit_writes(self, req: Request, writes: tuple[int, ...], need: int) -> tuple[int, ...]:
         """The internal checkpoints this step can write beside the `need` pages it takes from
@@ -333,9 +345,11 @@ class CacheManager:
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        t, stops, drop = req.num_prompt_tokens, req.junction_stops, req.drop_stops
-        kinds = tuple(self.bounds.state_kind(p, t, stops, drop) for p in internal)
-        kind = self.bounds.state_kind(end, t, stops, drop) if checkpoint else ""
+        t, stops, drop, hints = (
+            req.num_prompt_tokens, req.junction_stops, req.drop_stops, req.hint_stops
+        )
+        kinds = tuple(self.bounds.state_kind(p, t, stops, drop, hints) for p in internal)
+        kind = self.bounds.state_kind(end, t, stops, drop, hints) if checkpoint else ""
         states = tuple(
             s.plan_step(rid, end, checkpoint, snapshot, internal, kinds, kind) for s in self.ssm
         )
@@ -391,6 +405,7 @@ class CacheManager:
     def free(self, req: Request) -> None:
         rid = req.request_id
         self._snapshot_admitted.pop(rid, None)
+        self._hint_states.pop(rid, None)
         held = self._held.pop(rid, None)
         if held is not None and self.admission is not None:
             self.admission.record_hold(self.state_pool.num_evicted - held[1])

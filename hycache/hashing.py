@@ -80,6 +80,17 @@ class PrefixHashes:
             parent = digest(parent + data[k * width : (k + 1) * width] + extra, seed)
             out.append(parent)
 
+    def prefix_hash(self, n: int) -> Hash:
+        """The hash of the tokens [0, n) alone, whatever the key scheme (with `lookahead`, `at(n)`
+        also covers token n): what names the content of a prefix to the outside (KV events).
+        n must be a positive multiple of the unit whose unit is complete."""
+        return self._hashes[n // self.unit - 1]
+
+    @property
+    def num_prefix_hashed_tokens(self) -> int:
+        """The last position with a `prefix_hash` (complete units; lookahead keys may lag it)."""
+        return len(self._hashes) * self.unit
+
     def at(self, n: int) -> Hash:
         """The key of position n; n must be a positive multiple of the unit, hashed."""
         k = n // self.unit - 1

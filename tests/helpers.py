@@ -253,3 +253,64 @@ class OracleDrafter:
 
     def accepted_values(self) -> set[int]:
         return {s.accepted for s in self.steps}
+
+
+# ---------------------------------------------------------------------------------------------
+# KV events replayed the way a router indexes them
+# ---------------------------------------------------------------------------------------------
+
+
+class EventTree:
+    """A router's radix tree over one worker's KV events (`hycache.cache.events`): blocks keyed
+    by (parent, tokens), as a router that re-hashes token content finds them. Fails on a block
+    stored twice without a removal, or removed without being stored."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[object, tuple[object, tuple[int, ...]]] = {}  # hash -> parent, tokens
+        self.children: dict[tuple[object, tuple[int, ...]], object] = {}
+        self.block_size = 0
+
+    def apply(self, batch: object) -> None:
+        from hycache.cache.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        for e in batch.events:  # type: ignore[attr-defined]
+            if isinstance(e, AllBlocksCleared):
+                self.nodes.clear()
+                self.children.clear()
+            elif isinstance(e, BlockStored):
+                b = self.block_size = e.block_size
+                parent = e.parent_block_hash
+                for i, h in enumerate(e.block_hashes):
+                    toks = tuple(e.token_ids[i * b : (i + 1) * b])
+                    assert len(toks) == b and h not in self.nodes, f"stored twice: {h}"
+                    assert parent is None or parent in self.nodes, f"orphan: {h}"
+                    self.nodes[h] = (parent, toks)
+                    self.children[(parent, toks)] = h
+                    parent = h
+            elif isinstance(e, BlockRemoved):
+                for h in e.block_hashes:
+                    assert h in self.nodes, f"removed, never stored: {h}"
+                    del self.children[self.nodes.pop(h)]
+
+    def depth(self, token_ids: Sequence[int]) -> int:
+        """The deepest prefix of `token_ids` the tree holds, in tokens (a depth-scoring
+        router's overlap times its block size)."""
+        b, parent, n = self.block_size, None, 0
+        while b and n + b <= len(token_ids):
+            h = self.children.get((parent, tuple(token_ids[n : n + b])))
+            if h is None:
+                break
+            parent, n = h, n + b
+        return n
+
+    def prefixes(self) -> set[tuple[int, ...]]:
+        """Every stored block as the whole token prefix it ends."""
+        out = set()
+        for h in self.nodes:
+            toks: list[int] = []
+            while h is not None:
+                parent, t = self.nodes[h]
+                toks[:0] = t
+                h = parent
+            out.add(tuple(toks))
+        return out

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "hycache"
 
 # a package -> the packages it must never import (the layers of docs/architecture.md §2)
-UPPER = ("engine", "server", "cli", "bench", "sim", "vllm")
+UPPER = ("engine", "server", "cli", "bench", "fleet", "sim", "vllm")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hycache.hashing": ("config", "request", "cache", "store", "sched", "model", *UPPER),
     "hycache.request": ("cache", "store", "sched", "model", *UPPER),
@@ -21,11 +21,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hycache.sched": ("model", *UPPER),
     "hycache.model.configs": ("cache", "sched", "store", "model.hybrid", "engine", *UPPER),
     "hycache.model": ("sched", *UPPER),
-    "hycache.engine": ("server", "cli", "bench", "sim", "vllm"),
-    "hycache.sim": ("engine", "server", "cli", "bench", "vllm"),
-    "hycache.server": ("sim", "cli", "bench", "vllm"),
-    "hycache.bench": ("server", "cli"),
-    "hycache.vllm": ("sched", "model", "engine", "server", "cli", "bench", "sim"),
+    "hycache.engine": ("server", "cli", "bench", "fleet", "sim", "vllm"),
+    "hycache.sim": ("engine", "server", "cli", "bench", "fleet", "vllm"),
+    "hycache.server": ("sim", "cli", "bench", "fleet", "vllm"),
+    "hycache.bench": ("server", "cli", "fleet"),
+    "hycache.fleet": ("sim", "cli", "bench", "vllm"),
+    "hycache.vllm": ("sched", "model", "engine", "server", "cli", "bench", "fleet", "sim"),
 }
 
 # what `--scheduler-cls hycache.vllm.Scheduler` loads in a vLLM deployment, and nothing else:

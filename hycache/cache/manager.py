@@ -105,6 +105,7 @@ class CacheManager:
         self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self._mirror: StoreMirror | None = None
+        self._commit_observers: list[Callable[[Request], None]] = []
 
     # -- pools ---------------------------------------------------------------------------------
 
@@ -120,6 +121,11 @@ class CacheManager:
         """Key events (stored / removed) of every pool."""
         for pool in self.pools:
             pool.subscribe(callback)
+
+    def observe_commits(self, callback: Callable[[Request], None]) -> None:
+        """Call `callback(req)` at each `commit` of a live request, before its keys are
+        published: what the key events' tokens come from (`hycache.cache.event_log`)."""
+        self._commit_observers.append(callback)
 
     # -- lookup --------------------------------------------------------------------------------
 
@@ -394,6 +400,8 @@ class CacheManager:
         rid = req.request_id
         if rid not in self._live:
             return
+        for observe in self._commit_observers:
+            observe(req)
         # verified states whose tokens the request kept (a stop or max_tokens may cut drafts)
         last = min(req.num_computed_tokens, req.num_tokens - 1)
         for s in self.ssm:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from hycache.cache.event_log import EventMode, KVEventLog
 from hycache.config import CacheKnobs, HycacheConfig
 from hycache.engine.build import build_engine
 from hycache.engine.options import EngineOptions, resolve
@@ -83,6 +84,7 @@ class LLM:
         self._observers: list[StepObserver] = []
         self._ids = itertools.count()
         self._streamed: dict[str, int] = {}  # output tokens already streamed, per request
+        self._event_logs: dict[str, KVEventLog] = {}  # `kv_events`, per mode
 
     def add_step_observer(self, observer: StepObserver) -> None:
         """Call `observer(schedule)` after every step has run and been applied, with the
@@ -92,6 +94,24 @@ class LLM:
 
     def remove_step_observer(self, observer: StepObserver) -> None:
         self._observers.remove(observer)
+
+    def kv_events(self, mode: EventMode = "resumable") -> KVEventLog:
+        """The cache's KV event log in `mode` (docs/events.md): created, and subscribed to the
+        cache, on the first call for that mode; the same log after. Drain it after steps
+        (`hycache.engine.kv_events.publish_kv_events` does, over ZMQ)."""
+        if mode not in self._event_logs:
+            self._event_logs[mode] = KVEventLog(self.scheduler.cache, mode)
+        return self._event_logs[mode]
+
+    def resume_point(self, prompt: str | Sequence[int], cache_salt: str | None = None) -> int:
+        """Where a request for `prompt` would resume now: the cache's lookup (the joint hit,
+        the drafter's rule), the depth the `resumable` events publish on its path. Changes
+        nothing; a second tier attached may supply more at admission (`CacheManager.fetch`)."""
+        req = self.scheduler.new_request(
+            "resume-point", self.encode(prompt), SamplingParams(),
+            extra_keys=extra_key_bytes(cache_salt),
+        )  # fmt: skip
+        return self.scheduler.cache.lookup(req).resume_point
 
     # -- requests --------------------------------------------------------------------------------
 

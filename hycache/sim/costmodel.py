@@ -545,6 +545,22 @@ class CostModel:
                 hi = mid - 1
         return lo
 
+    def prefill_cost(self, context: int, num_tokens: int) -> float:
+        """Seconds one pass prefilling `num_tokens` after `context` cached ones takes, alone
+        (`hycache.cache.stops.PassPricer`)."""
+        if num_tokens <= 0:
+            return 0.0
+        return self.step_time(StepWork((SeqWork(num_tokens, context, 0, True),)))
+
+    def split_cost(self, context: int, first: int, rest: int) -> float:
+        """Seconds that running `first + rest` prefill tokens as two passes adds over one
+        (`hycache.cache.stops.PassPricer`): the second pass's weight read and overheads, less
+        what the first chunk's compute already hid."""
+        if first <= 0 or rest <= 0:
+            return 0.0
+        two = self.prefill_cost(context, first) + self.prefill_cost(context + first, rest)
+        return max(two - self.prefill_cost(context, first + rest), 0.0)
+
     def step_time(self, work: StepWork) -> float:
         """Seconds the step takes (0 for a step with no work)."""
         return sum(p.time_s for p in self.phases(work))

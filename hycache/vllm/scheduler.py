@@ -41,7 +41,8 @@ import logging
 import reprlib
 from typing import TYPE_CHECKING, Any
 
-from hycache.cache.boundaries import MAX_PREFIX_HINTS, Boundaries
+from hycache.cache.boundaries import MAX_PREFIX_HINTS, Boundaries, StateKind, floor_to
+from hycache.cache.stops import PRIOR_CHANCE, FlatPrice, PassPricer, stop_pays
 from hycache.config import Policy
 from hycache.vllm import compat, managers
 from hycache.vllm.managers import STOPS_ATTR, stops_of
@@ -53,6 +54,13 @@ logger = logging.getLogger("hycache.vllm")
 
 HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on the server)
 HINTS_ATTR = "hycache_hints"  # the parsed hints, set on each vLLM request
+HIT_ATTR = "hycache_hit"  # the request's last local hit, set on each vLLM request
+PRICE_KEY = "hycache"  # VllmConfig.additional_config key: {"pass_cost": .., "token_cost": ..}
+# A pass priced as 96 prefill tokens when the deployment names no price: what an extra pass
+# adds to a 9B hybrid's prefill on an H200 in the simulator's cost model (Nemotron-H-8B,
+# Bamba-9B: 2-3 ms over a 0.03 ms token when the chunk it splits is long, up to the whole
+# 5-6 ms weight read when it leaves a short one; docs/vllm-plugin.md, "What a stop costs").
+DEFAULT_PRICE = FlatPrice(pass_cost=96.0, token_cost=1.0)
 LOGGED_HINTS = 4  # bad hints a warning quotes (it counts the others)
 MAX_LOGGED_ID = 128  # characters of a request id a warning quotes
 _REPR = reprlib.Repr()  # a bad hint's repr in the warning: a few items, 40 characters each
@@ -76,8 +84,8 @@ def inert_reason(sched: Any) -> str | None:
     if not sched.mamba_partial_cache_hit:
         return "vLLM disabled sub-block prefix-cache hits for these KV cache groups"
     if not sched.num_spec_tokens:
-        return "no EAGLE/MTP drafter"
-    if compat.has_lookahead_keys():
+        pass  # no drafter: keys cover [0, n), a hit needs nothing past it (the limit floor(P/u)*u)
+    elif compat.has_lookahead_keys():
         lookahead = compat.num_hash_lookahead_tokens(sched)
         if lookahead != 1:
             return (
@@ -102,16 +110,30 @@ def inert_reason(sched: Any) -> str | None:
 
 def boundaries_for(sched: Any) -> Boundaries:
     """hycache's boundary arithmetic for this vLLM deployment: `limit`, with lookahead keys
-    (0.33, 0.34) or under the EAGLE drop (0.32's drop mode)."""
+    (0.33, 0.34), under the EAGLE drop (0.32's drop mode), or without a drafter."""
     interval = sched.kv_cache_config.prefix_cache_retention_interval
     retention: str | int = {0: "semantic", None: "dense"}.get(interval, interval)
     return Boundaries(
         block_size=sched.cache_config.block_size,
         unit=sched.hash_block_size,
-        drafter=True,
+        drafter=bool(sched.num_spec_tokens),
         policy=Policy.LIMIT,
         retention=retention,
         lookahead_keys=compat.num_hash_lookahead_tokens(sched) == 1,
+    )
+
+
+def pass_price(sched: Any) -> PassPricer:
+    """The price of a pass and a token this deployment names in
+    `--additional-config '{"hycache": {"pass_cost": P, "token_cost": T}}'` (any one unit), or
+    `DEFAULT_PRICE`; `{"pass_cost": 0}` makes every stop (today's behaviour before pricing)."""
+    extra = getattr(sched.vllm_config, "additional_config", None)
+    conf = extra.get(PRICE_KEY) if isinstance(extra, dict) else None
+    if not isinstance(conf, dict):
+        return DEFAULT_PRICE
+    return FlatPrice(
+        float(conf.get("pass_cost", DEFAULT_PRICE.pass_cost)),
+        float(conf.get("token_cost", DEFAULT_PRICE.token_cost)),
     )
 
 
@@ -177,6 +199,8 @@ class _Limit:
 
     hycache_bounds: Boundaries | None
     hycache_inert_reason: str | None
+    hycache_pricer: PassPricer  # what a pass and a token cost (`pass_price`; the harness may
+    # set the simulator's cost model instead)
     hycache_vllm_base = "Scheduler"  # the vLLM class behaved as when inert (for the log line)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -193,6 +217,7 @@ class _Limit:
             )
             return
         self.hycache_bounds = boundaries_for(self)
+        self.hycache_pricer = pass_price(self)
         managers.install(self.kv_cache_manager)  # type: ignore[attr-defined]
         logger.info(
             "hycache.vllm.%s: limit on (vLLM %s; block_size %d, unit %d): keys on every unit, "
@@ -220,25 +245,59 @@ class _Limit:
         if self.hycache_bounds is not None:
             _, hit, junction, _ = out
             setattr(request, STOPS_ATTR, self.hycache_stops(request, hit, junction))
+            setattr(request, HIT_ATTR, hit)
         return out
 
     def _mamba_block_aligned_split(self, request: Request, *args: Any, **kwargs: Any) -> int:
         # passed through as given: an inert scheduler is exactly vLLM's, whatever it takes
         n: int = super()._mamba_block_aligned_split(request, *args, **kwargs)  # type: ignore[misc]
-        stops = stops_of(request)
-        if not stops or self.hycache_bounds is None:
+        bounds = self.hycache_bounds
+        if bounds is None:
             return n
         # the parameters `compat` checked: (num_new_tokens, num_new_local_computed_tokens=0,
         # num_external_computed_tokens=0), positional or by name
-        names = ("num_new_local_computed_tokens", "num_external_computed_tokens")
-        given = dict(zip(names, args[1:], strict=False)) | kwargs
+        names = ("num_new_tokens", "num_new_local_computed_tokens", "num_external_computed_tokens")
+        given = dict(zip(names, args, strict=False)) | kwargs
         start = (
             request.num_computed_tokens
             + given.get("num_new_local_computed_tokens", 0)
             + given.get("num_external_computed_tokens", 0)
         )
-        end = min((s for s in stops if start < s < start + n), default=start + n)
+        stops = stops_of(request)
+        end = start + n
+        if self._drops_vllm_tail(request, start, end, given.get("num_new_tokens", n)):
+            end = start + given["num_new_tokens"]
+        # our stops inside vLLM's chunk, each made only where it pays for its pass (a stop
+        # not made keeps no state: the next one saves from the chunk's start)
+        prev = start
+        for s in (s for s in stops if start < s < end):
+            kind = StateKind.GRID if s % bounds.block_size == 0 else StateKind.JUNCTION
+            if stop_pays(self.hycache_pricer, PRIOR_CHANCE[kind], prev, s, start, end):
+                return s - start
         return end - start
+
+    def _drops_vllm_tail(self, request: Request, start: int, end: int, num_new: int) -> bool:
+        """Whether the chunk vLLM ended at the prompt's tail checkpoint (a chunk that cannot
+        export it in the forward: a mid-block resume, a start in the prompt's last block
+        column) runs on to the prompt's end instead, for a request the plugin moved (a
+        sub-block resume, or stops of its own): the tail serves only an identical resend, a
+        pass it does not pay for (`stop_pays`, `PRIOR_CHANCE`). Stock vLLM makes the stop
+        where the plugin changed nothing."""
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        t = request.num_prompt_tokens
+        tail = bounds.tail_checkpoint(t)
+        if end != tail or tail % bounds.block_size == 0 or start + num_new < t:
+            return False
+        if request.num_tokens > t or tail in stops_of(request):
+            return False  # a resumed request replaying outputs, or our own stop
+        moved = bool(stops_of(request)) or getattr(request, HIT_ATTR, 0) % bounds.block_size
+        if not moved:
+            return False
+        prev = max(start, floor_to(tail, bounds.block_size))
+        return not stop_pays(
+            self.hycache_pricer, PRIOR_CHANCE[StateKind.TAIL], prev, tail, start, t
+        )
 
 
 class Scheduler(_Limit, AsyncBase):  # type: ignore[misc,valid-type]

@@ -42,6 +42,11 @@ def with_cls(setup: VllmSetup, cls: str | None) -> VllmSetup:
     return dataclasses.replace(setup, scheduler_cls=cls)
 
 
+def FREE(setup: VllmSetup) -> VllmSetup:
+    """The plugin with every stop made (a pass priced at 0): its mechanisms before pricing."""
+    return dataclasses.replace(setup, pass_price=(0.0, 1.0))
+
+
 def test_built_the_way_vllm_serve_builds_it() -> None:
     ref = ReferenceScheduler(VllmSetup(CacheKnobs(64, 16), scheduler_cls=PLUGIN))
     assert ref.vllm_config.scheduler_config.get_scheduler_cls() is Scheduler
@@ -61,9 +66,10 @@ def test_built_the_way_vllm_serve_builds_it() -> None:
 def test_seed_shape_at_full_scale(k: int) -> None:
     """B=4416, u=64, 57,600 shared + 6,416 private, MTP k: stock siblings 0 / 57,408 /
     57,408; the plugin's 0 / 57,536 / 57,536 (the limit), and with a hint on the producer
-    57,536 from the first sibling on. The junction's stops cost the observing sibling three
-    passes, and each mid-block resume two (vLLM's own split: a chunk starting mid-block
-    cannot export its tail checkpoint)."""
+    57,536 from the first sibling on. The junction's stop costs the observing sibling two
+    passes (stock + 2), each mid-block resume one (stock + 1: vLLM's own split, a chunk
+    starting mid-block cannot export); the tail stop after it, which only an identical resend
+    would use, does not pay for its pass and is not made (priced as it was: 17 / 3 / 3)."""
     setup = VllmSetup(CacheKnobs(4416, 64), 8192, num_speculative_tokens=k)
     limit = Boundaries(4416, 64, True, Policy.LIMIT).limit(57_600)
     assert limit == 57_536
@@ -74,16 +80,18 @@ def test_seed_shape_at_full_scale(k: int) -> None:
     assert hits(plugin) == [0, 0, limit, limit]
     assert hits(hinted) == [0, limit, limit, limit]
     assert passes(stock) == [14, 14, 1, 1]
-    assert passes(plugin) == [14, 17, 3, 3]
-    assert passes(hinted) == [17, 3, 3, 3]
-    assert plugin[1].chunk_ends[-5:] == [57_408, 57_536, 61_824, 64_000, 64_016]
+    assert passes(plugin) == [14, 16, 2, 2]
+    assert passes(hinted) == [16, 2, 2, 2]
+    assert plugin[1].chunk_ends[-4:] == [57_408, 57_536, 61_824, 64_016]
+    free = run_reference(with_cls(FREE(setup), PLUGIN), family(1, 57_600, 6_416, 4))
+    assert hits(free) == hits(plugin) and passes(free) == [14, 17, 3, 3]
 
 
 @pytest.mark.parametrize("cls", [PLUGIN, SYNC])
 def test_small_family(cls: str) -> None:
     """B=64, u=16, k=1, three requests of 640 shared + 83 private: stock 0 / 0 / 576, the
     plugin reaches the limit 624 from the second sibling, and from the first with a hint."""
-    setup = VllmSetup(CacheKnobs(64, 16), 8192)
+    setup = FREE(VllmSetup(CacheKnobs(64, 16), 8192))
     assert hits(run_reference(setup, family(0, 640, 83, 3))) == [0, 0, 576]
     got = run_reference(with_cls(setup, cls), family(0, 640, 83, 3))
     assert hits(got) == [0, 0, 624]
@@ -97,9 +105,12 @@ def test_small_family(cls: str) -> None:
 
 def test_the_plugin_equals_hycache_limit_on_the_issue_shapes() -> None:
     for setup, turns in [
-        (VllmSetup(CacheKnobs(64, 16), 8192), family(0, 640, 83, 3)),
-        (VllmSetup(CacheKnobs(64, 16), 8192), family(0, 640, 83, 3, hint=640)),
-        (VllmSetup(CacheKnobs(4416, 64), 8192), family(1, 57_600, 6_416, 4, hint=57_600)),
+        (FREE(VllmSetup(CacheKnobs(64, 16), 8192)), family(0, 640, 83, 3)),
+        (FREE(VllmSetup(CacheKnobs(64, 16), 8192)), family(0, 640, 83, 3, hint=640)),
+        (
+            FREE(VllmSetup(CacheKnobs(4416, 64), 8192)),
+            family(1, 57_600, 6_416, 4, hint=57_600),
+        ),
     ]:
         ours = hits(run_hycache(hycache_config(setup, "limit", turns), turns))
         assert hits(run_reference(with_cls(setup, PLUGIN), turns)) == ours
@@ -259,14 +270,18 @@ def shapes(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn]]:
     while contains_an_answer(turns):
         turns = scenario(rng, b, u, k, drafts=True)
     return VllmSetup(
-        CacheKnobs(b, u, internal_checkpoints=draw(st.booleans())), budget(rng, b), k
+        CacheKnobs(b, u, internal_checkpoints=draw(st.booleans())),
+        budget(rng, b),
+        k,
+        pass_price=(0.0, 1.0),
     ), turns
 
 
 @given(case=shapes())
 def test_random_shapes(case: tuple[VllmSetup, list[Turn]]) -> None:
-    """Per request: plugin >= stock; plugin = `limit` (`hycache simulate --policy limit
-    --sequential`) with a Mamba layer that splits at its checkpoints, and at most `limit`
+    """With every stop made (`FREE`), per request: plugin >= stock; plugin = `limit`
+    (`hycache simulate --policy limit --sequential`) with a Mamba layer that splits at its
+    checkpoints, and at most `limit`
     with the Mamba2 spec (vLLM exports one checkpoint per forward and skips the replay
     boundary's stop, which hycache's split keeps: a request that is a prefix of an earlier
     one can resume lower). Until a request acts on a junction, every request chunks
@@ -293,7 +308,6 @@ def test_random_shapes(case: tuple[VllmSetup, list[Turn]]) -> None:
     "setup,reason",
     [
         (VllmSetup(CacheKnobs(64, 64)), "prefix_match_unit equals block_size"),
-        (VllmSetup(CacheKnobs(64, 16), num_speculative_tokens=0), "no EAGLE/MTP drafter"),
         (VllmSetup(CacheKnobs(64, 16), lookahead=False), "num_hash_lookahead_tokens=0"),
     ],
 )
@@ -393,7 +407,7 @@ def test_explain_backend_vllm_on_the_seed_shape(capsys: pytest.CaptureFixture[st
     assert stock["resend"] == ours["resend"] == 64_000
     assert stock["producer_checkpoints"] == ours["producer_checkpoints"] == [64_000]
     assert stock["sibling_prefill_steps"] == [14, 1, 1]
-    assert ours["sibling_prefill_steps"] == [17, 3, 3]
+    assert ours["sibling_prefill_steps"] == [16, 2, 2]
     assert main(["explain", *SEED_SHAPE, "--backend", "vllm", "--prefix-hint", "57600"]) == 0
     table = capsys.readouterr().out
     assert "57,536 / 57,536 / 57,536" in table and "0 / 57,408 / 57,408" in table

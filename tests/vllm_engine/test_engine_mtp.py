@@ -39,6 +39,7 @@ BUDGET = 256  # max_num_batched_tokens: chunked prefill
 POOL = 48  # KV blocks: every sequential scenario fits, a concurrent batch of six preempts
 ARMS = ("nocache", "cache", "hycache")
 CACHED = ARMS[1:]
+FREE = (0.0, 1.0)  # the plugin's (pass, token) price: a free pass
 
 
 def _llm(model: Path, arm: str) -> Any:
@@ -52,6 +53,8 @@ def _llm(model: Path, arm: str) -> Any:
         enforce_eager=True,
         dtype="float32",
         max_model_len=1024,
+        # every stop made: at B = 32 no stop would pay for a GPU-priced pass (the default)
+        additional_config={"hycache": {"pass_cost": FREE[0], "token_cost": FREE[1]}},
         block_size=BLOCK,
         num_gpu_blocks_override=POOL,
         enable_prefix_caching=cache,
@@ -225,7 +228,7 @@ def test_hits_as_hycache_explain_predicts(engines: dict[str, Any], hint: bool) -
     inputs = ExplainInputs(
         knobs, True, EXPLAIN_T, EXPLAIN_P, SPEC_TOKENS, BUDGET, prefix_hints=hints
     )
-    cols = explain_vllm(inputs)["policies"]
+    cols = explain_vllm(inputs, pass_price=FREE)["policies"]
     results = _scenario(engines, _explain_prompts()[:4], hint=EXPLAIN_P if hint else None)
     for arm, col in (("cache", "vllm"), ("hycache", "hycache.vllm.Scheduler")):
         assert _hits(results, arm)[1:] == cols[col]["siblings"], (arm, _hits(results, arm))

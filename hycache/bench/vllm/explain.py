@@ -48,8 +48,13 @@ def scheduler_status(ref: ReferenceScheduler) -> str:
 
 
 def explain_backend(
-    inputs: ExplainInputs, scheduler_cls: str | None, model: str = NEMOTRON_H
+    inputs: ExplainInputs,
+    scheduler_cls: str | None,
+    model: str = NEMOTRON_H,
+    pass_price: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
+    """One column; `pass_price`: the plugin's (pass, token) price (`VllmSetup.pass_price`;
+    None: its default)."""
     t, p = inputs.prompt_tokens, inputs.shared_prefix
     b, u = inputs.knobs.block_size, inputs.knobs.unit
     k = inputs.num_speculative_tokens if inputs.eagle else 0
@@ -62,6 +67,7 @@ def explain_backend(
         scheduler_cls=scheduler_cls,
         lookahead=compat.has_lookahead_keys(),  # vLLM 0.32: the EAGLE drop
         model=model,
+        pass_price=pass_price,
     )
     ref = ReferenceScheduler(setup)
     rng = random.Random(0)
@@ -95,11 +101,18 @@ def explain_backend(
     }
 
 
-def explain_vllm(inputs: ExplainInputs, model: str = NEMOTRON_H) -> dict[str, Any]:
+def explain_vllm(
+    inputs: ExplainInputs,
+    model: str = NEMOTRON_H,
+    pass_price: tuple[float, float] | None = None,
+) -> dict[str, Any]:
     """`hycache.sim.explain.explain`'s result, one column per vLLM scheduler class, on
-    `model`'s KV cache config (`hycache.bench.vllm.reference.MODELS`)."""
+    `model`'s KV cache config (`hycache.bench.vllm.reference.MODELS`); `pass_price`: the
+    plugin's price of a pass (None: its default)."""
     inputs.validate()
     return {
         "inputs": {**inputs.summary(), "model": model},
-        "policies": {name: explain_backend(inputs, cls, model) for name, cls in BACKENDS.items()},
+        "policies": {
+            name: explain_backend(inputs, cls, model, pass_price) for name, cls in BACKENDS.items()
+        },
     }

@@ -242,6 +242,10 @@ class VllmSetup:
     cache_aware_window: int = 0
     cache_aware_threshold: float = 0.5
     model: str = NEMOTRON_H  # the hybrid whose KV cache config vLLM schedules (`MODELS`)
+    # the plugin's price of a pass and a token (`--additional-config '{"hycache": {...}}'`,
+    # `hycache.vllm.scheduler.pass_price`): (pass_cost, token_cost); None: its default.
+    # (0, 1): every stop pays, the plugin's stops as before pricing
+    pass_price: tuple[float, float] | None = None
 
     @property
     def block_size(self) -> int:
@@ -335,7 +339,13 @@ class ReferenceScheduler:
             if k
             else None
         )
+        price = (
+            {"hycache": {"pass_cost": setup.pass_price[0], "token_cost": setup.pass_price[1]}}
+            if setup.pass_price is not None
+            else {}
+        )
         return VllmConfig(
+            additional_config=price,
             model_config=model,
             cache_config=cache_cfg,
             scheduler_config=sched_cfg,

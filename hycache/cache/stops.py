@@ -1,0 +1,95 @@
+"""Whether a prefill stop earns its forward pass (DESIGN §9, "a pass has a price"): one rule,
+used by `hycache.vllm`'s scheduler (its own stops and vLLM's tail stop after a mid-block
+resume) and by hycache's own scheduler where it splits prefill (`limit-split`).
+
+A stop ends a chunk: one more forward pass for the request (one more step before its first
+token, one more read of the weights). What it buys is a kept state at the stop, which a later
+request resumes from instead of the request's last kept state below it (`prev`):
+
+    prev            stop                 next end (where the chunk would end without it)
+      |---- first ----|------- rest -------|
+      a later request sharing past `stop` recomputes [prev, stop) without the stop
+
+    the stop pays  <=>  chance * (cost([prev, end)) - cost([stop, end)))
+                          >=  cost([start, stop)) + cost([stop, end)) - cost([start, end))
+
+(each cost one pass: what resuming at `stop` instead of `prev` saves a later request whose
+chunk runs on to `end`, against what the split adds to this one).
+
+`chance` is the expected number of later requests that resume there (admission's per-kind
+chance in hycache's own cache, a prior per kind in vLLM). The prices come from the caller (a
+`PassPricer`: the simulator's cost model, or a flat price a deployment configures), since the
+cache layer cannot import the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from hycache.cache.boundaries import StateKind
+
+
+class PassPricer(Protocol):
+    """What prefill costs, in one unit (seconds, say)."""
+
+    def prefill_cost(self, context: int, num_tokens: int) -> float:
+        """The cost of prefilling `num_tokens` tokens after `context` cached ones in one pass."""
+        ...
+
+    def split_cost(self, context: int, first: int, rest: int) -> float:
+        """What running `first + rest` tokens after `context` as two passes adds over one."""
+        ...
+
+
+@dataclass(frozen=True)
+class FlatPrice:
+    """A price that ignores context and chunk sizes: `pass_cost` per extra pass, `token_cost`
+    per prefill token (a deployment's `additional_config`, or a test's)."""
+
+    pass_cost: float
+    token_cost: float
+
+    def __post_init__(self) -> None:
+        if self.pass_cost < 0 or self.token_cost < 0:
+            raise ValueError(f"FlatPrice: costs must be >= 0, got {self}")
+
+    def prefill_cost(self, context: int, num_tokens: int) -> float:
+        return num_tokens * self.token_cost
+
+    def split_cost(self, context: int, first: int, rest: int) -> float:
+        return self.pass_cost
+
+
+# Every stop pays: the behaviour without pricing (a free pass).
+FREE_PASSES = FlatPrice(0.0, 1.0)
+
+# The chance a stop's state is used, per kind, where nothing observes it (inside vLLM): an
+# observed junction or a prefix hint is shared by a sibling already (one more expected); the
+# block boundary after it serves a request sharing past a block more (as likely as not); a
+# tail checkpoint serves only an identical resend, which a family or a conversation trace
+# rarely makes (admission observes tail checkpoints hit about never there: docs/admission.md).
+PRIOR_CHANCE: dict[str, float] = {
+    StateKind.JUNCTION: 1.0,
+    StateKind.GRID: 0.5,
+    StateKind.REPLAY: 0.5,
+    StateKind.TAIL: 0.01,
+}
+
+
+def stop_pays(
+    pricer: PassPricer,
+    chance: float,
+    prev: int,
+    stop: int,
+    start: int,
+    end: int,
+) -> bool:
+    """Whether a stop at `stop` inside the chunk [start, end) pays for its pass: `chance`
+    times what a later request resuming at `stop` instead of `prev` saves (its prefill of
+    [prev, stop), priced inside a chunk running on to `end`), against what splitting the
+    chunk there adds (see the module docstring)."""
+    if not start < stop < end:
+        return True  # not inside the chunk: it costs no pass
+    saved = pricer.prefill_cost(prev, end - prev) - pricer.prefill_cost(stop, end - stop)
+    return chance * max(saved, 0.0) >= pricer.split_cost(start, stop - start, end - stop)

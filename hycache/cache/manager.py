@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hycache.cache.admission import MAX_HINT_STATES, Admission
+from hycache.cache.admission import Admission, HintBound
 from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import NULL_BLOCK, BlockEvent, BlockPool, CacheKey
 from hycache.cache.boundaries import Boundaries, StateKind
@@ -97,7 +97,8 @@ class CacheManager:
             Admission(self.state_pool, saving=self.bounds.hit_saving) if cache.admission else None
         )
         self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
-        self._hint_states: dict[str, set[int]] = {}  # admission: per request, its hint states
+        ssm_groups = tuple(s.group for s in self.ssm)
+        self._hints = HintBound(self.state_pool, ssm_groups) if ssm_groups else None
         # admission: per held decode snapshot, its position and the pool's evictions then
         self._held: dict[str, tuple[int, int]] = {}
         self._final: dict[str, int] = {}  # per live request: prompt + max_tokens + k tokens
@@ -230,19 +231,14 @@ class CacheManager:
         kind = self.bounds.state_kind(
             position, req.num_prompt_tokens, req.junction_stops, req.drop_stops, req.hint_stops
         )
-        if kind == StateKind.HINT and not self._hint_room(req, position):
-            return False
+        hints = self._hints if kind == StateKind.HINT else None
+        if hints is not None and not hints.room(req, position):
+            return False  # past the request's or its salt's bound (`HintBound`)
         saved = self.bounds.hit_saving(kind, position)
         admitted = self.admission.admit(kind, saved, len(self._live))
-        if admitted and kind == StateKind.HINT:
-            self._hint_states.setdefault(req.request_id, set()).add(position)
+        if admitted and hints is not None:
+            hints.record(req, position)
         return admitted
-
-    def _hint_room(self, req: Request, position: int) -> bool:
-        """Whether a prefix hint's state at `position` is within the request's bound: it holds
-        fewer than `MAX_HINT_STATES` hint states (a page each per SSM group), or this one."""
-        held = self._hint_states.get(req.request_id, ())
-        return position in held or len(held) < MAX_HINT_STATES
 
     def _fit_writes(self, req: Request, writes: tuple[int, ...], need: int) -> tuple[int, ...]:
         """The internal checkpoints this step can write beside the `need` pages it takes from
@@ -413,7 +409,8 @@ class CacheManager:
     def free(self, req: Request) -> None:
         rid = req.request_id
         self._snapshot_admitted.pop(rid, None)
-        self._hint_states.pop(rid, None)
+        if self._hints is not None:
+            self._hints.free(rid)
         held = self._held.pop(rid, None)
         if held is not None and self.admission is not None:
             self.admission.record_hold(self.state_pool.num_evicted - held[1])

@@ -25,6 +25,8 @@ two uses of a shared system prompt). The protected queue holds at most 1/`PROTEC
 of the pool's blocks; past that its least recently freed block goes back to the most recently
 freed end of the ordinary queue, as if freed now (it must be hit again to be protected again).
 A scored pool (`value`) has no protected queue: its score already weighs the kind's chance.
+Only with `protect` (`CacheKnobs.protect_reused`, off by default: docs/admission.md, "Hints and
+floods").
 
 `refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
 as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is
@@ -124,10 +126,15 @@ class BlockPool:
     """`value`: score keyed free blocks for eviction (see the module docstring), times the
     observed chance of their kind (`ReuseStats`); None: LRU. `snapshots_first`: with a value,
     low-priority pages (decode snapshots) still go before every other cached block; False
-    scores them like the rest."""
+    scores them like the rest. `protect`: the protected queue of blocks reused (LRU only)."""
 
     def __init__(
-        self, num_blocks: int, value: BlockValue | None = None, *, snapshots_first: bool = True
+        self,
+        num_blocks: int,
+        value: BlockValue | None = None,
+        *,
+        snapshots_first: bool = True,
+        protect: bool = False,
     ) -> None:
         if num_blocks < 2:
             raise ValueError(
@@ -140,7 +147,7 @@ class BlockPool:
         self._free_low: OrderedDict[int, None] = OrderedDict()
         # frequency: free cached blocks hit `PROTECT_HITS` times or more, evicted last (LRU)
         self._protected: OrderedDict[int, None] = OrderedDict()
-        self.protected_cap = max(1, (num_blocks - 1) // PROTECTED_FRACTION)
+        self.protected_cap = max(1, (num_blocks - 1) // PROTECTED_FRACTION) if protect else 0
         self._key_to_block: dict[CacheKey, int] = {}
         self._subscribers: list[Callable[[BlockEvent], None]] = []
         self.value = value
@@ -344,7 +351,7 @@ class BlockPool:
                 if self.value is not None and self.keys[b]:
                     self._push_scored(b)
                     continue
-                if self.keys[b] and self.hits[b] >= PROTECT_HITS:
+                if self.protected_cap and self.keys[b] and self.hits[b] >= PROTECT_HITS:
                     self._protect(b)
                     continue
                 self._free[b] = None

@@ -75,10 +75,10 @@ class CacheManager:
             cost = cache.recompute_cost or RecomputeCost()
             value = FlopValue(cost, cache.groups, cache.block_size, cache.eviction_alpha)
         # flop-aware: decode snapshots are scored too, their value times their observed reuse
-        first = value is None
-        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first)
+        first, protect = value is None, cache.protect_reused
+        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first, protect=protect)
         self.state_pool = (
-            BlockPool(cache.num_state_pages, value, snapshots_first=first)
+            BlockPool(cache.num_state_pages, value, snapshots_first=first, protect=protect)
             if cache.num_state_pages is not None
             else self.pool
         )

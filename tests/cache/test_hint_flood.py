@@ -4,14 +4,16 @@ attention and SSM, B=64, u=16, `limit`), through the scheduler and the cache wit
 executor: a victim re-sends a 400-token system prompt every `PERIOD` steps (passing its end
 as a prefix hint, as the chat route does) among attackers sending unique 700-token prompts,
 each twice per period: (a) 4 attackers with 16 random hints per request, (b) the same with a
-cache salt each, (c) 12 attackers, no hints. Before the fix the victim hit 13/13 against 4
-plain attackers but 1/13 under (a) and (b) (hint states were always kept, filled the pool and
-made the victim's kind rare) and 1/9 under (c) (LRU weighs no frequency)."""
+cache salt each, (c) 12 attackers, no hints (with `protect_reused` on). Before the fix the
+victim hit 13/13 against 4 plain attackers but 1/13 under (a) and (b) (hint states were always
+kept, filled the pool and made the victim's kind rare) and 1/9 under (c) (LRU weighs no
+frequency)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -28,10 +30,11 @@ SYSTEM, ATTACK = 400, 700  # tokens: the victim's shared prompt, each attacker's
 PERIOD, PER_PERIOD = 40, 2  # steps between the victim's requests; each attacker's per period
 
 
-def flood_config() -> HycacheConfig:
-    return make_config(
+def flood_config(protect: bool = False) -> HycacheConfig:
+    cfg = make_config(
         block_size=64, unit=16, policy="limit", eagle=False, num_blocks=400, max_model_len=2048
     )
+    return replace(cfg, cache=cfg.cache.with_knobs(protect_reused=protect))
 
 
 def _request(
@@ -50,13 +53,13 @@ def _request(
 
 
 def victim_hits(
-    attackers: int, hinted: bool, salted: bool, rounds: int
+    attackers: int, hinted: bool, salted: bool, rounds: int, protect: bool = False
 ) -> tuple[int, int, Scheduler]:
     """(victim requests resumed past its system prompt, victim requests after the first,
     the scheduler): `rounds` victim requests, one each `PERIOD` steps, and each attacker's
-    requests spread evenly between them."""
+    requests spread evenly between them; `protect`: `CacheKnobs.protect_reused`."""
     rng = random.Random(47)
-    cfg = flood_config()
+    cfg = flood_config(protect)
     sched, ex = Scheduler(cfg), DryRunExecutor()
     system = tokens(rng, SYSTEM)
     victims: list[Request] = []
@@ -97,9 +100,13 @@ def test_a_hint_flood_keeps_the_victims_hit(salted: bool) -> None:
 
 
 def test_a_flood_of_one_off_prompts_keeps_a_prefix_many_requests_reuse() -> None:
-    hits, n, sched = victim_hits(12, hinted=False, salted=False, rounds=10)
+    """With the protected queue (`protect_reused`, off by default: it costs bench figures,
+    docs/admission.md "Hints and floods"); without it, plain LRU loses the prefix."""
+    hits, n, sched = victim_hits(12, hinted=False, salted=False, rounds=10, protect=True)
     assert n == 9 and hits >= 8, hits
     assert sched.cache.pool.num_evicted > sched.cache.pool.num_blocks  # a real flood
+    lru, _, _ = victim_hits(12, hinted=False, salted=False, rounds=10)
+    assert lru <= 2, lru
 
 
 def _kept_hint_states(

@@ -149,6 +149,11 @@ class CacheKnobs:
     or a decode snapshot) is kept only while its kind's observed chance of a hit, times what
     a hit saves, beats what its page displaces (`hycache.cache.admission`); False keeps every
     one.
+
+    `protect_reused`: under `lru` eviction, a cached block hit at least once is evicted only
+    after every block never reused (a protected queue of up to half the pool,
+    `hycache.cache.block_pool`): a shared prefix outlives a flood of one-off prompts. Off by
+    default: it costs figures of docs/admission.md's table (its "Hints and floods").
     """
 
     block_size: int = 64
@@ -161,9 +166,11 @@ class CacheKnobs:
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     internal_checkpoints: bool = True
     admission: bool = True
+    protect_reused: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("enable_prefix_caching", "internal_checkpoints", "admission"):
+        names = ("enable_prefix_caching", "internal_checkpoints", "admission", "protect_reused")
+        for name in names:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
         object.__setattr__(self, "policy", parse_policy(self.policy))

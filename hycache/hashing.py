@@ -52,6 +52,11 @@ class PrefixHashes:
         return len(self._next) if self.lookahead else len(self._hashes)
 
     @property
+    def extra(self) -> bytes:
+        """The extra keys every hash covers (`extra_key_bytes`: the cache salt first)."""
+        return self._extra
+
+    @property
     def num_hashed_tokens(self) -> int:
         return len(self) * self.unit
 

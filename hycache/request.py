@@ -138,6 +138,7 @@ class Request:
     outcome: CacheOutcome = field(default_factory=CacheOutcome)
     junction_stops: tuple[int, ...] = ()  # for the observed junction and the prefix hints
     drop_stops: tuple[int, ...] = ()  # of junction_stops, the drop scheme's junction alone
+    hint_stops: tuple[int, ...] = ()  # of junction_stops, those only the prefix hints make
     prefix_hints: tuple[int, ...] = ()  # where this request's shared prefixes end (tokens)
     num_prefill_steps: int = 0
     num_checkpoint_splits: int = 0  # prefill steps ended at a checkpoint stop (passes it cost)

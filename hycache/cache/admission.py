@@ -12,7 +12,7 @@ inside a chunk or at its end, a decode snapshot) the manager asks `Admission.adm
                or kind is junction / replay     (unless the page is one running requests need)
 
 * `chance(kind)` is the observed chance that an entry of that kind is hit before it is evicted
-  (`BlockPool.reuse`, estimated online per kind: decode snapshots, junction or hint stops, tail
+  (`BlockPool.reuse`, estimated online per kind: decode snapshots, junctions, client hints, tail
   checkpoints, replay boundaries, the unit below the tail, the drop scheme's replay
   boundaries, block-grid states, and attention blocks), so the rule follows the workload: on a
   conversation trace (no prompt contains a previous answer, no identical resends) tail
@@ -85,11 +85,20 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from hycache.cache.block_pool import BlockPool
+from hycache.cache.block_pool import BlockPool, CacheKey
 from hycache.cache.boundaries import StateKind
 from hycache.cache.ssm import rare_kind
+from hycache.hashing import Hash
+from hycache.request import Request
 
 ALWAYS_KEPT = frozenset({StateKind.JUNCTION, StateKind.REPLAY})
+# the most prefix-hint states (`StateKind.HINT`) one request may keep, each a page per SSM
+# group: a client's hints are priced by their chance like any state, and this bounds what one
+# request can take before that chance has been observed (`HintBound`)
+MAX_HINT_STATES = 4
+# one cache salt's hint states (its live requests' and those still cached) hold at most 1/16
+# of the state pool's pages (`HintBound`): a salt isolates content, this bounds capacity
+HINT_POOL_FRACTION = 16
 ADMIT_EXPLORE = 8  # a refused kind is still admitted once in this many refusals
 HELD_CHANCE = 0.5  # a snapshot taking a page the running requests need must beat this chance
 
@@ -192,3 +201,52 @@ class Admission:
             self.admitted[kind] += 1
             return True
         return False
+
+
+class HintBound:
+    """What client prefix hints may hold (issue 47): at most `MAX_HINT_STATES` hint states per
+    request, and per cache salt (`PrefixHashes.extra`; unsalted requests share b"") at most
+    1/`HINT_POOL_FRACTION` of the state pool's pages in hint states, counting those of its
+    live requests and those still cached. Admission still prices each one (`Admission.admit`);
+    this bounds what a tenant takes before their chance is observed, and whatever it is."""
+
+    def __init__(self, pool: BlockPool, ssm_groups: tuple[int, ...]) -> None:
+        self.pool = pool
+        self.group = ssm_groups[0]  # a hint state is cached in every SSM group: count one
+        pages = (pool.num_blocks - 1) // HINT_POOL_FRACTION
+        self.per_salt = max(1, pages // len(ssm_groups))  # states (a page per SSM group each)
+        self._requests: dict[str, set[int]] = {}  # live request -> its hint positions kept
+        # salt -> hint state key -> the request that kept it (arrival order)
+        self._salts: dict[bytes, dict[Hash, str]] = {}
+
+    def room(self, req: Request, position: int) -> bool:
+        """Whether `req` may keep a hint state at `position`: it already holds it, or both
+        the request and its salt are under their bound."""
+        held = self._requests.get(req.request_id, ())
+        if position in held:
+            return True
+        return len(held) < MAX_HINT_STATES and self.held(req.hashes.extra) < self.per_salt
+
+    def held(self, salt: bytes) -> int:
+        """The hint states `salt` holds: its live requests' and those still cached (others
+        are dropped from the count)."""
+        states = self._salts.get(salt)
+        if not states:
+            return 0
+        pool, g = self.pool, self.group
+        live = {
+            h: r
+            for h, r in states.items()
+            if r in self._requests or pool.lookup(CacheKey(g, h)) is not None
+        }
+        self._salts[salt] = live
+        return len(live)
+
+    def record(self, req: Request, position: int) -> None:
+        """`req` keeps a hint state at `position`."""
+        self._requests.setdefault(req.request_id, set()).add(position)
+        self._salts.setdefault(req.hashes.extra, {})[req.hashes.at(position)] = req.request_id
+
+    def free(self, rid: str) -> None:
+        """The request has let go: its hint states count for its salt while cached."""
+        self._requests.pop(rid, None)

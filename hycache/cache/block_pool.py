@@ -6,16 +6,27 @@ loses them only when it is reallocated (evicted).
 
 Free blocks are reused in this order (head, next to reuse, on the left):
 
-    [unkeyed frees ...] [low-priority keyed frees ...] [keyed frees, least recently freed first]
-     ^ freed unkeyed     ^ speculative pages (decode    ^ every other cached block: LRU
-       blocks             snapshots): FIFO, evicted
-                          before any other cached block
+    [unkeyed frees ...] [low-priority keyed frees ...] [keyed frees, LRU] [protected, LRU]
+     ^ freed unkeyed     ^ speculative pages (decode    ^ every other     ^ cached blocks hit
+       blocks             snapshots): FIFO, evicted       cached block      `PROTECT_HITS`
+                          before any other cached block                     times or more
 
 A low-priority page that is hit and freed again joins the ordinary LRU queue. The
 low-priority queue goes before the others only while its head is worth no more than theirs
 (`worth`: its kind's chance times what a hit on its deepest key saves, `saving`, set by the
 cache manager to `Boundaries.hit_saving`; on a chat a fresh snapshot, hit most of the time,
 outlives stale states of kinds nobody hits).
+
+Frequency (a segmented LRU, issue 47). A keyed block freed after `PROTECT_HITS` hits since
+it was keyed joins the protected queue, which is evicted only once no other cached block is
+left: a prefix that several requests reused outlives a flood of prompts no one reuses (plain
+LRU weighs no frequency: twelve clients of one-off prompts turned a 400-page pool over between
+two uses of a shared system prompt). The protected queue holds at most 1/`PROTECTED_FRACTION`
+of the pool's blocks; past that its least recently freed block goes back to the most recently
+freed end of the ordinary queue, as if freed now (it must be hit again to be protected again).
+A scored pool (`value`) has no protected queue: its score already weighs the kind's chance.
+Only with `protect` (`CacheKnobs.protect_reused`, off by default: docs/admission.md, "Hints and
+floods").
 
 `refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
 as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is
@@ -62,6 +73,8 @@ from hycache.hashing import Hash
 
 NULL_BLOCK = 0
 GHOST_FRACTION = 16  # the ghost list remembers the last 1/16 of the pool's blocks evicted
+PROTECT_HITS = 1  # a cached block freed after this many hits joins the protected queue
+PROTECTED_FRACTION = 2  # the protected queue holds at most 1/2 of the pool's blocks
 
 
 class CacheKey(NamedTuple):
@@ -113,10 +126,15 @@ class BlockPool:
     """`value`: score keyed free blocks for eviction (see the module docstring), times the
     observed chance of their kind (`ReuseStats`); None: LRU. `snapshots_first`: with a value,
     low-priority pages (decode snapshots) still go before every other cached block; False
-    scores them like the rest."""
+    scores them like the rest. `protect`: the protected queue of blocks reused (LRU only)."""
 
     def __init__(
-        self, num_blocks: int, value: BlockValue | None = None, *, snapshots_first: bool = True
+        self,
+        num_blocks: int,
+        value: BlockValue | None = None,
+        *,
+        snapshots_first: bool = True,
+        protect: bool = False,
     ) -> None:
         if num_blocks < 2:
             raise ValueError(
@@ -127,6 +145,9 @@ class BlockPool:
         self.keys: list[list[tuple[CacheKey, int]]] = [[] for _ in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
         self._free_low: OrderedDict[int, None] = OrderedDict()
+        # frequency: free cached blocks hit `PROTECT_HITS` times or more, evicted last (LRU)
+        self._protected: OrderedDict[int, None] = OrderedDict()
+        self.protected_cap = max(1, (num_blocks - 1) // PROTECTED_FRACTION) if protect else 0
         self._key_to_block: dict[CacheKey, int] = {}
         self._subscribers: list[Callable[[BlockEvent], None]] = []
         self.value = value
@@ -155,7 +176,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free) + len(self._free_low) + len(self._scored)
+        return len(self._free) + len(self._free_low) + len(self._scored) + len(self._protected)
 
     @property
     def num_cached(self) -> int:
@@ -167,7 +188,12 @@ class BlockPool:
         return self._key_to_block.get(key)
 
     def is_free(self, block_id: int) -> bool:
-        return block_id in self._free or block_id in self._free_low or block_id in self._scored
+        return (
+            block_id in self._free
+            or block_id in self._free_low
+            or block_id in self._scored
+            or block_id in self._protected
+        )
 
     def peek_victim(self) -> int | None:
         """The keyed free block the pool will evict first (unkeyed free blocks are handed out
@@ -177,6 +203,8 @@ class BlockPool:
             lru = self._scored_head()
         else:
             lru = next((b for b in self._free if self.keys[b]), None)
+            if lru is None:
+                lru = next(iter(self._protected), None)
         return next(iter(self._free_low)) if self._low_goes_first(lru) else lru
 
     def _scored_head(self) -> int | None:
@@ -234,19 +262,26 @@ class BlockPool:
             raise NoFreeBlocksError(f"need {n} blocks, {self.num_free} free")
         out = []
         for _ in range(n):
-            head = next(iter(self._free), None)
-            if head is not None and not self.keys[head]:  # unkeyed pages go first
-                block_id, _ = self._free.popitem(last=False)
-            elif self._low_goes_first(self._scored_head() if self.value is not None else head):
-                block_id, _ = self._free_low.popitem(last=False)
-            elif self.value is not None:
-                block_id = self._pop_scored()
-            else:
-                block_id, _ = self._free.popitem(last=False)
+            block_id = self._pop_next()
             self._evict(block_id)
             self.ref_cnt[block_id] = 1
             out.append(block_id)
         return out
+
+    def _pop_next(self) -> int:
+        """Take the next free block off its queue, in the module diagram's order."""
+        head = next(iter(self._free), None)
+        if head is not None and not self.keys[head]:  # unkeyed pages go first
+            return self._free.popitem(last=False)[0]
+        if self.value is not None:
+            head = self._scored_head()
+        elif head is None:
+            head = next(iter(self._protected), None)
+        if self._low_goes_first(head):
+            return self._free_low.popitem(last=False)[0]
+        if self.value is not None:
+            return self._pop_scored()
+        return (self._free or self._protected).popitem(last=False)[0]
 
     def _pop_scored(self) -> int:
         while True:
@@ -276,12 +311,26 @@ class BlockPool:
                 if b in self._scored:
                     del self._scored[b]  # its heap entry is now stale
                 else:
-                    (self._free_low if b in self._free_low else self._free).pop(b)
+                    self._queue_of(b).pop(b)
             if self.keys[b]:
                 if not self.hits[b]:
                     self.reuse.record(self.kind[b], hit=True)
                 self.hits[b] += 1
             self.ref_cnt[b] += 1
+
+    def _queue_of(self, block_id: int) -> OrderedDict[int, None]:
+        """The ordered free queue holding `block_id` (not for a scored block)."""
+        if block_id in self._free_low:
+            return self._free_low
+        return self._protected if block_id in self._protected else self._free
+
+    def _protect(self, block_id: int) -> None:
+        """Queue a free cached block hit `PROTECT_HITS` times as protected (most recent end);
+        past the bound, the least recently freed protected block goes back to the ordinary
+        queue's most recent end."""
+        self._protected[block_id] = None
+        if len(self._protected) > self.protected_cap:
+            self._free[self._protected.popitem(last=False)[0]] = None
 
     def free(self, block_ids: Iterable[int], low_priority: bool = False) -> None:
         """Drop one reference from each block, in the order given (pass a request's blocks tail
@@ -301,6 +350,9 @@ class BlockPool:
                         continue
                 if self.value is not None and self.keys[b]:
                     self._push_scored(b)
+                    continue
+                if self.protected_cap and self.keys[b] and self.hits[b] >= PROTECT_HITS:
+                    self._protect(b)
                     continue
                 self._free[b] = None
                 if not self.keys[b]:
@@ -333,6 +385,8 @@ class BlockPool:
                 self._push_scored(b)  # a new entry; the old one is now stale
             elif b in self._free:
                 self._free.move_to_end(b)
+            elif b in self._protected:
+                self._protected.move_to_end(b)
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -389,12 +443,18 @@ class BlockPool:
                 referenced += 1
                 if self.is_free(b):
                     raise IntegrityError(f"referenced block {b} is in the free queue")
-            elif (b in self._free) + (b in self._free_low) + (b in self._scored) != 1:
+            elif (b in self._free) + (b in self._free_low) + (b in self._scored) + (
+                b in self._protected
+            ) != 1:
                 raise IntegrityError(f"block {b} has no references and is not free exactly once")
-            elif (b in self._free_low or b in self._scored) and not self.keys[b]:
-                raise IntegrityError(f"unkeyed block {b} is in the low-priority or scored queue")
+            elif (b in self._free_low or b in self._scored or b in self._protected) and not (
+                self.keys[b]
+            ):
+                raise IntegrityError(f"unkeyed block {b} is in a keyed-only queue")
             elif self.value is not None and b in self._free and self.keys[b]:
                 raise IntegrityError(f"keyed block {b} is in the unkeyed queue of a scored pool")
+        if len(self._protected) > self.protected_cap:
+            raise IntegrityError(f"{len(self._protected)} protected blocks past the bound")
         if self.ref_cnt[NULL_BLOCK] != 0 or self.is_free(NULL_BLOCK):
             raise IntegrityError("the null block was allocated")
         if self.num_free + referenced + 1 != self.num_blocks:

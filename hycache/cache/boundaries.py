@@ -58,7 +58,10 @@ class StateKind(StrEnum):
     chance of being hit on its own (`hycache.cache.admission`)."""
 
     SNAPSHOT = "snapshot"  # a decode snapshot: where the next chat turn resumes
-    JUNCTION = "junction"  # an observed junction or prefix hint stop (and the block after it)
+    JUNCTION = "junction"  # an observed junction's stop (and the block after it)
+    # a prefix hint's stop (and the block after it) that no observed junction makes: a client
+    # names it, so it is priced by its own chance like any state (never kept unconditionally)
+    HINT = "hint"
     TAIL = "tail"  # the tail checkpoint: an identical resend
     REPLAY = "replay"  # the replay boundary: a longer sibling
     BELOW_TAIL = "below-tail"  # `limit`: the unit below the tail (a prompt that is a prefix)
@@ -431,13 +434,17 @@ class Boundaries:
         num_prompt_tokens: int,
         junction_stops: tuple[int, ...] = (),
         drop_stops: tuple[int, ...] = (),
+        hint_stops: tuple[int, ...] = (),
     ) -> StateKind:
         """Why the prompt state at `position` is kept (a decode snapshot is named by its
-        caller); the first reason that applies, in `StateKind`'s order. `drop_stops`: of
-        `junction_stops`, those only `drop_junction_stops` makes."""
+        caller); the first reason that applies, in `StateKind`'s order. `drop_stops`,
+        `hint_stops`: of `junction_stops`, those only `drop_junction_stops`, only
+        `hint_stops` make."""
         t = num_prompt_tokens
         if position in junction_stops:
-            return StateKind.DROP_JUNCTION if position in drop_stops else StateKind.JUNCTION
+            if position in drop_stops:
+                return StateKind.DROP_JUNCTION
+            return StateKind.HINT if position in hint_stops else StateKind.JUNCTION
         tail = self.tail_checkpoint(t)
         if position == tail:
             return StateKind.TAIL

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hycache.cache.admission import Admission
+from hycache.cache.admission import Admission, HintBound
 from hycache.cache.attention import AttentionManager
 from hycache.cache.block_pool import NULL_BLOCK, BlockEvent, BlockPool, CacheKey
 from hycache.cache.boundaries import Boundaries, StateKind
@@ -75,10 +75,10 @@ class CacheManager:
             cost = cache.recompute_cost or RecomputeCost()
             value = FlopValue(cost, cache.groups, cache.block_size, cache.eviction_alpha)
         # flop-aware: decode snapshots are scored too, their value times their observed reuse
-        first = value is None
-        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first)
+        first, protect = value is None, cache.protect_reused
+        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first, protect=protect)
         self.state_pool = (
-            BlockPool(cache.num_state_pages, value, snapshots_first=first)
+            BlockPool(cache.num_state_pages, value, snapshots_first=first, protect=protect)
             if cache.num_state_pages is not None
             else self.pool
         )
@@ -97,6 +97,8 @@ class CacheManager:
             Admission(self.state_pool, saving=self.bounds.hit_saving) if cache.admission else None
         )
         self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
+        ssm_groups = tuple(s.group for s in self.ssm)
+        self._hints = HintBound(self.state_pool, ssm_groups) if ssm_groups else None
         # admission: per held decode snapshot, its position and the pool's evictions then
         self._held: dict[str, tuple[int, int]] = {}
         self._final: dict[str, int] = {}  # per live request: prompt + max_tokens + k tokens
@@ -227,10 +229,16 @@ class CacheManager:
             return True
         assert self.admission is not None
         kind = self.bounds.state_kind(
-            position, req.num_prompt_tokens, req.junction_stops, req.drop_stops
+            position, req.num_prompt_tokens, req.junction_stops, req.drop_stops, req.hint_stops
         )
+        hints = self._hints if kind == StateKind.HINT else None
+        if hints is not None and not hints.room(req, position):
+            return False  # past the request's or its salt's bound (`HintBound`)
         saved = self.bounds.hit_saving(kind, position)
-        return self.admission.admit(kind, saved, len(self._live))
+        admitted = self.admission.admit(kind, saved, len(self._live))
+        if admitted and hints is not None:
+            hints.record(req, position)
+        return admitted
 
     def _fit_writes(self, req: Request, writes: tuple[int, ...], need: int) -> tuple[int, ...]:
         """The internal checkpoints this step can write beside the `need` pages it takes from
@@ -339,9 +347,11 @@ class CacheManager:
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        t, stops, drop = req.num_prompt_tokens, req.junction_stops, req.drop_stops
-        kinds = tuple(self.bounds.state_kind(p, t, stops, drop) for p in internal)
-        kind = self.bounds.state_kind(end, t, stops, drop) if checkpoint else ""
+        t, stops, drop, hints = (
+            req.num_prompt_tokens, req.junction_stops, req.drop_stops, req.hint_stops
+        )
+        kinds = tuple(self.bounds.state_kind(p, t, stops, drop, hints) for p in internal)
+        kind = self.bounds.state_kind(end, t, stops, drop, hints) if checkpoint else ""
         states = tuple(
             s.plan_step(rid, end, checkpoint, snapshot, internal, kinds, kind) for s in self.ssm
         )
@@ -399,6 +409,8 @@ class CacheManager:
     def free(self, req: Request) -> None:
         rid = req.request_id
         self._snapshot_admitted.pop(rid, None)
+        if self._hints is not None:
+            self._hints.free(rid)
         held = self._held.pop(rid, None)
         if held is not None and self.admission is not None:
             self.admission.record_hold(self.state_pool.num_evicted - held[1])

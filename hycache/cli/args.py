@@ -178,6 +178,13 @@ FLAGS: dict[str, dict[str, Any]] = {
         "its kind's observed hit chance times what a hit saves beats what its page displaces; "
         "--no-admission: keep every one",
     },
+    "--protect-reused": {
+        "action": argparse.BooleanOptionalAction,
+        "default": None,
+        "help": "lru: evict a cached block hit at least once only after every block never "
+        "reused (up to half the pool): a shared prefix outlives a flood of one-off prompts "
+        "(off by default: docs/admission.md, 'Hints and floods')",
+    },
     "--no-prefix-caching": {
         "action": "store_true",
         "default": False,
@@ -216,9 +223,11 @@ def add_flag(g: ArgGroup, name: str, default: Any = _REQUIRED) -> None:
 
 
 def add_eviction_flags(g: ArgGroup) -> None:
-    """`--eviction` and `--eviction-alpha` (simulate, explain, generate, serve, bench)."""
+    """`--eviction`, `--eviction-alpha` and `--protect-reused` (simulate, explain, generate,
+    serve, bench)."""
     add_flag(g, "--eviction")
     add_flag(g, "--eviction-alpha")
+    add_flag(g, "--protect-reused")
 
 
 def add_cache_flags(p: argparse.ArgumentParser, *, block_size: int = 4416, unit: int = 64) -> None:

@@ -236,7 +236,7 @@ class Scheduler:
                 deferred.append(req)
                 continue
             start = hit.resume_point
-            req.junction_stops, req.drop_stops = self._extra_stops(req, hit, start)
+            req.junction_stops, req.drop_stops, req.hint_stops = self._extra_stops(req, hit, start)
             req.num_computed_tokens = start
             self._packed.discard(req.request_id)
             end = self._chunk_end(req, start, budget, hit.junction)
@@ -245,7 +245,7 @@ class Scheduler:
             alloc = self.cache.allocate(req, start, end, ahead, hit) if end > start else None
             if alloc is None:
                 req.num_computed_tokens = 0
-                req.junction_stops = req.drop_stops = ()
+                req.junction_stops = req.drop_stops = req.hint_stops = ()
                 self.waiting.appendleft(req)
                 break
             req.status = RequestStatus.RUNNING
@@ -313,16 +313,18 @@ class Scheduler:
 
     def _extra_stops(
         self, req: Request, hit: CacheHit, start: int
-    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """Stops (and checkpoints) for the observed junction, the drop scheme's junction
         (`limit` with internal checkpoints) and the request's prefix hints; and, of them, the
-        drop scheme's junction when it is nothing else (`StateKind.DROP_JUNCTION`)."""
+        drop scheme's junction when it is nothing else (`StateKind.DROP_JUNCTION`), and the
+        hints' stops neither junction makes (`StateKind.HINT`)."""
         t = req.num_prompt_tokens
         stops = set(self.bounds.junction_stops(hit.junction, start, t))
-        if req.prefix_hints and self.cache.config.enable_prefix_caching:
-            stops.update(self.bounds.hint_stops(req.prefix_hints, start, t))
         drop = set(self.bounds.drop_junction_stops(hit.attention_match, start, t)) - stops
-        return tuple(sorted(stops | drop)), tuple(sorted(drop))
+        hints: set[int] = set()
+        if req.prefix_hints and self.cache.config.enable_prefix_caching:
+            hints = set(self.bounds.hint_stops(req.prefix_hints, start, t)) - stops - drop
+        return tuple(sorted(stops | hints | drop)), tuple(sorted(drop)), tuple(sorted(hints))
 
     def _lookahead(self, req: Request, end: int, drafts: list[int]) -> int:
         """Slots past `end`: the drafts verified in this step, and, when the step samples, the
@@ -374,7 +376,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
-        req.junction_stops = req.drop_stops = ()
+        req.junction_stops = req.drop_stops = req.hint_stops = ()
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)

@@ -173,3 +173,49 @@ def test_the_low_priority_head_is_weighed_by_what_its_hit_saves() -> None:
     assert pool.peek_victim() == low
     assert pool.allocate(1) == [low]
     pool.check_integrity()
+
+
+def _reused_and_one_off(pool: BlockPool) -> tuple[int, int, list[int]]:
+    """Block `hot` keyed and hit once, then `cold` keyed and never hit, both freed (hot last,
+    so plain LRU evicts cold first anyway; then hot is freed again before more one-offs)."""
+    hot, cold = pool.allocate(2)
+    pool.add_key(hot, key(1), 4)
+    pool.add_key(cold, key(2), 4)
+    pool.free([hot])
+    pool.touch([hot])  # a second request reuses it
+    pool.free([cold, hot])
+    rest = pool.allocate(3)  # one-off prompts, freed after hot
+    for i, b in enumerate(rest):
+        pool.add_key(b, key(10 + i), 4)
+    pool.free(rest)
+    return hot, cold, rest
+
+
+@pytest.mark.parametrize("protect", [False, True])
+def test_a_reused_block_outlives_one_off_blocks_only_when_protected(protect: bool) -> None:
+    pool = BlockPool(8, protect=protect)
+    hot, cold, rest = _reused_and_one_off(pool)
+    pool.check_integrity()
+    assert pool.peek_victim() == cold
+    order = pool.allocate(pool.num_free)
+    evicted = [b for b in order if b in (hot, cold, *rest)]
+    if protect:  # every block never reused goes first
+        assert evicted == [cold, *rest, hot]
+    else:  # LRU: hot was freed before the one-offs
+        assert evicted == [cold, hot, *rest]
+    pool.check_integrity()
+
+
+def test_the_protected_queue_is_bounded_and_hands_back_its_oldest() -> None:
+    pool = BlockPool(9, protect=True)  # at most 4 protected
+    *blocks, one_off = pool.allocate(7)
+    for i, b in enumerate([*blocks, one_off]):
+        pool.add_key(b, key(i), 4)
+    pool.free(blocks)
+    pool.touch(blocks)
+    pool.free(blocks)  # all hit: the first two go back to the ordinary queue's recent end
+    pool.free([one_off])  # freed after them: evicted after them, before the protected four
+    pool.check_integrity()
+    assert pool.protected_cap == 4
+    order = [b for b in pool.allocate(pool.num_free) if b in (*blocks, one_off)]
+    assert order == [*blocks[:2], one_off, *blocks[2:]]

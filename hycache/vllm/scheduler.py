@@ -205,7 +205,13 @@ class _Limit:
         assert bounds is not None
         t = request.num_prompt_tokens
         stops = set(bounds.junction_stops(junction, hit, t))
-        stops.update(bounds.hint_stops(parse_hints(request), hit, t))
+        hints = parse_hints(request)
+        # a hint names where sharing ends: the block floor below its stop would serve only a
+        # request sharing less than it says, and unlike a junction's floor (vLLM's own stop)
+        # it is a pass stock does not make
+        limits = {bounds.resume_limit(h) for h in hints}
+        below = {floor_to(x, bounds.block_size) for x in limits} - limits
+        stops.update(s for s in bounds.hint_stops(hints, hit, t) if s not in below)
         return tuple(sorted(s for s in stops if s > hit))
 
     def _get_local_prefix_cache_hit(self, request: Request, *args: Any, **kwargs: Any) -> Any:

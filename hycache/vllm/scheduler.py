@@ -267,8 +267,21 @@ class _Limit:
             return False
         if request.num_tokens > t or tail in stops_of(request):
             return False  # a resumed request replaying outputs, or our own stop
-        moved = bool(stops_of(request)) or getattr(request, HIT_ATTR, 0) % bounds.block_size
-        if not moved:
+        # moved: sub-block stops of its own (a junction, a hint), or a resume at a state such
+        # a stop kept (a family's later sibling). A resume at a prompt's tail checkpoint (a
+        # chat's next turn) is stock's own: its tail stop is kept, the next turn resumes there
+        hit = getattr(request, HIT_ATTR, 0)
+        own = any(s % bounds.block_size for s in stops_of(request))
+        if not own and not managers.resumes_at_a_stop_state(self.kv_cache_manager, request, hit):  # type: ignore[attr-defined]
+            return False
+        # only a tail stop the move made is priced: from the block floor of its hit, vLLM
+        # would export the tail inside the single final forward. Where stock stops there too
+        # (no export: a prompt within one block, a non-exporting spec), the stop costs no pass
+        # more than stock's: kept
+        if not (
+            compat.exports_prefill_checkpoint(self)
+            and bounds.vllm_export(floor_to(hit, bounds.block_size), t, t)
+        ):
             return False
         prev = max(start, floor_to(tail, bounds.block_size))
         return not stop_pays(

@@ -54,7 +54,7 @@ CONCURRENCY = (1, 16, 64)
 SHAPES: dict[str, Any] = {
     "system-prompt": SystemPromptShape(num_requests=64),
     "family": FamilyShape(families=8),
-    "multi-turn": ChatShape(sessions=16, turns=(2, 6)),
+    "multi-turn": ChatShape(sessions=64, turns=(2, 4)),
 }
 # `--quick` (and the tests): the same shapes, shorter and fewer
 QUICK_SHAPES: dict[str, Any] = {

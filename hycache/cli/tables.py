@@ -444,28 +444,28 @@ def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any])
 
 
 def vllm_priced_table(doc: Mapping[str, Any]) -> Table:
-    """`hycache bench vllm`: per workload, concurrency and arm, the priced figures, and the
-    plugin's ratios to stock."""
+    """`hycache bench vllm`: per workload, concurrency and arm, the priced figures; the
+    plugin's row ends with its ratios to stock (output tok/s, TTFT p50; `!` below the bar:
+    < 0.99x tok/s or > 1.01x TTFT p50)."""
     i = doc["inputs"]
     t = Table(
         title=f"vLLM {i['vllm']} priced: {i['model']} on {i['gpu']}, B={i['block_size']}, "
         f"u={i['unit']}, k={i['num_speculative_tokens']}, budget {i['budget']}"
     )
-    for col in ("workload", "conc.", "arm", "out tok/s", "TTFT p50 s", "TTFT p95 s",
-                "passes/req", "prefill tok", "hit tok", "preempt", "vs stock"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("workload", "arm") else "right")
+    for col in ("workload", "conc", "arm", "out tok/s", "TTFT p50", "TTFT p95", "passes",
+                "prefill tok", "hit tok", "vs stock"):  # fmt: skip
+        left = col in ("workload", "arm")
+        t.add_column(col, justify="left" if left else "right", no_wrap=True)
     ratio = {(r["workload"], r["concurrency"]): r for r in doc["ratios"]}
     for r in doc["rows"]:
         cell = ratio.get((r["workload"], r["concurrency"])) if r["arm"] == "plugin" else None
-        vs = (
-            f"{cell['output_tok_s']:.3f}x tok/s, {cell['ttft_p50']:.3f}x TTFT"
-            + ("" if cell["ok"] else " (below the bar)")
-            if cell
-            else ""
-        )
+        vs = ""
+        if cell:
+            vs = f"{cell['output_tok_s']:.3f}x {cell['ttft_p50']:.3f}x"
+            vs += "" if cell["ok"] else " !"
         t.add_row(
-            r["workload"], str(r["concurrency"]), r["arm"], fmt(r["output_tok_s"]),
-            f"{r['ttft_p50_s']:.4f}", f"{r['ttft_p95_s']:.4f}", f"{r['passes_per_request']:.2f}",
-            fmt(r["prefill_tokens"]), fmt(r["hit_tokens"]), fmt(r["preemptions"]), vs,
+            r["workload"], str(r["concurrency"]), r["arm"], f"{r['output_tok_s']:,.0f}",
+            f"{r['ttft_p50_s'] * 1e3:,.1f} ms", f"{r['ttft_p95_s'] * 1e3:,.1f} ms",
+            f"{r['passes_per_request']:.2f}", fmt(r["prefill_tokens"]), fmt(r["hit_tokens"]), vs,
         )  # fmt: skip
     return t

@@ -26,6 +26,7 @@ def bench_from_cli_args(args: argparse.Namespace) -> object:
         budget=args.max_num_batched_tokens,
         workloads=workloads,
         seed=args.seed,
+        price=args.price,
     )
     if args.quick:
         bench = quick(bench)
@@ -86,6 +87,10 @@ def add_bench_vllm_parser(targets: argparse._SubParsersAction[argparse.ArgumentP
     p.add_argument("--workload", choices=WORKLOADS, action="append", default=None,
                    help="repeat for several (default: all three)")
     add_flag(p, "--seed")
+    p.add_argument("--price", choices=("model", "default"), default="model",
+                   help="what prices the plugin's stops: the cost model the steps are priced "
+                   "with (a deployment's --additional-config price), or its default (a pass = "
+                   "96 prefill tokens)")
     p.add_argument("--quick", action="store_true",
                    help="small workloads, concurrency 1 and 4 (a smoke test)")
     p.add_argument("--json", default=None, help="also write the results here")

@@ -23,7 +23,7 @@ def family_doc() -> dict:
 def test_alone_a_requests_ttft_is_the_sum_of_its_priced_prefill_passes() -> None:
     cost = BENCH.cost()
     for arm in BENCH.arms:
-        r = run_arm(BENCH, arm, BENCH.shape("multi-turn"), 1, cost, cost.num_blocks(BENCH.b))
+        r = run_arm(BENCH, arm, BENCH.shape("multi-turn"), 1, cost, BENCH.num_blocks(cost))
         assert len(r.ttft) == len(r.pass_seconds) == 6  # 3 sessions x 2 turns
         assert r.ttft == pytest.approx(r.pass_seconds, rel=1e-9)
         assert all(p >= 1 for p in r.passes)
@@ -57,9 +57,11 @@ def test_the_command_prints_the_table_and_writes_json(
 ) -> None:
     path = tmp_path / "priced.json"
     argv = ["bench", "vllm", "--quick", "--workload", "system-prompt", "--concurrency", "1"]
-    assert main([*argv, "--num-speculative-tokens", "0", "--json", str(path)]) == 0
+    flags = ["--num-speculative-tokens", "0", "--price", "default", "--json", str(path)]
+    assert main([*argv, *flags]) == 0
     doc = json.loads(path.read_text())
     assert doc["inputs"]["block_size"] == 4416 and doc["inputs"]["num_speculative_tokens"] == 0
+    assert doc["inputs"]["price"] == "default"
     # without a drafter vLLM's junction flag does not apply: two arms
     assert [r["arm"] for r in doc["rows"]] == ["stock", "plugin"]
     out = capsys.readouterr().out

@@ -3,10 +3,11 @@
 vLLM's real scheduler (0.33 or 0.34, whichever is installed; `hycache.bench.vllm.reference`)
 runs a bench workload closed-loop at a concurrency, one arm at a time: stock vLLM, stock with
 `enable_mamba_shared_prefix_checkpoint` (with a drafter: the flag needs one), and
-`hycache.vllm.SyncScheduler` at its default price. Every step vLLM schedules is costed with
-the simulator's cost model (`hycache.sim.costmodel.CostModel.step_time` of what the step
-computes: each request's new tokens over its cached context, drafts verified, block copies),
-and a virtual clock advances by it:
+`hycache.vllm.SyncScheduler`, its stops priced by the same cost model (or its default
+price). Every step vLLM schedules is costed with the simulator's cost model
+(`hycache.sim.costmodel.CostModel.step_time` of what the step computes: each request's new
+tokens over its cached context, drafts verified, block copies), and a virtual clock advances
+by it:
 
     workload (hycache.sim.workloads) ──▶ vllm Scheduler.schedule ──▶ StepWork ──▶ CostModel
       closed loop: `concurrency` requests in flight,     │ scripted model: each request samples
@@ -67,12 +68,15 @@ QUICK_SHAPES: dict[str, Any] = {
 }  # fmt: skip
 
 # Each model's vLLM deployment: the harness's KV cache config (`reference.MODELS`), the block
-# size vLLM picks, and the GPU it is priced on. Qwen3-Next-80B-A3B's bfloat16 weights (159.5 GB)
-# do not fit an H200's 141 GB: it is priced on a B200.
-MODELS: dict[str, tuple[str, int, str]] = {
-    "nemotron-h-8b": (NEMOTRON_H, 4416, "h200"),
-    "bamba-9b": (NEMOTRON_H, 4416, "h200"),
-    "qwen3-next-80b-a3b": (QWEN3_NEXT, 576, "b200"),
+# size vLLM picks, the GPU it is priced on, and its pool (None: the pages the cost model fits
+# in the GPU's memory). Qwen3-Next-80B-A3B's bfloat16 weights (159.5 GB) do not fit an H200's
+# 141 GB: it is priced on a B200, where 175 pages (100,800 tokens) are left, too few for
+# sixteen 64k-token prompts; deployed, it runs on two GPUs or more, so its pool holds the
+# workload (4,096 pages) while its steps are priced on one B200's roofline.
+MODELS: dict[str, tuple[str, int, str, int | None]] = {
+    "nemotron-h-8b": (NEMOTRON_H, 4416, "h200", None),
+    "bamba-9b": (NEMOTRON_H, 4416, "h200", None),
+    "qwen3-next-80b-a3b": (QWEN3_NEXT, 576, "b200", 4096),
 }
 
 
@@ -92,6 +96,10 @@ class PricedBench:
     workloads: tuple[str, ...] = WORKLOADS
     quick: bool = False
     seed: int = 0
+    # what prices the plugin's stops: "model", the cost model the steps are priced with (what
+    # a deployment's `--additional-config` price stands for); "default", the plugin's
+    # `DEFAULT_PRICE` (a pass = 96 prefill tokens: a 9B hybrid on an H200)
+    price: str = "model"
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -101,6 +109,8 @@ class PricedBench:
             raise ValueError(f"--workload: one of {', '.join(WORKLOADS)}, got {bad[0]!r}")
         if not 0.0 <= self.acceptance_rate <= 1.0:
             raise ValueError(f"acceptance rate must lie in [0, 1], got {self.acceptance_rate}")
+        if self.price not in ("model", "default"):
+            raise ValueError(f"--price: model or default, got {self.price!r}")
         if any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
 
@@ -120,6 +130,9 @@ class PricedBench:
     def arms(self) -> tuple[str, ...]:
         """The flag needs a drafter (vLLM's junction stop is an EAGLE feature)."""
         return ARMS if self.num_speculative_tokens else ("stock", "plugin")
+
+    def num_blocks(self, cost: CostModel) -> int:
+        return MODELS[self.model][3] or cost.num_blocks(self.b)
 
     def cost(self) -> CostModel:
         return build_cost(
@@ -233,6 +246,10 @@ def run_arm(
 
     ref = ReferenceScheduler(bench.setup(arm, num_blocks))
     s, k = ref.scheduler, bench.num_speculative_tokens
+    if arm == "plugin" and bench.price == "model":
+        # the price a deployment configures for its GPU (`pass_cost`, `token_cost`), here
+        # exact: the cost model prices each stop at its context and chunk sizes
+        s.hycache_pricer = cost
     result = ArmResult(arm, concurrency)
     pending, chat = jobs_of(workload, bench.seed)
     ready: deque[Job] = deque(pending)
@@ -311,7 +328,7 @@ def run(bench: PricedBench, progress: Callable[[str], None] | None = None) -> di
     """Every workload x concurrency x arm: the document `hycache bench vllm` prints and
     writes."""
     cost = bench.cost()
-    num_blocks = cost.num_blocks(bench.b)
+    num_blocks = bench.num_blocks(cost)
     rows = []
     for name in bench.workloads:
         shape = bench.shape(name)
@@ -332,6 +349,7 @@ def run(bench: PricedBench, progress: Callable[[str], None] | None = None) -> di
             "acceptance_rate": bench.acceptance_rate,
             "budget": bench.budget,
             "num_blocks": num_blocks,
+            "price": bench.price,
             "quick": bench.quick,
             "shapes": {w: repr(bench.shape(w)) for w in bench.workloads},
         },

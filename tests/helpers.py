@@ -1,4 +1,5 @@
-"""Shared builders for the cache, scheduler and engine tests."""
+"""Shared builders for the cache, scheduler, engine, store and CLI tests (a test module never
+imports another: what two folders share lives here)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ if TYPE_CHECKING:
     import torch
 
     from hycache.engine.engine import LLM
+    from hycache.engine.outputs import RequestOutput
+
+# the bound on a hang (a wait that must end, a server that must start): generous, as a loaded
+# machine needs it; a latency is never asserted in seconds, only against a control run beside it
+HANG_S = 120.0
 
 
 def make_config(
@@ -310,3 +316,71 @@ class EventTree:
                 h = parent
             out.add(tuple(toks))
         return out
+
+
+WORKED = [
+    "--block-size",
+    "4416",
+    "--prefix-match-unit",
+    "64",
+    "--eagle",
+    "--prompt-tokens",
+    "64016",
+    "--shared-prefix",
+    "57600",
+]
+
+
+BAMBA_9B = {  # the geometry of ibm-ai-platform/Bamba-9B's config.json
+    "model_type": "bamba",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "attn_layer_indices": [9, 18, 27],
+    "mamba_n_heads": 128,
+    "mamba_d_head": 64,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 128,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 256,
+    "max_position_embeddings": 262144,
+}
+
+
+SP = SamplingParams(max_tokens=5)
+
+
+GEOMETRY = {"block_size": 16, "prefix_match_unit": 4, "max_model_len": 256}
+
+
+def family(seed: int = 0, shared: int = 101, private: int = 23, n: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    head = [rng.randrange(1, 250) for _ in range(shared)]
+    return [head + [rng.randrange(1, 250) for _ in range(private)] for _ in range(n)]
+
+
+def noise(seed: int = 1, n: int = 5, length: int = 130) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 250) for _ in range(length)] for _ in range(n)]
+
+
+def replay(llm: LLM, evict: bool = True, seed: int = 0) -> RequestOutput:
+    """fam[0], fam[1] one after the other, noise that evicts them (small pools), then fam[2]."""
+    fam = family(seed)
+    llm.generate([fam[0]], SP)
+    llm.generate([fam[1]], SP)
+    if evict:
+        for prompt in noise():
+            llm.generate([prompt], SP)
+    return llm.generate([fam[2]], SP)[0]
+
+
+def assert_no_leaks(llm: LLM) -> None:
+    cache = llm.scheduler.cache
+    cache.check_integrity()
+    assert cache.num_live_requests == 0
+    assert cache.pool.num_free == cache.pool.num_blocks - 1  # every block back (cached or not)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "hycache"
 
 # a package -> the packages it must never import (the layers of docs/architecture.md §2)
-UPPER = ("engine", "server", "cli", "bench", "sim", "vllm")
+UPPER = ("engine", "server", "cli", "bench", "fleet", "sim", "vllm")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hycache.hashing": ("config", "request", "cache", "store", "sched", "model", *UPPER),
     "hycache.request": ("cache", "store", "sched", "model", *UPPER),
@@ -21,16 +22,17 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hycache.sched": ("model", *UPPER),
     "hycache.model.configs": ("cache", "sched", "store", "model.hybrid", "engine", *UPPER),
     "hycache.model": ("sched", *UPPER),
-    "hycache.engine": ("server", "cli", "bench", "sim", "vllm"),
-    "hycache.sim": ("engine", "server", "cli", "bench", "vllm"),
-    "hycache.server": ("sim", "cli", "bench", "vllm"),
-    "hycache.bench": ("server", "cli"),
-    "hycache.vllm": ("sched", "model", "engine", "server", "cli", "bench", "sim"),
+    "hycache.engine": ("server", "cli", "bench", "fleet", "sim", "vllm"),
+    "hycache.sim": ("engine", "server", "cli", "bench", "fleet", "vllm"),
+    "hycache.server": ("sim", "cli", "bench", "fleet", "vllm"),
+    "hycache.bench": ("server", "cli", "fleet"),
+    "hycache.fleet": ("sim", "cli", "bench", "vllm"),
+    "hycache.vllm": ("sched", "model", "engine", "server", "cli", "bench", "fleet", "sim"),
 }
 
 # what `--scheduler-cls hycache.vllm.Scheduler` loads in a vLLM deployment, and nothing else:
 # the harness beside vLLM's real scheduler lives with the benchmarks (hycache/bench/vllm)
-VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "cpu_fixes"}
+VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "events"}
 
 
 def module_name(path: Path) -> str:
@@ -38,13 +40,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, name: str, modules: set[str]) -> set[str]:
-    """The hycache modules `path` imports (relative imports resolved). `from pkg import x`
-    imports module `pkg.x` when there is one, else a name of `pkg` itself."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+def imported(path: Path, package: str, modules: set[str] | None = None) -> set[str]:
+    """The module names `path` (in `package`) imports, relative imports resolved. `from pkg
+    import x` imports module `pkg.x` when it is one of `modules`, else a name of `pkg` itself;
+    without `modules`, both `pkg` and `pkg.x` count."""
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -52,10 +53,18 @@ def imports(path: Path, name: str, modules: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
-            for a in node.names:
-                sub = f"{base}.{a.name}"
-                out.add(sub if sub in modules else base)
-    return {m for m in out if m in modules and m != name}
+            for sub in (f"{base}.{a.name}" for a in node.names):
+                if modules is None:
+                    out.update((base, sub))
+                else:
+                    out.add(sub if sub in modules else base)
+    return out
+
+
+def imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The hycache modules `path` imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return {m for m in imported(path, package, modules) if m in modules and m != name}
 
 
 def graph() -> dict[str, set[str]]:
@@ -112,6 +121,34 @@ def test_lower_layers_do_not_import_upper_ones(layer: str) -> None:
 def test_the_vllm_package_is_the_plugin_only() -> None:
     present = {p.stem for p in (ROOT / "vllm").iterdir() if p.suffix == ".py" or p.is_dir()}
     assert present - {"__pycache__"} == VLLM_PLUGIN
+
+
+def test_the_cpu_fixes_are_a_package_vllm_alone_loads() -> None:
+    """`hycache.vllm_cpu` (vLLM's general plugin on its CPU engine) reaches vLLM through
+    `hycache.vllm.compat` only, and no hycache module imports it (vLLM does, by entry point)."""
+    edges = graph()
+    fixes = {m: t for m, t in edges.items() if _within(m, "hycache.vllm_cpu")}
+    assert fixes, "hycache/vllm_cpu is gone"
+    outside = {n for t in fixes.values() for n in t if not _within(n, "hycache.vllm_cpu")}
+    assert outside <= {"hycache.vllm", "hycache.vllm.compat"}, sorted(outside)
+    importers = sorted(
+        m
+        for m, t in edges.items()
+        if m not in fixes and any(_within(n, "hycache.vllm_cpu") for n in t)
+    )
+    assert not importers, importers
+
+
+def test_the_cpu_fixes_read_no_launch_argument_by_position() -> None:
+    """The fused-kernel stand-ins read a launch's arguments by the kernel's parameter names
+    (`compat.PRECOPY`, `compat.POSTPROCESS`), never `args[13]`."""
+    tree = ast.parse((ROOT / "vllm_cpu" / "state_copies.py").read_text())
+    by_position = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "args"
+    ]
+    assert not by_position, by_position
 
 
 def test_only_the_coordinator_applies_the_eagle_drop() -> None:
@@ -206,3 +243,132 @@ def test_engine_args_are_typed_through() -> None:
 
     for f in fields(EngineArgs):
         assert "dict" not in str(f.type), f"EngineArgs.{f.name}: {f.type}"
+
+
+# -- the front door ----------------------------------------------------------------------------
+
+
+def _make_prerequisites(target: str) -> list[str]:
+    makefile = (ROOT.parent / "Makefile").read_text().splitlines()
+    (line,) = [ln for ln in makefile if ln.startswith(f"{target}:")]
+    return line.split(":", 1)[1].split()
+
+
+def test_make_demo_sets_up_only_what_the_demo_runs() -> None:
+    """`make demo` runs `hycache explain` and `hycache bench` (hycache's own engine and
+    simulator, no vLLM): it builds the main venv only, never vLLM's CPU engine venv nor the
+    0.34 folder, which `make test` (through `setup`) still builds."""
+    assert _make_prerequisites("demo") == ["$(STAMP)"]
+    setup = _make_prerequisites("setup")
+    assert {"$(STAMP)", "$(VLLM_034_STAMP)", "$(VLLM_CPU_STAMP)"} <= set(setup)
+    assert "setup" in _make_prerequisites("test")
+
+
+# -- the tests' shape --------------------------------------------------------------------------
+
+REPO = ROOT.parent
+
+
+def _imports_of_tests(folder: str, is_bad: Any) -> list[str]:
+    return sorted(
+        f"{p.relative_to(REPO)} imports {m}"
+        for p in (REPO / folder).rglob("*.py")
+        for m in imported(p, ".".join(p.relative_to(REPO).parent.parts))
+        if is_bad(m)
+    )
+
+
+def _is_test_module(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "tests" and parts[-1].startswith("test_")
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/helpers.py, a folder's conftest.py or a helper module;
+    a test module (`test_*.py`) is never imported, so each runs and reads on its own."""
+    bad = _imports_of_tests("tests", _is_test_module)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_benchmark_imports_a_test() -> None:
+    bad = _imports_of_tests("benchmarks", lambda m: m == "tests" or m.startswith("tests."))
+    assert not bad, "\n".join(bad)
+
+
+def _closure(edges: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(edges.get(m, ()))
+    return seen
+
+
+def test_a_workload_does_not_load_the_simulator() -> None:
+    """`Workload` and `OfferedLoad` live in `sim.workloads`, which imports (even late) none of
+    the simulator; building one (`sim.build`) loads no simulator either until arrivals are
+    measured against it."""
+    import subprocess
+    import sys
+
+    from hycache.sim.load import OfferedLoad
+    from hycache.sim.workloads import Workload
+
+    assert Workload.__module__ == OfferedLoad.__module__ == "hycache.sim.workloads"
+    reached = _closure(graph(), "hycache.sim.workloads")
+    simulator = {"hycache.sim.simulator", "hycache.sim.compare", "hycache.sim.load"}
+    assert not reached & simulator, sorted(reached & simulator)
+    code = "import sys, hycache.sim.build; print(sorted(m for m in sys.modules if m in %r))"
+    out = subprocess.run(
+        [sys.executable, "-c", code % sorted(simulator)], capture_output=True, text=True,
+        check=True, cwd=ROOT.parent,
+    ).stdout  # fmt: skip
+    assert out.strip() == "[]", out
+
+
+# -- model/: flat ------------------------------------------------------------------------------
+
+ARCHITECTURES = ("bamba", "nemotron_h", "granite_hybrid", "qwen3_next")
+
+
+def test_no_architecture_imports_another() -> None:
+    """Each architecture module imports shared parts (`moe`, `hybrid`, `layers`, `mamba2`,
+    `gdn`, ...), never a sibling architecture; the drafters read weights through `weights`,
+    not the loader (which imports every architecture)."""
+    edges = graph()
+    arch = {f"hycache.model.{a}" for a in ARCHITECTURES}
+    bad = sorted(f"{m} imports {n}" for m in arch for n in edges[m] if n in arch)
+    for drafter in ("hycache.model.eagle", "hycache.model.mtp"):
+        bad += [f"{drafter} imports {n}" for n in edges[drafter] if n == "hycache.model.loader"]
+    assert not bad, bad
+
+
+def test_the_decoder_container_is_declared_once() -> None:
+    """`HybridForCausalLM._add_decoder` builds every architecture's embedding / layers / norm
+    container and its accessors; an architecture declares only its checkpoint's names."""
+    repeated = sorted(
+        f"{a}.{node.name}"
+        for a in ARCHITECTURES
+        for node in ast.walk(ast.parse((ROOT / "model" / f"{a}.py").read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and node.name in ("embed_tokens", "decoder_layers", "final_layernorm", "_add_lm_head")
+    )
+    assert not repeated, repeated
+
+
+def test_the_engine_picks_the_drafter_by_a_model_property() -> None:
+    """`engine.build` asks the config (`mtp_drafter`), never its class (no `isinstance` on a
+    config, no import of an architecture's config module)."""
+    tree = ast.parse((ROOT / "engine" / "build.py").read_text())
+    class_checks = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id == "isinstance"
+        and "Config" in ast.unparse(n.args[1])
+    ]
+    assert not class_checks, class_checks
+    own = {n for n in graph()["hycache.engine.build"] if n.startswith("hycache.model.configs.")}
+    assert own <= {"hycache.model.configs.base"}, sorted(own)

@@ -4,7 +4,9 @@
    `lookahead` (vLLM 0.33's default EAGLE setup, the baseline) against `limit`, closed loop at a
    fixed concurrency; the policy order alternates across repeats (L,M / M,L / L,M ...) and the
    medians are reported, so a machine that slows down or warms up over the run favours
-   neither side;
+   neither side; each arm's spread over the repeats is reported, and each arm against
+   `lookahead` per repeat, with whether the repeats agree enough to rank them
+   (`hycache.bench.repeats`);
 2. simulated (bamba-9b on an H200, B=4416, u=64, k=3, concurrency 64), every arm (`eagle-off`,
    `replay`, `junction`, `lookahead`, `limit`) on four workloads: the seed's system prompt, the
    random family workload, multi-turn chat behind a shared system prompt, and a Mooncake-like
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from hycache.bench.repeats import ratio_spread, spread
 from hycache.config import ENGINE_SHAPES, CacheKnobs, HycacheConfig
 from hycache.sim.build import (
     SimGeometry,
@@ -268,6 +271,11 @@ PER_REPEAT_KEYS = ("ttft_p50_s", "output_tokens_per_cpu_s", "ttft_cpu_p50_s", "e
 of one repeat ran back to back, so their ratios are the side-by-side figures."""
 
 
+SPREAD_KEYS = ("output_tokens_per_s", "ttft_p50_s", "output_tokens_per_cpu_s", "ttft_cpu_p50_s")
+"""The engine figures whose spread over the repeats is reported (`spread`, and per repeat
+against the reference arm, `vs_reference`: whether the repeats rank the arms)."""
+
+
 def engine_orders(policies: Sequence[str], repeats: int) -> list[list[str]]:
     """The policy order of each repeat: as given, reversed, as given, ..."""
     return [list(policies) if i % 2 == 0 else list(reversed(policies)) for i in range(repeats)]
@@ -299,7 +307,17 @@ def engine_bench(b: EngineBench, policies: Sequence[str], progress: Progress) ->
             progress(f"engine · repeat {i + 1}/{b.repeats} · {p}")
             runs[p].append(run_engine_policy(b, p))
     results = {p: _median_metrics(runs[p]) for p in policies}
-    base = results[reference_arm(list(policies))]["_steps"]
+    ref = reference_arm(list(policies))
+    spreads = {p: {k: spread([r[k] for r in runs[p]]) for k in SPREAD_KEYS} for p in policies}
+    vs_ref = {
+        p: {
+            k: ratio_spread([r[k] for r in runs[p]], [r[k] for r in runs[ref]])
+            for k in SPREAD_KEYS
+        }
+        for p in policies
+        if p != ref
+    }
+    base = results[ref]["_steps"]
     for res in results.values():
         steps = res.pop("_steps")
         extra = [
@@ -313,9 +331,20 @@ def engine_bench(b: EngineBench, policies: Sequence[str], progress: Progress) ->
         "policies": results,
         "runs": {p: [r["output_tokens_per_s"] for r in runs[p]] for p in policies},
         "per_repeat": {p: {k: [r[k] for r in runs[p]] for k in PER_REPEAT_KEYS} for p in policies},
-        "headline": headline(results),
+        "spread": spreads,
+        "vs_reference": {"reference": ref, "arms": vs_ref},
+        "headline": _with_repeats(headline(results), vs_ref),
         **({"caching_overhead": o} if (o := caching_overhead(results)) else {}),
     }
+
+
+def _with_repeats(
+    head: dict[str, Any] | None, vs_ref: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The headline with its arm's ratios per repeat (`repeats`: spread and `rankable`)."""
+    if head is None or HEADLINE not in vs_ref:
+        return head
+    return {**head, "repeats": vs_ref[HEADLINE]}
 
 
 @dataclass(frozen=True)

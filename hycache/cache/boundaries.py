@@ -48,6 +48,9 @@ def floor_to(n: int, step: int) -> int:
 
 
 LOOKAHEAD_POLICIES = (Policy.LOOKAHEAD, Policy.LIMIT)
+# the most prefix hints one request may give: `hycache serve` refuses more (400), the vLLM
+# plugin reads no more than these (a prompt has few shared-prefix boundaries worth keeping)
+MAX_PREFIX_HINTS = 16
 
 
 class StateKind(StrEnum):

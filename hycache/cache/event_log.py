@@ -26,6 +26,10 @@ group 0, kind `full_attention`.
 block's tokens up to it), plus the `resumable` stream in the batch's trailing
 `resumable_events`.
 
+The `resumable` bookkeeping (which units are published, their chains, the events when a
+path's depth moves) is `ResumableChain`, whoever supplies the depths: here the cache's lookup,
+inside vLLM vLLM's own (`hycache.vllm.events`).
+
 A path is forgotten once its request has finished, it resumes nowhere and none of its keys is
 cached any more. What was cached before the log was created is unknown to it: its first batch
 opens with `AllBlocksCleared` (the log starts from nothing).
@@ -34,9 +38,9 @@ opens with `AllBlocksCleared` (the log starts from nothing).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from hycache.cache.block_pool import BlockEvent, CacheKey
 from hycache.cache.events import (
@@ -63,7 +67,22 @@ MODES: tuple[EventMode, ...] = ("resumable", "full")
 class _Path:
     req: Request
     indexed: int = 0  # positions whose keys are in the log's index, up to here
-    depth: int = 0  # the resume point its published units cover
+
+    # a `PathView` of the request
+    def prefix_hash(self, p: int) -> Hash:
+        return self.req.hashes.prefix_hash(p)
+
+    def tokens(self, start: int, end: int) -> Sequence[int]:
+        return self.req.tokens(start, end)
+
+
+class PathView(Protocol):
+    """A request path as `ResumableChain` reads it: the content hash of [0, p) for a
+    multiple p of the unit, and its tokens."""
+
+    def prefix_hash(self, p: int) -> Hash: ...
+
+    def tokens(self, start: int, end: int) -> Sequence[int]: ...
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,94 @@ class _Unit:
     parent: Hash | None
     position: int
     token_ids: tuple[int, ...]
+
+
+class ResumableChain:
+    """The `resumable` stream for paths whose depths someone else computes: unit k of a
+    path is published while one path's depth covers its end (`set_depth`), and `events()`
+    says which units crossed since the last call: removed (deepest first), then chains stored
+    (parents first), `block_size` u, group 0, kind `full_attention`. Keeps no rule of where
+    a path resumes."""
+
+    def __init__(self, unit: int) -> None:
+        self.unit = unit
+        self._depth: dict[str, int] = {}  # path id -> the depth its published units cover
+        self._support: dict[Hash, int] = {}  # published unit -> the paths covering it
+        self._units: dict[Hash, _Unit] = {}
+        # units whose support crossed zero since the last `events` -> published before it
+        self._changed: dict[Hash, bool] = {}
+
+    def depth(self, pid: str) -> int:
+        return self._depth.get(pid, 0)
+
+    def set_depth(self, pid: str, path: PathView, depth: int) -> None:
+        """Move path `pid`'s support to `depth` (a multiple of the unit), noting the units
+        whose support crossed zero (and whether each was published before)."""
+        u, old = self.unit, self._depth.get(pid, 0)
+        for p in range(old + u, depth + 1, u):  # deeper: support the new units
+            h = path.prefix_hash(p)
+            n = self._support.get(h, 0)
+            self._support[h] = n + 1
+            if not n:
+                self._changed.setdefault(h, h in self._units)
+                if h not in self._units:
+                    parent = path.prefix_hash(p - u) if p > u else None
+                    self._units[h] = _Unit(h, parent, p, tuple(path.tokens(p - u, p)))
+        for p in range(old, depth, -u):  # shallower: drop the old ones, deepest first
+            h = path.prefix_hash(p)
+            self._support[h] -= 1
+            if not self._support[h]:
+                del self._support[h]
+                self._changed.setdefault(h, True)
+        if depth:
+            self._depth[pid] = depth
+        else:
+            self._depth.pop(pid, None)
+
+    def events(self) -> list[KVEvent]:
+        changed, self._changed = self._changed, {}
+        removed = [h for h, was in changed.items() if was and h not in self._support]
+        stored = [h for h, was in changed.items() if not was and h in self._support]
+        removed.sort(key=lambda h: -self._units[h].position)
+        events: list[KVEvent] = []
+        if removed:
+            events.append(BlockRemoved([external_hash(h) for h in removed], MEDIUM_GPU, 0))
+        events.extend(self._chains(stored))
+        for h in changed:
+            if h not in self._support:
+                del self._units[h]
+        return events
+
+    def published(self) -> dict[Hash, int]:
+        """The units published now: content hash -> the position it ends at."""
+        return {h: unit.position for h, unit in self._units.items()}
+
+    def _chains(self, stored: list[Hash]) -> list[BlockStored]:
+        """The newly stored units as BlockStored events, one per run of units each the parent
+        of the next (in the order they were covered: parents first)."""
+        events: list[BlockStored] = []
+        run: list[_Unit] = []
+        for h in [*stored, None]:
+            unit = self._units[h] if h is not None else None
+            if run and (unit is None or unit.parent != run[-1].hash):
+                parent = run[0].parent
+                events.append(
+                    BlockStored(
+                        [external_hash(x.hash) for x in run],
+                        external_hash(parent) if parent is not None else None,
+                        [t for x in run for t in x.token_ids],
+                        self.unit,
+                        None,
+                        MEDIUM_GPU,
+                        None,
+                        group_idx=0,
+                        kv_cache_spec_kind=FULL_ATTENTION,
+                    )
+                )
+                run = []
+            if unit is not None:
+                run.append(unit)
+        return events
 
 
 class KVEventLog:
@@ -99,10 +206,7 @@ class KVEventLog:
         self._paths: dict[str, _Path] = {}  # by request id, in the order first committed
         self._by_key: dict[Hash, dict[str, None]] = {}  # a key's hash -> the paths carrying it
         self._dirty: dict[str, None] = {}  # paths whose keys changed since the last drain
-        self._support: dict[Hash, int] = {}  # published unit -> the paths covering it
-        self._units: dict[Hash, _Unit] = {}
-        # units whose support crossed zero since the last drain -> published before it
-        self._changed: dict[Hash, bool] = {}
+        self._chain = ResumableChain(self.unit)
         self._raw: list[BlockEvent] = []  # `full`: pool events since the last drain
         self._full_stored: set[tuple[int, int]] = set()  # `full`: (group, block hash) out
         self._fresh = True
@@ -117,7 +221,7 @@ class KVEventLog:
         rid = req.request_id
         path = self._paths.get(rid)
         if path is not None and path.req is not req:  # a request id used again
-            self._set_depth(path, 0)
+            self._chain.set_depth(rid, path, 0)
             self._forget(rid)
             path = None
         if path is None:
@@ -155,7 +259,7 @@ class KVEventLog:
 
     def published(self) -> dict[Hash, int]:
         """The `resumable` units published now: content hash -> the position it ends at."""
-        return {h: unit.position for h, unit in self._units.items()}
+        return self._chain.published()
 
     @property
     def num_tracked_paths(self) -> int:
@@ -167,70 +271,11 @@ class KVEventLog:
         for rid in [r for r in self._paths if r in self._dirty]:
             path = self._paths[rid]
             resume = self.cache.lookup(path.req).resume_point  # the one rule
-            self._set_depth(path, resume)
+            self._chain.set_depth(rid, path, resume)
             if not resume and path.req.status.finished and not self._cached(path):
                 self._forget(rid)
         self._dirty.clear()
-        changed, self._changed = self._changed, {}
-        removed = [h for h, was in changed.items() if was and h not in self._support]
-        stored = [h for h, was in changed.items() if not was and h in self._support]
-        removed.sort(key=lambda h: -self._units[h].position)
-        events: list[KVEvent] = []
-        if removed:
-            events.append(BlockRemoved([external_hash(h) for h in removed], MEDIUM_GPU, 0))
-        events.extend(self._chains(stored))
-        for h in changed:
-            if h not in self._support:
-                del self._units[h]
-        return events
-
-    def _set_depth(self, path: _Path, depth: int) -> None:
-        """Move `path`'s support to `depth`, noting the units whose support crossed zero (and
-        whether each was published before this drain)."""
-        u, req, old = self.unit, path.req, path.depth
-        for p in range(old + u, depth + 1, u):  # deeper: support the new units
-            h = req.hashes.prefix_hash(p)
-            n = self._support.get(h, 0)
-            self._support[h] = n + 1
-            if not n:
-                self._changed.setdefault(h, h in self._units)
-                if h not in self._units:
-                    parent = req.hashes.prefix_hash(p - u) if p > u else None
-                    self._units[h] = _Unit(h, parent, p, tuple(req.tokens(p - u, p)))
-        for p in range(old, depth, -u):  # shallower: drop the old ones, deepest first
-            h = req.hashes.prefix_hash(p)
-            self._support[h] -= 1
-            if not self._support[h]:
-                del self._support[h]
-                self._changed.setdefault(h, True)
-        path.depth = depth
-
-    def _chains(self, stored: list[Hash]) -> list[BlockStored]:
-        """The newly stored units as BlockStored events, one per run of units each the parent
-        of the next (in the order they were covered: parents first)."""
-        events: list[BlockStored] = []
-        run: list[_Unit] = []
-        for h in [*stored, None]:
-            unit = self._units[h] if h is not None else None
-            if run and (unit is None or unit.parent != run[-1].hash):
-                parent = run[0].parent
-                events.append(
-                    BlockStored(
-                        [external_hash(x.hash) for x in run],
-                        external_hash(parent) if parent is not None else None,
-                        [t for x in run for t in x.token_ids],
-                        self.unit,
-                        None,
-                        MEDIUM_GPU,
-                        None,
-                        group_idx=0,
-                        kv_cache_spec_kind=FULL_ATTENTION,
-                    )
-                )
-                run = []
-            if unit is not None:
-                run.append(unit)
-        return events
+        return self._chain.events()
 
     def _cached(self, path: _Path) -> bool:
         """Whether any key of the path's is still in a pool."""

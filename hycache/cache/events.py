@@ -5,17 +5,27 @@ never imports vLLM) with the same tags, field names, field order and msgspec opt
 consumer of vLLM's events (Dynamo's KV router, llm-d) decodes hycache's bytes, and hycache decodes
 vLLM's (tests/cache/test_events.py round-trips both ways through vLLM's own decoder):
 
-    KVEventBatch [ts, events, data_parallel_rank, resumable_events]      (a msgpack array)
+    KVEventBatch [ts, events, data_parallel_rank(, resumable_events)]    (a msgpack array)
       events: {"type": "BlockStored" | "BlockRemoved" | "AllBlocksCleared", ...}   (maps)
 
 One addition: `KVEventBatch.resumable_events`, a trailing optional field (vLLM's decoder ignores
 a trailing array element it does not declare). In `full` mode it carries the `resumable` stream
 beside vLLM's per-group events (`hycache.cache.event_log`).
+
+The wire each consumer reads (`encode_batch(batch, wire)`), the one place a batch is written:
+
+    "vllm"    [ts, events, data_parallel_rank], plus `resumable_events` when the batch has them
+              (`full` mode): what vLLM's decoder (0.33, 0.34) reads
+    "dynamo"  exactly [ts, events, data_parallel_rank]: Dynamo 1.6.1 decodes a batch as that
+              3-tuple (its `zmq_wire.rs`) and drops a batch of any other length whole, so the
+              `full` mode's tail is left out (Dynamo could not read it anyway)
+
+A `resumable` batch is the same three fields on both wires.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -99,13 +109,42 @@ class KVEventBatch(
     resumable_events: list[KVEvent] | None = None
 
 
+Wire = Literal["vllm", "dynamo"]
+WIRES: tuple[Wire, ...] = ("vllm", "dynamo")
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
 
 
-def encode_batch(batch: KVEventBatch) -> bytes:
-    """The msgpack bytes vLLM's publisher sends for a batch."""
-    return _encoder.encode(batch)
+class WireBatch(
+    msgspec.Struct,
+    array_like=True,  # type: ignore[call-arg]
+    gc=False,  # type: ignore[call-arg]
+):
+    """Exactly vLLM's `EventBatch` fields, written as three array elements whatever their
+    values (the "dynamo" wire, and a batch without a tail on either)."""
+
+    ts: float
+    events: list[KVEvent]
+    data_parallel_rank: int | None = None
+
+
+def for_wire(batch: KVEventBatch, wire: Wire = "vllm") -> KVEventBatch | WireBatch:
+    """The struct whose msgpack encoding is `batch` on `wire` (module docstring): the batch
+    itself on the "vllm" wire when it carries a tail, else its three fields. A publisher that
+    encodes structs itself (vLLM's, which also fills `data_parallel_rank`) is handed this."""
+    if wire not in WIRES:
+        raise ValueError(f"wire: one of {', '.join(WIRES)}, got {wire!r}")
+    if wire == "vllm" and batch.resumable_events is not None:
+        return batch
+    return WireBatch(batch.ts, batch.events, batch.data_parallel_rank)
+
+
+def encode_batch(batch: KVEventBatch, wire: Wire = "vllm") -> bytes:
+    """A batch's msgpack bytes as `wire`'s consumer reads them (`for_wire`): always `ts,
+    events, data_parallel_rank` (a rank of None written as nil, never omitted), then, on the
+    "vllm" wire only, the `resumable_events` tail when the batch carries one."""
+    return _encoder.encode(for_wire(batch, wire))
 
 
 def decode_batch(data: bytes) -> KVEventBatch:

@@ -22,7 +22,7 @@ from hycache.cli.args import (
     knobs_from_cli_args,
     positive_int,
 )
-from hycache.cli.tables import console, curves_table, policy_table, progress_reporter
+from hycache.cli.tables import console, curves_table, fmt, policy_table, progress_reporter
 from hycache.config import ENGINE_SHAPES
 from hycache.files import check_writable, write_atomic
 
@@ -171,6 +171,35 @@ def print_overhead(part: dict[str, Any]) -> None:
             )
 
 
+REPEAT_LABELS = {"output_tokens_per_s": "output tok/s", "ttft_p50_s": "TTFT p50"}
+
+
+def print_repeats(engine: dict[str, Any]) -> None:
+    """Each arm's repeats (median, min-max), and each arm over the reference per repeat, with
+    the warning where the repeats disagree too much to rank them."""
+    from hycache.bench.repeats import verdict
+
+    if "spread" not in engine:
+        return
+    n = len(next(iter(engine["runs"].values())))
+    console.print(f"  the {n} repeats, median (min-max):")
+    for arm, figures in engine["spread"].items():
+        cells = [
+            f"{label} {fmt(figures[k]['median'])} ({fmt(figures[k]['min'])}-"
+            f"{fmt(figures[k]['max'])})"
+            for k, label in REPEAT_LABELS.items()
+        ]
+        console.print(f"    {arm}: " + ", ".join(cells))
+    ref = engine["vs_reference"]["reference"]
+    for arm, ratios in engine["vs_reference"]["arms"].items():
+        cells = [
+            f"{label} {verdict(ratios[k])}"
+            for k, label in REPEAT_LABELS.items()
+            if ratios.get(k) is not None
+        ]
+        console.print(f"    {arm}/{ref} per repeat: " + "; ".join(cells), highlight=False)
+
+
 def print_engine(a: BenchArgs, doc: dict[str, Any]) -> None:
     """The engine part's table (and the calibrated profile's prediction beside it)."""
     e = doc["engine"]["inputs"]
@@ -188,6 +217,7 @@ def print_engine(a: BenchArgs, doc: dict[str, Any]) -> None:
     if e.get("kv_store"):
         title += f"; second tier {e['kv_store']} ({e['kv_store_gb']:g} GiB per arm)"
     console.print(policy_table(title, doc["engine"]["policies"]))
+    print_repeats(doc["engine"])
     print_overhead(doc["engine"])
     if a.engine_profile:
         from hycache.bench.validate import predict_engine_bench

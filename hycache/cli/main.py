@@ -3,8 +3,9 @@
 
 Each sub-command is a module of hycache.cli with `add_parser(sub)`, which defines its flags
 and sets its command: explain, simulate, generate, bench (and `bench serve`), calibrate, serve,
-trace-gen. The flags several commands share, and the typed objects they become, live in
-hycache.cli.args; what the commands print, in hycache.cli.tables.
+fleet (`fleet worker`, `fleet router`), trace-gen. The flags several commands share, and the
+typed objects they become, live in hycache.cli.args; what the commands print, in
+hycache.cli.tables.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from hycache.cli import bench, calibrate, explain, generate, serve, simulate, trace_gen
+from hycache.cli import bench, calibrate, explain, fleet, generate, serve, simulate, trace_gen
 from hycache.cli.args import UserError
 from hycache.cli.tables import err_console
 
 # in the order `hycache --help` lists them
-COMMANDS = (explain, simulate, generate, bench, calibrate, serve, trace_gen)
+COMMANDS = (explain, simulate, generate, bench, calibrate, serve, fleet, trace_gen)
 
 
 def show_defaults(parser: argparse.ArgumentParser) -> None:

@@ -38,6 +38,7 @@ from hycache.sim.build import (
     open_loop,
     sim_pools,
 )
+from hycache.sim.cluster import ROUTINGS
 from hycache.sim.costmodel import CostModel
 from hycache.sim.tier import TierConfig
 from hycache.sim.workloads import Workload
@@ -424,8 +425,10 @@ def add_tier_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--routing",
-        choices=("round-robin", "prefix-aware"),
+        choices=ROUTINGS,
         default=None,
-        help="with --instances: round-robin (the default), or prefix-aware: the instance "
-        "holding the longest prefix (ties: least loaded)",
+        help="with --instances: round-robin (the default); prefix-aware: the instance holding "
+        "the longest resumable prefix (ties: least loaded); attention-only: the deepest "
+        "attention-block match, SSM states unseen (today's KV-aware routers). The scoring "
+        "routers' predicted hit is reported beside the actual one",
     )

@@ -193,6 +193,8 @@ INSTANCE_COLUMNS = (
     ("requests", "requests"),
     ("token hit rate", "token_hit_rate"),
     ("store hit tokens", "store_hit_tokens"),
+    ("hit tokens", "hit_tokens"),
+    ("predicted hit tokens", "predicted_hit_tokens"),
     ("TTFT p50 s", "ttft_p50_s"),
     ("TTFT p95 s", "ttft_p95_s"),
     ("output tok/s", "output_tokens_per_s"),

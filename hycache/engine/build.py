@@ -29,7 +29,6 @@ from hycache.engine.options import EngineOptions
 from hycache.engine.runner import ModelRunner
 from hycache.engine.tier import attach_store, engine_fingerprint
 from hycache.model.configs.base import HybridConfig
-from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.eagle import EagleHead
 from hycache.model.loader import load_model
 from hycache.model.mtp import MtpHead, checkpoint_mtp_tensors
@@ -93,11 +92,12 @@ def make_drafter(
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> EagleHead | MtpHead:
-    """The drafter: the EAGLE head at `draft_model`; else the MTP layer a Qwen3-Next / Qwen3.5
-    checkpoint carries (`mtp.*`; a random one for a GDN preset); else a random EAGLE head."""
+    """The drafter: the EAGLE head at `draft_model`; else, for an architecture whose own MTP
+    layer drafts (`mc.mtp_drafter`: Qwen3-Next / Qwen3.5), the layer its checkpoint carries
+    (`mtp.*`; a random one for a preset); else a random EAGLE head."""
     if draft_model:
         return EagleHead.load(draft_model, mc, dtype, device)
-    if isinstance(mc, Qwen3NextConfig):
+    if mc.mtp_drafter:
         if Path(model).is_dir():
             tensors = checkpoint_mtp_tensors(model)
             if tensors:

@@ -7,8 +7,11 @@
 Each message is multipart `(topic, sequence, payload)`: the topic's bytes, the sequence number
 as 8 bytes big-endian (from 0), the msgpack `KVEventBatch` (`hycache.cache.events`), which is
 what a vLLM engine with `--kv-events-config` sends and what Dynamo's `KvEventPublisher`
-relays from a `zmq_endpoint`. No replay socket: a subscriber that joins late sees only what
-follows (a fresh log opens with `AllBlocksCleared`).
+relays from a `zmq_endpoint`. `wire` picks the consumer's encoding (`hycache.cache.events.
+encode_batch`): "vllm" (the default; vLLM's decoder, the `full` mode's tail included) or
+"dynamo" (exactly the three fields Dynamo 1.6.1 decodes; the tail left out). No replay
+socket: a subscriber that joins late sees only what follows (a fresh log opens with
+`AllBlocksCleared`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from hycache.cache.event_log import EventMode
-from hycache.cache.events import KVEventBatch, encode_batch
+from hycache.cache.events import WIRES, KVEventBatch, Wire, encode_batch
 from hycache.sched.scheduler import SchedulerOutput
 
 if TYPE_CHECKING:
@@ -29,10 +32,14 @@ if TYPE_CHECKING:
 class ZmqEventPublisher:
     """A ZMQ PUB socket bound to `endpoint` (e.g. `tcp://127.0.0.1:5557`; port `*`: any free
     one, see `bound_endpoint`) that sends KV event
-    batches with vLLM's framing. Use it from one thread (ZMQ sockets are not thread-safe)."""
+    batches with vLLM's framing, each encoded for `wire`. Use it from one thread (ZMQ sockets
+    are not thread-safe)."""
 
-    def __init__(self, endpoint: str, topic: str = "") -> None:
+    def __init__(self, endpoint: str, topic: str = "", wire: Wire = "vllm") -> None:
+        if wire not in WIRES:
+            raise ValueError(f"wire: one of {', '.join(WIRES)}, got {wire!r}")
         self.endpoint = endpoint
+        self.wire: Wire = wire
         self.topic = topic.encode()
         self._ctx = zmq.Context()
         self._socket = self._ctx.socket(zmq.PUB)
@@ -45,7 +52,8 @@ class ZmqEventPublisher:
     def publish(self, batch: KVEventBatch) -> int:
         """Send one batch; returns its sequence number."""
         seq = self._seq
-        self._socket.send_multipart((self.topic, seq.to_bytes(8, "big"), encode_batch(batch)))
+        payload = encode_batch(batch, self.wire)
+        self._socket.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         self._seq += 1
         return seq
 
@@ -64,12 +72,16 @@ class ZmqEventPublisher:
 
 
 def publish_kv_events(
-    llm: LLM, endpoint: str, mode: EventMode = "resumable", topic: str = ""
+    llm: LLM,
+    endpoint: str,
+    mode: EventMode = "resumable",
+    topic: str = "",
+    wire: Wire = "vllm",
 ) -> ZmqEventPublisher:
-    """Bind a publisher at `endpoint` and publish `llm.kv_events(mode)` after every step that
-    changed something (a step observer, on the engine's thread; `llm.remove_step_observer(
-    publisher.observer)` stops it)."""
-    publisher = ZmqEventPublisher(endpoint, topic)
+    """Bind a publisher at `endpoint` and publish `llm.kv_events(mode)`, encoded for `wire`,
+    after every step that changed something (a step observer, on the engine's thread;
+    `stop_publishing(llm, publisher)` stops it)."""
+    publisher = ZmqEventPublisher(endpoint, topic, wire)
     log = llm.kv_events(mode)
 
     def observe(_: SchedulerOutput) -> None:
@@ -80,3 +92,12 @@ def publish_kv_events(
     publisher.observer = observe
     llm.add_step_observer(observe)
     return publisher
+
+
+def stop_publishing(llm: LLM, publisher: ZmqEventPublisher) -> None:
+    """Stop what `publish_kv_events` started (on the engine's thread): its observer, its
+    socket."""
+    if publisher.observer is not None:
+        llm.remove_step_observer(publisher.observer)
+        publisher.observer = None
+    publisher.close()

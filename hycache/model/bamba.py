@@ -16,14 +16,13 @@ import torch
 from torch import nn
 
 from hycache.model.configs.bamba import BambaConfig
-from hycache.model.hybrid import HybridForCausalLM, HybridStep
+from hycache.model.hybrid import DecoderNames, HybridForCausalLM, HybridStep
 from hycache.model.layers import MLP, Attention, RMSNorm
 from hycache.model.mamba2 import GatedRMSNorm, Mamba2Mixer, MambaPlan
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch
 
 __all__ = [
     "BambaConfig",
-    "BambaDecoder",
     "BambaDecoderLayer",
     "BambaForCausalLM",
     "GatedRMSNorm",
@@ -55,37 +54,13 @@ class BambaDecoderLayer(nn.Module):
         return hidden + self.feed_forward(self.pre_ff_layernorm(hidden))
 
 
-class BambaDecoder(nn.Module):
-    """Embedding, decoder layers and final norm (the `model.` prefix of the checkpoint)."""
-
-    def __init__(self, config: BambaConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            BambaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
-        )
-        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-
 class BambaForCausalLM(HybridForCausalLM):
     """Bamba decoder + LM head, run one paged `StepBatch` at a time."""
 
     config_class = BambaConfig
     config: BambaConfig
+    decoder_names = DecoderNames(norm="final_layernorm")
 
     def __init__(self, config: BambaConfig) -> None:
         super().__init__(config)
-        self.model = BambaDecoder(config)
-        self._add_lm_head()
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    @property
-    def decoder_layers(self) -> nn.ModuleList:
-        return self.model.layers
-
-    @property
-    def final_layernorm(self) -> RMSNorm:
-        return self.model.final_layernorm
+        self._add_decoder(BambaDecoderLayer, RMSNorm(config.hidden_size, config.rms_norm_eps))

@@ -31,8 +31,8 @@ from torch import nn
 from hycache.model.configs.base import HybridConfig
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.layers import MLP, Attention, AttentionPlan, RMSNorm, rope_cos_sin
-from hycache.model.loader import check_state_dict, read_safetensors
 from hycache.model.paged import PagedKVCache, StepBatch
+from hycache.model.weights import check_state_dict, read_safetensors
 
 __all__ = ["EagleHead"]
 

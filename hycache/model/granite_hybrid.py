@@ -14,8 +14,6 @@ Attention scores are scaled by `attention_multiplier`; RoPE only with
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,34 +22,14 @@ from hycache.model.configs.granite_hybrid import GraniteHybridConfig
 from hycache.model.hybrid import HybridForCausalLM, HybridStep
 from hycache.model.layers import Attention, RMSNorm, compute_dtype
 from hycache.model.mamba2 import Mamba2Mixer
+from hycache.model.moe import dispatch_to_experts
 
 __all__ = [
     "GraniteDecoderLayer",
     "GraniteHybridForCausalLM",
     "GraniteMoE",
     "GraniteSharedMLP",
-    "dispatch_to_experts",
 ]
-
-
-def dispatch_to_experts(
-    x: torch.Tensor,
-    top_idx: torch.Tensor,
-    weights: torch.Tensor,
-    expert: Callable[[int, torch.Tensor], torch.Tensor],
-) -> torch.Tensor:
-    """sum_k weights[n, k] * expert(top_idx[n, k], x[n]) for every token n, as one
-    `expert(e, x[tokens of e])` call per chosen expert e, in ascending expert order.
-
-    x: (N, d); top_idx, weights: (N, k); `expert` maps (n_e, d) -> (n_e, d). Returns (N, d),
-    accumulated in `weights`' dtype.
-    """
-    out = x.new_zeros(x.shape, dtype=weights.dtype)
-    for e in top_idx.unique().tolist():
-        tok, slot = torch.where(top_idx == e)  # (n_e,) each
-        y = expert(e, x[tok]) * weights[tok, slot, None]  # (n_e, d)
-        out.index_add_(0, tok, y.to(out.dtype))
-    return out
 
 
 class GraniteSharedMLP(nn.Module):
@@ -139,18 +117,6 @@ class GraniteDecoderLayer(nn.Module):
         return hidden + ff * self.residual_multiplier
 
 
-class GraniteDecoder(nn.Module):
-    """Embedding, decoder layers and final norm (the `model.` prefix of the checkpoint)."""
-
-    def __init__(self, config: GraniteHybridConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            GraniteDecoderLayer(config, i) for i in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-
 class GraniteHybridForCausalLM(HybridForCausalLM):
     """Granite 4.0 hybrid decoder + LM head, run one paged `StepBatch` at a time."""
 
@@ -166,17 +132,4 @@ class GraniteHybridForCausalLM(HybridForCausalLM):
         super().__init__(config)
         self.embedding_multiplier = config.embedding_multiplier
         self.logits_divisor = config.logits_scaling
-        self.model = GraniteDecoder(config)
-        self._add_lm_head()
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    @property
-    def decoder_layers(self) -> nn.ModuleList:
-        return self.model.layers
-
-    @property
-    def final_layernorm(self) -> RMSNorm:
-        return self.model.norm
+        self._add_decoder(GraniteDecoderLayer, RMSNorm(config.hidden_size, config.rms_norm_eps))

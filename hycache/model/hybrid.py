@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import torch
 import torch._dynamo  # imported up front: see `empty_module`
@@ -36,7 +36,7 @@ from hycache.model.paged import PagedKVCache, StateCache, StepBatch
 
 M = TypeVar("M", bound=nn.Module)
 
-__all__ = ["HybridForCausalLM", "HybridStep"]
+__all__ = ["DecoderNames", "HybridForCausalLM", "HybridStep"]
 
 
 @dataclass
@@ -68,13 +68,28 @@ class HybridStep:
         return mixer(x, self.mamba_plan, self.states, self.state_layer_of[layer])
 
 
+@dataclass(frozen=True)
+class DecoderNames:
+    """Where an architecture's checkpoints keep the decoder: the prefix of its tensors and
+    the names of the embedding, the layer list and the final norm under it."""
+
+    prefix: str = "model"
+    embedding: str = "embed_tokens"
+    layers: str = "layers"
+    norm: str = "norm"
+
+
 class HybridForCausalLM(nn.Module):
     """Decoder + LM head of a hybrid model, run one paged `StepBatch` at a time.
 
-    Subclasses build their modules in `__init__` (embedding, layers, final norm, then
-    `self._add_lm_head()`, keeping the checkpoint's parameter order) and expose them through
-    `embed_tokens`, `decoder_layers` and `final_layernorm`.
+    Subclasses build the decoder in `__init__` with `self._add_decoder(layer, norm)` (the
+    container is declared once, here: embedding, one `layer(config, i)` per layer, the final
+    norm, then the LM head, in the checkpoint's parameter order, under `decoder_names`);
+    `embed_tokens`, `decoder_layers` and `final_layernorm` reach its parts.
     """
+
+    # the checkpoint's names for the decoder's parts
+    decoder_names: ClassVar[DecoderNames] = DecoderNames()
 
     config_class: ClassVar[type[HybridConfig]] = HybridConfig
     # (regex, replacement) pairs mapping other spellings of checkpoint tensor names onto ours
@@ -99,22 +114,33 @@ class HybridForCausalLM(nn.Module):
             i: k for k, i in enumerate(config.mamba_layer_indices)
         }
 
-    def _add_lm_head(self) -> None:
-        if not self.config.tie_word_embeddings:
-            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+    def _add_decoder(self, layer: Callable[[Any, int], nn.Module], norm: nn.Module) -> None:
+        """The decoder (embedding, `layer(config, i)` for every layer, `norm`) under
+        `decoder_names`, then the LM head (none when the embeddings are tied)."""
+        config, names = self.config, self.decoder_names
+        decoder = nn.Module()
+        decoder.add_module(names.embedding, nn.Embedding(config.vocab_size, config.hidden_size))
+        layers = nn.ModuleList(layer(config, i) for i in range(config.num_hidden_layers))
+        decoder.add_module(names.layers, layers)
+        decoder.add_module(names.norm, norm)
+        self.add_module(names.prefix, decoder)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    # ------------------------------------------------------------------ per-architecture parts
+    def _decoder_part(self, name: str) -> Any:
+        return getattr(getattr(self, self.decoder_names.prefix), name)
+
     @property
     def embed_tokens(self) -> nn.Embedding:
-        raise NotImplementedError
+        return self._decoder_part(self.decoder_names.embedding)  # type: ignore[no-any-return]
 
     @property
     def decoder_layers(self) -> nn.ModuleList:
-        raise NotImplementedError
+        return self._decoder_part(self.decoder_names.layers)  # type: ignore[no-any-return]
 
     @property
     def final_layernorm(self) -> RMSNorm:
-        raise NotImplementedError
+        return self._decoder_part(self.decoder_names.norm)  # type: ignore[no-any-return]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(N,) token ids -> (N, hidden_size) inputs of the first layer."""

@@ -27,9 +27,9 @@ from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.eagle import DraftHead
 from hycache.model.hybrid import HybridForCausalLM, empty_module, randomised
 from hycache.model.layers import AttentionPlan, rope_cos_sin
-from hycache.model.loader import check_state_dict
 from hycache.model.paged import PagedKVCache, StepBatch
 from hycache.model.qwen3_next import Qwen3NextDecoderLayer, ZeroCentredRMSNorm
+from hycache.model.weights import check_state_dict
 
 __all__ = ["MTP_PREFIX", "MtpHead", "checkpoint_mtp_tensors"]
 

@@ -26,10 +26,10 @@ from torch import nn
 
 from hycache.model.configs.base import HybridConfig
 from hycache.model.configs.nemotron_h import NemotronHConfig
-from hycache.model.granite_hybrid import dispatch_to_experts
-from hycache.model.hybrid import HybridForCausalLM, HybridStep
+from hycache.model.hybrid import DecoderNames, HybridForCausalLM, HybridStep
 from hycache.model.layers import Attention, RMSNorm, compute_dtype
 from hycache.model.mamba2 import Mamba2Mixer
+from hycache.model.moe import dispatch_to_experts
 
 __all__ = [
     "NemotronHBlock",
@@ -150,30 +150,19 @@ class NemotronHBlock(nn.Module):
         return hidden + (self.mixer(x) if self.is_mlp else step.mix(i, self.mixer, x))
 
 
-class NemotronHBackbone(nn.Module):
-    """Embedding, blocks and final norm (the `backbone.` prefix of the checkpoint)."""
-
-    def __init__(self, config: NemotronHConfig) -> None:
-        super().__init__()
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            NemotronHBlock(config, i) for i in range(config.num_hidden_layers)
-        )
-        self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_compute_dtype=True)
-
-
 class NemotronHForCausalLM(HybridForCausalLM):
     """Nemotron-H backbone + LM head, run one paged `StepBatch` at a time."""
 
     config_class = NemotronHConfig
     config: NemotronHConfig
+    decoder_names = DecoderNames("backbone", embedding="embeddings", norm="norm_f")
     checkpoint_renames = ((r"^model\.", "backbone."),)
     checkpoint_ignored = (*HybridForCausalLM.checkpoint_ignored, r"^mtp\.")
 
     def __init__(self, config: NemotronHConfig) -> None:
         super().__init__(config)
-        self.backbone = NemotronHBackbone(config)
-        self._add_lm_head()
+        norm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_compute_dtype=True)
+        self._add_decoder(NemotronHBlock, norm)
 
     @classmethod
     def empty(
@@ -190,15 +179,3 @@ class NemotronHForCausalLM(HybridForCausalLM):
             if isinstance(module, NemotronHRouter):
                 module.to(compute_dtype(dtype))
         return model
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self.backbone.embeddings
-
-    @property
-    def decoder_layers(self) -> nn.ModuleList:
-        return self.backbone.layers
-
-    @property
-    def final_layernorm(self) -> RMSNorm:
-        return self.backbone.norm_f

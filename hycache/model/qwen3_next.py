@@ -20,9 +20,9 @@ from torch import nn
 
 from hycache.model.configs.qwen3_next import Qwen3NextConfig, Qwen35Config, Qwen35MoeConfig
 from hycache.model.gdn import GatedDeltaNet
-from hycache.model.granite_hybrid import dispatch_to_experts
 from hycache.model.hybrid import HybridForCausalLM, HybridStep
 from hycache.model.layers import MLP, Attention, AttentionPlan, apply_rope, compute_dtype
+from hycache.model.moe import dispatch_to_experts
 from hycache.model.paged import PagedKVCache
 
 __all__ = [
@@ -176,18 +176,6 @@ class Qwen3NextDecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Qwen3NextModel(nn.Module):
-    """Embedding, layers and final norm (the `model.` prefix of the checkpoint)."""
-
-    def __init__(self, config: Qwen3NextConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            Qwen3NextDecoderLayer(config, i) for i in range(config.num_hidden_layers)
-        )
-        self.norm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
-
-
 class Qwen3NextForCausalLM(HybridForCausalLM):
     """Qwen3-Next decoder + LM head, run one paged `StepBatch` at a time."""
 
@@ -198,20 +186,9 @@ class Qwen3NextForCausalLM(HybridForCausalLM):
 
     def __init__(self, config: Qwen3NextConfig) -> None:
         super().__init__(config)
-        self.model = Qwen3NextModel(config)
-        self._add_lm_head()
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    @property
-    def decoder_layers(self) -> nn.ModuleList:
-        return self.model.layers
-
-    @property
-    def final_layernorm(self) -> nn.Module:  # type: ignore[override]
-        return self.model.norm
+        self._add_decoder(
+            Qwen3NextDecoderLayer, ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        )
 
 
 class Qwen35ForCausalLM(Qwen3NextForCausalLM):

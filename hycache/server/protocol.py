@@ -10,7 +10,8 @@ refuses and the error shape.
   never answered with other semantics. Bodies keep unknown fields (`model_extra`) so that the
   JSON is parsed once, by pydantic (depth-limited, strict UTF-8).
 - Bounds: `repetition_penalty` in [0.01, 100], at most `MAX_STOP_TOKEN_IDS` stop token ids,
-  `MAX_LOGIT_BIAS` logit_bias entries, chat roles from `CHAT_ROLES`.
+  `MAX_LOGIT_BIAS` logit_bias entries, `MAX_PREFIX_HINTS` prefix hints (its home is
+  `hycache.cache.boundaries`, which the vLLM plugin shares), chat roles from `CHAT_ROLES`.
 - `error_response`: OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 - `TokenizeBody` / `DetokenizeBody`: vLLM's tokenizer routes.
 """
@@ -29,6 +30,7 @@ from pydantic import (
     field_validator,
 )
 
+from hycache.cache.boundaries import MAX_PREFIX_HINTS
 from hycache.request import (
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
@@ -39,7 +41,6 @@ from hycache.request import (
 
 MIN_TEMPERATURE = 1e-6  # below this (but > 0) softmax(logits / t) overflows to NaN
 MAX_SEED = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
-MAX_PREFIX_HINTS = 16  # per request; a prompt has few shared-prefix boundaries worth keeping
 MAX_N = 16  # choices per request: each is its own engine request
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_LOGIT_BIAS = 300  # logit_bias entries per request, as OpenAI allows

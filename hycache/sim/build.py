@@ -29,7 +29,6 @@ from hycache.config import (
     SpeculativeConfig,
 )
 from hycache.sim.costmodel import CostModel, PoolLayout
-from hycache.sim.load import OfferedLoad
 from hycache.sim.tier import TierConfig
 from hycache.sim.trace import MOONCAKE_BLOCK_TOKENS
 from hycache.sim.workloads import (
@@ -37,6 +36,7 @@ from hycache.sim.workloads import (
     ChatShape,
     FamilyShape,
     IntOrRange,
+    OfferedLoad,
     RequestSpec,
     SessionSpec,
     SystemPromptShape,

@@ -16,12 +16,24 @@ Routing (`Router`), decided when a request is released to the cluster:
   index. As in SGLang's cache-aware router, a load guard overrides the prefix: when the best
   instance has more than `balance_threshold` requests more than the least loaded one, the
   least loaded one takes the request.
+* `attention-only`: what KV-aware routers do today (Dynamo, llm-d): the same, scored by the
+  deepest match of the attention blocks alone (`CacheHit.attention_match`), as if every matched
+  attention block could be resumed whatever SSM states the instance holds. The router's memory
+  of the prompts it sent is the same as `prefix-aware`'s, so the two differ only in what they
+  see of the cache.
+
+Each scoring router also predicts the hit of the request on the instance it picks: the cached
+part of its score there (the joint hit for `prefix-aware`, the attention match for
+`attention-only`; `round-robin` predicts nothing). The request's actual hit is the joint hit at
+its admission, so where the cache does not change between routing and admission `prefix-aware`
+predicts exactly and `attention-only` overstates by what the SSM states do not cover.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hycache.cache.block_pool import BlockEvent
@@ -33,10 +45,10 @@ from hycache.sched.scheduler import Scheduler, SchedulerOutput
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
 from hycache.sim.tier import SimBlockIO, SimHostStore, StoreLink, attach_sim_store
 
-__all__ = ["ROUTINGS", "Instance", "Router", "SSMPageCounter", "step_work"]
+__all__ = ["ROUTINGS", "Instance", "Routed", "Router", "SSMPageCounter", "step_work"]
 
-ROUTINGS = ("round-robin", "prefix-aware")
-ROUTED_KEYS = 1 << 18  # prefix keys a prefix-aware router remembers per instance (LRU)
+ROUTINGS = ("round-robin", "prefix-aware", "attention-only")
+ROUTED_KEYS = 1 << 18  # prefix keys a scoring router remembers per instance (LRU)
 BALANCE_THRESHOLD = 32  # SGLang router's default balance_abs_threshold
 
 
@@ -112,7 +124,8 @@ class Instance:
         self.load_s = 0.0  # load time charged to this instance's steps
         self.lookup_trips = 0  # store round trips its admissions made (charged as latency)
         self.inbox: deque[tuple[Any, Request]] = deque()  # routed, not yet added
-        self.in_flight: dict[str, tuple[Any, float]] = {}  # request id -> (item, arrival)
+        # request id -> (item, arrival, the router's predicted hit or None)
+        self.in_flight: dict[str, tuple[Any, float, int | None]] = {}
         self.first_token: dict[str, float] = {}
         self.done: list[Request] = []  # finished in the last step, not yet recorded
 
@@ -124,12 +137,13 @@ class Instance:
     def busy(self) -> bool:
         return bool(self.done or self.inbox or self.sched.has_unfinished())
 
-    def route(self, item: Any, req: Request, now: float) -> None:
-        """`req` arrives at `now`; an idle instance that fell behind moves up to it."""
+    def route(self, item: Any, req: Request, now: float, predicted: int | None = None) -> None:
+        """`req` arrives at `now` (the router predicted hit `predicted`); an idle instance that
+        fell behind moves up to it."""
         if not self.sched.has_unfinished() and not self.done:
             self.clock = max(self.clock, now)
         self.inbox.append((item, req))
-        self.in_flight[req.request_id] = (item, now)
+        self.in_flight[req.request_id] = (item, now, predicted)
 
     def admit(self) -> None:
         while self.inbox:
@@ -170,6 +184,15 @@ class Instance:
         self.done = done
 
 
+@dataclass(frozen=True)
+class Routed:
+    """Where a request goes, and the hit the router predicted for it there (None: a router
+    that does not score, `round-robin`)."""
+
+    instance: Instance
+    predicted_hit: int | None
+
+
 class Router:
     """Picks the instance a request goes to (see the module docstring)."""
 
@@ -188,25 +211,31 @@ class Router:
         self._next = 0
         self._sent: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in self.instances]
 
-    def pick(self, req: Request) -> Instance:
+    def pick(self, req: Request) -> Routed:
         insts = self.instances
-        if len(insts) == 1:
-            return insts[0]
         if self.kind == "round-robin":
             inst = insts[self._next % len(insts)]
             self._next += 1
-            return inst
+            return Routed(inst, None)
+        if len(insts) == 1:
+            return Routed(insts[0], self.cached(insts[0], req))
         keys = self._keys(req)
-        scored = [
-            (-max(i.sched.cache.lookup(req).resume_point, self._sent_match(i, keys)), i.load, i)
-            for i in insts
-        ]
-        best = min(scored, key=lambda s: (s[0], s[1], s[2].index))[2]
+        scored = []
+        for i in insts:
+            cached = self.cached(i, req)
+            scored.append((-max(cached, self._sent_match(i, keys)), i.load, i.index, cached))
+        _, _, index, predicted = min(scored)
+        best = insts[index]
         least = min(insts, key=lambda i: (i.load, i.index))
         if best.load - least.load > self.balance_threshold:
-            best = least
+            best, predicted = least, next(s[3] for s in scored if s[2] == least.index)
         self._remember(best, keys)
-        return best
+        return Routed(best, predicted)
+
+    def cached(self, inst: Instance, req: Request) -> int:
+        """What this router sees cached of `req` on `inst` (see the module docstring)."""
+        hit = inst.sched.cache.lookup(req)
+        return hit.attention_match if self.kind == "attention-only" else hit.resume_point
 
     @staticmethod
     def _keys(req: Request) -> list[bytes]:

@@ -84,6 +84,10 @@ STORE_KEYS = (
 )
 
 
+# with a scoring router (`prefix-aware`, `attention-only`): its predicted hit, reported only then
+ROUTING_KEYS = ("predicted_hit_tokens", "overstated_hit_tokens", "overstated_requests")
+
+
 @dataclass(frozen=True)
 class Arm:
     """One column of a comparison: a checkpoint policy, with or without the drafter;
@@ -286,7 +290,8 @@ def policies_json(results: Mapping[str, SimResult]) -> dict[str, dict[str, Any]]
     out: dict[str, dict[str, Any]] = {}
     for name, res in results.items():
         doc = {k: res.summary.get(k) for k in SUMMARY_KEYS}
-        doc.update({k: res.summary[k] for k in POOL_KEYS + STORE_KEYS if k in res.summary})
+        keys = POOL_KEYS + STORE_KEYS + ROUTING_KEYS
+        doc.update({k: res.summary[k] for k in keys if k in res.summary})
         out[name] = doc
     return out
 

@@ -17,32 +17,16 @@ measures the backlog rather than the cache. This module
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from hycache.config import HycacheConfig
 from hycache.sim.compare import BASELINE, compare_policies
 from hycache.sim.costmodel import CostModel
-from hycache.sim.workloads import RequestSpec, Workload, poisson_arrivals
+from hycache.sim.workloads import OfferedLoad, RequestSpec, Workload, poisson_arrivals
 
 DEFAULT_LOAD = 0.75  # offered load as a fraction of what the baseline sustains
 
 
-@dataclass(frozen=True)
-class OfferedLoad:
-    """How a stream's arrivals were set: the measured capacity and the rate chosen."""
-
-    capacity_requests_per_s: float | None  # None when the rate was given, not measured
-    load: float | None
-    request_rate_per_s: float
-    time_scale: float | None  # new gap / trace gap; None for Poisson arrivals
-
-    def as_dict(self) -> dict[str, float | None]:
-        return {
-            "capacity_requests_per_s": self.capacity_requests_per_s,
-            "load": self.load,
-            "request_rate_per_s": self.request_rate_per_s,
-            "time_scale": self.time_scale,
-        }
 
 
 def closed_loop(requests: Sequence[RequestSpec]) -> list[RequestSpec]:

@@ -52,6 +52,8 @@ class RequestRecord:
     store_hit_tokens: int | None = None  # of hit_tokens, from the second tier (None: no store)
     checkpoint_splits: int = 0  # of prefill_steps, those a checkpoint stop ended early
     instance: int | None = None  # the instance that served it (None: a single instance)
+    # the hit the router predicted when it routed the request (None: round-robin)
+    predicted_hit_tokens: int | None = None
 
     def line(self) -> dict[str, Any]:
         """The per-request JSON line of `hycache simulate`."""
@@ -68,6 +70,8 @@ class RequestRecord:
             out["store_hit_tokens"] = self.store_hit_tokens
         if self.instance is not None:
             out["instance"] = self.instance
+        if self.predicted_hit_tokens is not None:
+            out["predicted_hit_tokens"] = self.predicted_hit_tokens
         return out
 
 
@@ -130,6 +134,24 @@ def summarize(result: SimResult) -> dict[str, float]:
         "makespan_s": result.makespan_s,
         "steps": result.steps,
         **(_store_keys(result) if result.store is not None else {}),
+        **_prediction_keys(recs),
+    }
+
+
+def _prediction_keys(recs: Sequence[RequestRecord]) -> dict[str, float]:
+    """What a scoring router predicted against what the requests got (empty: no
+    predictions): the hit tokens it predicted, summed (beside `hit_tokens`, the actual ones);
+    the tokens it predicted beyond what each request got, summed, and how many requests that
+    was. A prediction can also fall short (a prefix cached after the routing, by a request
+    then in flight); only the excess counts as overstated."""
+    pairs = [(r.predicted_hit_tokens, r.hit_tokens) for r in recs]
+    predicted = [(p, a) for p, a in pairs if p is not None]
+    if not predicted:
+        return {}
+    return {
+        "predicted_hit_tokens": sum(p for p, _ in predicted),
+        "overstated_hit_tokens": sum(max(p - a, 0) for p, a in predicted),
+        "overstated_requests": sum(1 for p, a in predicted if p > a),
     }
 
 
@@ -341,7 +363,8 @@ class Simulator:
                 admitted += 1
                 released += 1
                 req = self._request(insts[0].sched, item)
-                router.pick(req).route(item, req, now)
+                routed = router.pick(req)
+                routed.instance.route(item, req, now, routed.predicted_hit)
             nxt = inf
             if pending and released < limit:
                 item = pending.peek()
@@ -359,9 +382,10 @@ class Simulator:
                 done, inst.done = inst.done, []
                 for req in done:
                     released -= 1
-                    item, arrived = inst.in_flight.pop(req.request_id)
+                    item, arrived, predicted = inst.in_flight.pop(req.request_id)
                     first = inst.first_token.pop(req.request_id)
                     rec = self._record(item, req, arrived, first, inst.clock)
+                    rec.predicted_hit_tokens = predicted
                     if store is not None:
                         rec.store_hit_tokens = req.first_outcome.store_hit_tokens
                     if len(insts) > 1:

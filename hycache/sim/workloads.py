@@ -2,7 +2,8 @@
 
 This module owns the request and session descriptions the simulator consumes
 (:class:`RequestSpec`, :class:`SessionSpec`), the stream of them one run replays
-(:class:`Workload`), the ``LO:HI`` length ranges the command line
+(:class:`Workload`) and how its arrivals were set (:class:`OfferedLoad`, which
+:mod:`hycache.sim.load` fills), the ``LO:HI`` length ranges the command line
 accepts (:func:`parse_int_or_range`), and the seeded generators of the shapes the project
 measures:
 
@@ -468,3 +469,21 @@ def poisson_arrivals(
     gaps = rng.exponential(1.0 / rate_per_s, len(requests))
     times = start_s + np.cumsum(gaps) - (gaps[0] if len(requests) else 0.0)
     return [replace(r, arrival_s=float(t)) for r, t in zip(requests, times, strict=True)]
+
+
+@dataclass(frozen=True)
+class OfferedLoad:
+    """How a stream's arrivals were set: the measured capacity and the rate chosen."""
+
+    capacity_requests_per_s: float | None  # None when the rate was given, not measured
+    load: float | None
+    request_rate_per_s: float
+    time_scale: float | None  # new gap / trace gap; None for Poisson arrivals
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {
+            "capacity_requests_per_s": self.capacity_requests_per_s,
+            "load": self.load,
+            "request_rate_per_s": self.request_rate_per_s,
+            "time_scale": self.time_scale,
+        }

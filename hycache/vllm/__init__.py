@@ -1,8 +1,9 @@
 """The vLLM plugin, and only it: hycache's `limit` policy as a vLLM scheduler class
 (`scheduler`, with the KV cache managers it re-classes in `managers`): `--scheduler-cls
-hycache.vllm.Scheduler`. Every vLLM internal they use is named in `compat`, per release;
-`cpu_fixes` is the general plugin vLLM loads in its engine processes on CPU. The harness on
-vLLM's real scheduler (reference, scenarios, `explain --backend vllm`) is hycache.bench.vllm.
+hycache.vllm.Scheduler`. Every vLLM internal they use is named in `compat`, per release,
+beside the names `hycache.vllm_cpu` replaces (the general plugin vLLM loads in its engine
+processes on CPU: a package of its own). The harness on vLLM's real scheduler (reference,
+scenarios, `explain --backend vllm`) is hycache.bench.vllm.
 
 `Scheduler` and `SyncScheduler` are imported on first use, so `import hycache` (and this
 package) never needs vllm.

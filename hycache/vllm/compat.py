@@ -1,7 +1,8 @@
-"""Every vLLM internal `hycache.vllm` touches, per supported vLLM release (0.32.x, 0.33.x, 0.34.x).
+"""Every vLLM internal hycache touches, per supported vLLM release (0.32.x, 0.33.x, 0.34.x).
 
-The plugin (`scheduler`, `managers`) and its harness (`reference`, `explain`) reach vLLM only
-through this module; nothing else in them looks at a version. `problem()` says, once per
+The plugin (`scheduler`, `managers`), its harness (`reference`, `explain`) and the CPU fixes
+(`hycache.vllm_cpu`, 0.32 only: `CPU_FIXES`, the names they replace) reach vLLM only through
+this module; nothing else in them looks at a version. `problem()` says, once per
 process, why the installed vLLM cannot carry the plugin (a release not listed in `RELEASES`,
 a name below that is missing, or a method whose parameters the plugin passes by name changed),
 or None; `runtime_problem(sched)` does the same for the attributes a built scheduler, its
@@ -106,12 +107,110 @@ PLUGIN: tuple[Internal, ...] = (
     ),
 )
 
+KVCM = "vllm.v1.core.kv_cache_manager"
+COORD = "vllm.v1.core.kv_cache_coordinator"
+# what the plugin's KV events (`hycache.vllm.events`) use: the same on 0.32, 0.33 and 0.34.
+# Checked apart from the plugin's (`events_problem`): a vLLM lacking one publishes its own
+# events, and the plugin's scheduling is unaffected
+EVENTS: tuple[Internal, ...] = (
+    Internal(KVCM, "KVCacheManager.take_events"),
+    Internal(KVCM, "KVCacheManager.free", ("request",)),
+    Internal(
+        COORD, "KVCacheCoordinator.find_longest_cache_hit", ("block_hashes", "max_cache_hit_length")
+    ),
+    Internal(POOL, "BlockHashToBlockMap.get_one_block", ("key",)),
+    Internal(UTILS, "make_block_hash_with_group_id"),
+)
+EVENTS_SCHEDULER_ATTRS = (
+    "enable_kv_cache_events",
+    "kv_event_publisher",
+    "requests",
+    "hash_block_size",
+    "vllm_config",
+    "kv_cache_config.kv_cache_groups",
+    "kv_cache_manager.coordinator",
+    "kv_cache_manager.block_pool.cached_block_hash_to_block",
+)
+
 # what the harness (`reference`, `explain`) drives vLLM's scheduler with, beyond the plugin
 HARNESS: tuple[Internal, ...] = (
     Internal("vllm.v1.outputs", "ModelRunnerOutput"),
     Internal("vllm.v1.outputs", "DraftTokenIds"),
     Internal("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
     Internal("vllm.v1.core.kv_cache_utils", "get_group_id"),
+)
+
+
+# the module-level names `hycache.vllm_cpu` replaces in vllm-cpu 0.32's engine, with the
+# parameters it reads or passes by name (a Triton kernel's: its launch arguments)
+SSD = "vllm.model_executor.layers.mamba.ops.ssd_combined"
+MIXER2 = "vllm.model_executor.layers.mamba.mamba_mixer2"
+MAMBA_UTILS = "vllm.v1.worker.mamba_utils"
+STATE_META = (  # the fused copy kernels' flattened state layout, in both kernels
+    "block_table_ptrs_ptr",
+    "block_table_stride_req",
+    "state_base_addrs_ptr",
+    "state_block_strides_ptr",
+    "state_elem_sizes_ptr",
+    "state_inner_sizes_ptr",
+    "state_conv_widths_ptr",
+    "state_group_indices_ptr",
+    "state_dim_row_count_ptr",
+    "state_dim_row_stride_ptr",
+    "idx_mapping_ptr",
+    "num_reqs",
+    "CONV_STATE_DIM_FIRST",
+    "HAS_IDX_MAPPING",
+)
+CHUNK_SCAN = Internal(
+    SSD,
+    "_mamba_chunk_scan_combined_fwd",
+    ("D", "z", "dt_bias", "initial_states", "cu_seqlens", "dt_softplus", "dt_limit",
+     "state_dtype"),
+)  # fmt: skip
+STORE_CHECKPOINT = Internal(MIXER2, "store_prefill_checkpoint", ("state_len",))
+PRECOPY = Internal(
+    MAMBA_UTILS,
+    "precopy_mamba_align_fused_kernel",
+    ("mamba_state_idx_ptr", "src_col_ptr", "token_bias_ptr", *STATE_META),
+)
+POSTPROCESS = Internal(
+    MAMBA_UTILS,
+    "postprocess_mamba_fused_kernel",
+    (
+        "num_accepted_tokens_ptr",
+        "mamba_state_idx_ptr",
+        "num_scheduled_tokens_ptr",
+        "num_computed_tokens_ptr",
+        "num_draft_tokens_ptr",
+        "num_accepted_tokens_out_ptr",
+        "block_size",
+        "PRECOMPUTED_NEW_COMPUTED",
+        *STATE_META,
+    ),
+)
+# the CPU conv update lacks `num_accepted_tokens` (the bug fix 4 mends): callers pass it
+# through `**kwargs`, where the wrapper reads it
+CONV_UPDATE = Internal(MIXER2, "causal_conv1d_update", ("conv_state_indices", "query_start_loc"))
+STATE_UPDATE = Internal(
+    MIXER2,
+    "selective_state_update",
+    ("z", "dt_softplus", "state_batch_indices", "dst_state_batch_indices", "null_block_id",
+     "out", "num_accepted_tokens", "cu_seqlens"),
+)  # fmt: skip
+BLOCK_COPY = Internal("vllm.v1.worker.utils", "copy_kv_cache_blocks_inplace")
+RUNNER_BLOCK_COPY = Internal("vllm.v1.worker.gpu_model_runner", "copy_kv_cache_blocks_inplace")
+NULL_BLOCK = Internal("vllm.v1.attention.backends.utils", "NULL_BLOCK_ID")
+CPU_FIXES: tuple[Internal, ...] = (
+    CHUNK_SCAN,
+    STORE_CHECKPOINT,
+    PRECOPY,
+    POSTPROCESS,
+    CONV_UPDATE,
+    STATE_UPDATE,
+    BLOCK_COPY,
+    RUNNER_BLOCK_COPY,
+    NULL_BLOCK,
 )
 
 
@@ -124,10 +223,14 @@ class Release:
     # the drafter can hash with lookahead keys (`disable_lookahead_block_hashes`, the
     # scheduler's `num_hash_lookahead_tokens`); False: the EAGLE drop only (0.32)
     lookahead_keys: bool = True
+    # the names `hycache.vllm_cpu` replaces on this release's CPU engine (none: no CPU fixes)
+    cpu_fixes: tuple[Internal, ...] = ()
 
 
 RELEASES: dict[str, Release] = {
-    "0.32": Release(PLUGIN + HARNESS, runner_output_has_index=True, lookahead_keys=False),
+    "0.32": Release(
+        PLUGIN + HARNESS, runner_output_has_index=True, lookahead_keys=False, cpu_fixes=CPU_FIXES
+    ),
     "0.33": Release(PLUGIN + HARNESS, runner_output_has_index=True),
     "0.34": Release(
         PLUGIN + HARNESS + (Internal(SCHED, "Scheduler._reorder_waiting_by_cached_prefix"),),
@@ -193,14 +296,20 @@ def resolve(internal: Internal) -> Any:
     return obj
 
 
+def signature(obj: Any) -> inspect.Signature:
+    """`obj`'s signature; a Triton kernel's is its Python function's (`JITFunction.fn`; on a
+    platform without Triton vLLM's placeholder `jit` leaves the function itself)."""
+    return inspect.signature(getattr(obj, "fn", obj))
+
+
 def _internal_problem(internal: Internal) -> str | None:
     try:
-        obj = resolve(internal)
+        obj = original(internal)
     except (ImportError, AttributeError):
         return f"vLLM {version()} has no {internal.qualname}"
     if internal.params:
         try:
-            params = inspect.signature(obj).parameters
+            params = signature(obj).parameters
         except (TypeError, ValueError):
             return f"vLLM {version()}: cannot read the signature of {internal.qualname}"
         lacking = [p for p in internal.params if p not in params]
@@ -209,20 +318,60 @@ def _internal_problem(internal: Internal) -> str | None:
     return None
 
 
+def unresolved(internals: Sequence[Internal]) -> list[str]:
+    """Why each of `internals` is not what hycache expects on the installed vLLM (missing, or
+    a parameter it passes or reads by name gone): one line naming the internal, each."""
+    return [why for i in internals if (why := _internal_problem(i)) is not None]
+
+
+def this_release() -> Release | None:
+    """The installed vLLM's entry in `RELEASES`, or None (a release not listed)."""
+    return RELEASES.get(release_of(version()) or "")
+
+
+def cpu_fixes_problem(names: bool = True) -> str | None:
+    """Why `hycache.vllm_cpu` cannot fix the installed vLLM (a release without CPU fixes, or,
+    with `names`, the first name they replace missing or changed: that imports vLLM's model
+    runner), or None."""
+    release = this_release()
+    if release is None or not release.cpu_fixes:
+        with_fixes = ", ".join(f"{r}.x" for r, rel in RELEASES.items() if rel.cpu_fixes)
+        return f"vLLM {version()} is not {with_fixes}: the CPU fixes mirror that release"
+    return next(iter(unresolved(release.cpu_fixes)), None) if names else None
+
+
+# vLLM's own objects behind the names `replace` put hycache's in place of (by qualname)
+_REPLACED: dict[str, Any] = {}
+
+
+def original(internal: Internal) -> Any:
+    """vLLM's own object `internal` names, even where `replace` put another in its place."""
+    return _REPLACED[internal.qualname] if internal.qualname in _REPLACED else resolve(internal)
+
+
+def replace(internal: Internal, make: Any) -> None:
+    """Put `make(vLLM's own object)` where vLLM looks `internal` up at call time (a
+    module-level name). Idempotent: `make` always gets vLLM's own object, never an earlier
+    replacement."""
+    own = original(internal)
+    owner: Any = importlib.import_module(internal.module)
+    *path, name = internal.path.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    _REPLACED[internal.qualname] = own
+    setattr(owner, name, make(own))
+
+
 @cache
 def problem() -> str | None:
     """Why the installed vLLM cannot carry the plugin (its release, or the first missing or
     changed internal), or None."""
     found = version()
-    release = RELEASES.get(release_of(found) or "")
+    release = this_release()
     if release is None:
         supported = ", ".join(f"{r}.x" for r in RELEASES)
         return f"vLLM {found} is not a supported release ({supported})"
-    for internal in release.internals:
-        why = _internal_problem(internal)
-        if why is not None:
-            return why
-    return None
+    return next(iter(unresolved(release.internals)), None)
 
 
 def _missing(obj: Any, attrs: Sequence[str], owner: str) -> str | None:
@@ -252,6 +401,23 @@ def runtime_problem(sched: Any) -> str | None:
     return _missing(probe, REQUEST_ATTRS, "a Request") or _missing(
         resolve(Internal(UTILS, "KVCacheBlock"))(0), BLOCK_ATTRS, "a KVCacheBlock"
     )
+
+
+@cache
+def _events_internals_problem() -> str | None:
+    for internal in EVENTS:
+        why = _internal_problem(internal)
+        if why is not None:
+            return why
+    return None
+
+
+def events_problem(sched: Any) -> str | None:
+    """Why the plugin cannot publish its KV events from this vLLM scheduler (a missing
+    internal in `EVENTS` or `EVENTS_SCHEDULER_ATTRS`), or None."""
+    if release_of(version()) not in RELEASES:
+        return f"vLLM {version()} is not a supported release"
+    return _events_internals_problem() or _missing(sched, EVENTS_SCHEDULER_ATTRS, "the scheduler")
 
 
 def managers_problem(attention: Any, mamba: Any) -> str | None:
@@ -294,13 +460,29 @@ def make_block_hash_with_group_id(block_hash: Any, group: int) -> Any:
     return resolve(Internal(UTILS, "make_block_hash_with_group_id"))(block_hash, group)
 
 
+def longest_cache_hit(kv_cache_manager: Any, block_hashes: Sequence[Any], max_length: int) -> int:
+    """vLLM's own lookup, the one its scheduler admits a request with (the coordinator's
+    `find_longest_cache_hit`: every group's hit, the Mamba state, the drafter's rule): the
+    tokens a request with these block hashes would resume at, capped at `max_length`. Reads
+    only."""
+    coordinator = kv_cache_manager.coordinator
+    _, hit, *_ = coordinator.find_longest_cache_hit(list(block_hashes), max_length)
+    return int(hit)
+
+
+def key_cached(block_pool: Any, block_hash: Any, group: int) -> bool:
+    """Whether vLLM's block pool holds a block under `block_hash` in `group`."""
+    key = make_block_hash_with_group_id(block_hash, group)
+    return block_pool.cached_block_hash_to_block.get_one_block(key) is not None
+
+
 def get_group_id(key: Any) -> int:
     return int(resolve(Internal(UTILS, "get_group_id"))(key))
 
 
 def has_lookahead_keys() -> bool:
     """Whether this vLLM's drafter can hash with lookahead keys (0.33, 0.34; not 0.32)."""
-    release = RELEASES.get(release_of(version()) or "")
+    release = this_release()
     return release.lookahead_keys if release is not None else True
 
 
@@ -350,7 +532,7 @@ def model_runner_output(req_ids: list[str], sampled: list[list[int]]) -> Any:
     """vLLM's `ModelRunnerOutput` for one step: each request's sampled tokens, in `req_ids`'
     order (0.33 also takes the index map; 0.34 reads the order)."""
     cls = resolve(Internal("vllm.v1.outputs", "ModelRunnerOutput"))
-    release = RELEASES.get(release_of(version()) or "")
+    release = this_release()
     # an unsupported release: whatever its constructor takes (the harness still drives it)
     indexed = (
         release.runner_output_has_index

@@ -38,12 +38,13 @@ reached only through `compat`: this module imports on any vLLM that has a `Sched
 from __future__ import annotations
 
 import logging
+import reprlib
 from typing import TYPE_CHECKING, Any
 
-from hycache.cache.boundaries import Boundaries, StateKind, floor_to
+from hycache.cache.boundaries import MAX_PREFIX_HINTS, Boundaries, StateKind, floor_to
 from hycache.cache.stops import PRIOR_CHANCE, FlatPrice, PassPricer, stop_pays
 from hycache.config import Policy
-from hycache.vllm import compat, managers
+from hycache.vllm import compat, events, managers
 from hycache.vllm.managers import STOPS_ATTR, stops_of
 
 if TYPE_CHECKING:
@@ -60,6 +61,10 @@ PRICE_KEY = "hycache"  # VllmConfig.additional_config key: {"pass_cost": .., "to
 # Bamba-9B: 2-3 ms over a 0.03 ms token when the chunk it splits is long, up to the whole
 # 5-6 ms weight read when it leaves a short one; docs/vllm-plugin.md, "What a stop costs").
 DEFAULT_PRICE = FlatPrice(pass_cost=96.0, token_cost=1.0)
+LOGGED_HINTS = 4  # bad hints a warning quotes (it counts the others)
+MAX_LOGGED_ID = 128  # characters of a request id a warning quotes
+_REPR = reprlib.Repr()  # a bad hint's repr in the warning: a few items, 40 characters each
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxlong, _REPR.maxother = 2, 40, 40, 40
 
 AsyncBase, SyncBase = compat.scheduler_bases()
 
@@ -134,8 +139,8 @@ def pass_price(sched: Any) -> PassPricer:
 
 def parse_hints(request: Request) -> tuple[int, ...]:
     """The request's prefix hints; a bad one (not a list of ints, negative, past the prompt)
-    is ignored with one warning for the request (parsed once: a preempted request is looked
-    up again)."""
+    and any past the first `MAX_PREFIX_HINTS` are ignored with one warning for the request
+    (parsed once: a preempted request is looked up again)."""
     parsed: tuple[int, ...] | None = getattr(request, HINTS_ATTR, None)
     if parsed is None:
         parsed = _parse_hints(request)
@@ -144,24 +149,49 @@ def parse_hints(request: Request) -> tuple[int, ...]:
 
 
 def _parse_hints(request: Request) -> tuple[int, ...]:
+    """One pass over at most `MAX_PREFIX_HINTS` entries (the engine's scheduler runs this: a
+    request's list may be any length, so nothing past the cap is looked at). A hint is an
+    `int` by type (a bool or a float equal to a good hint is bad, the good hint kept); the
+    warning gives counts and the first `LOGGED_HINTS` bad values, each repr bounded."""
     extra = request.sampling_params.extra_args if request.sampling_params else None
     raw = extra.get(HINTS_KEY) if isinstance(extra, dict) else None
     if raw is None:
         return ()
     t = request.num_prompt_tokens
-    if not isinstance(raw, list | tuple):
-        raw, bad = [], [raw]
+    if isinstance(raw, list | tuple):
+        items, over = raw[:MAX_PREFIX_HINTS], max(0, len(raw) - MAX_PREFIX_HINTS)
     else:
-        bad = [h for h in raw if isinstance(h, bool) or not isinstance(h, int) or not 0 < h <= t]
-    if bad:
+        items, over = (raw,), 0
+    kept: set[int] = set()
+    bad: list[object] = []
+    num_bad = 0
+    for h in items:
+        if type(h) is int and 0 < h <= t:
+            kept.add(h)
+        else:
+            num_bad += 1
+            if len(bad) < LOGGED_HINTS:
+                bad.append(h)
+    if num_bad or over:
         logger.warning(
-            "hycache.vllm: request %s: ignoring prefix hints %r (each must be an int in "
-            "[1, %d], the prompt's length)",
-            request.request_id,
-            bad,
+            "hycache.vllm: request %s: ignoring prefix hints: %d bad %s, %d past the first %d "
+            "(each must be an int in [1, %d], the prompt's length)",
+            str(request.request_id)[:MAX_LOGGED_ID],
+            num_bad,
+            "[" + ", ".join(map(_bounded_repr, bad)) + (", ...]" if num_bad > len(bad) else "]"),
+            over,
+            MAX_PREFIX_HINTS,
             t,
         )
-    return tuple(sorted({h for h in raw if h not in bad}))
+    return tuple(sorted(kept))
+
+
+def _bounded_repr(value: object) -> str:
+    """`value`'s repr, at most about `_REPR.maxother` characters whatever it holds."""
+    try:
+        return _REPR.repr(value)
+    except ValueError:  # an int past Python's int-to-str digit limit
+        return f"<{type(value).__name__}>"
 
 
 class _Limit:
@@ -175,6 +205,8 @@ class _Limit:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # the KV events the deployment asked for (`hycache.vllm.events`), inert or not
+        self.hycache_events = events.install(self)
         reason = inert_reason(self)
         self.hycache_inert_reason = reason
         if reason is not None:

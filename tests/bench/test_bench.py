@@ -116,6 +116,22 @@ def test_engine_part_times_the_engine_thread_beside_the_wall(doc: dict[str, Any]
         assert eng["policies"][arm]["engine_cpu_s"] == pytest.approx(sum(runs["engine_cpu_s"]) / 2)
 
 
+def test_engine_part_reports_the_spread_of_its_repeats(doc: dict[str, Any]) -> None:
+    """Each arm's repeats as median and min-max; each arm over lookahead per repeat, with
+    whether the repeats rank them; the headline carries its arm's."""
+    eng = doc["engine"]
+    for arm, figures in eng["spread"].items():
+        tok_s = eng["runs"][arm]
+        assert figures["output_tokens_per_s"]["min"] == min(tok_s)
+        assert figures["output_tokens_per_s"]["max"] == max(tok_s)
+    assert eng["vs_reference"]["reference"] == "lookahead"
+    lim = eng["vs_reference"]["arms"]["limit"]["output_tokens_per_s"]
+    per = [a / b for a, b in zip(eng["runs"]["limit"], eng["runs"]["lookahead"], strict=True)]
+    assert lim["per_repeat"] == pytest.approx(per)
+    assert lim["rankable"] == (min(per) > 1 or max(per) < 1)
+    assert eng["headline"]["repeats"] == eng["vs_reference"]["arms"]["limit"]
+
+
 def test_simulated_tables_have_every_arm(doc: dict[str, Any]) -> None:
     simd = doc["simulated"]
     assert list(simd) == ["system-prompt", "family", "multi-turn", "trace", "no-sharing"]

@@ -3,11 +3,11 @@ they do alone, and each one's clock holds only its own iterations."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
+from hycache.bench import closed_loop
 from hycache.bench.closed_loop import ClosedLoop, run_interleaved
 from hycache.bench.steps import EngineStep
 from hycache.bench.validate import ValidateOptions, _engine, build_workload
@@ -52,22 +52,51 @@ def test_loops_in_turn_do_what_each_does_alone(name: str) -> None:
     assert _work(steps_in_turn[0]) != _work(steps_in_turn[1])
 
 
-def test_each_loop_keeps_its_own_clock() -> None:
-    """Two loops stepped in turn: each one's makespan is its own steps plus its own client
-    work, and the two makespans add up to the wall time of the whole interleaved run (the
-    other loop's steps are on neither clock twice)."""
+class FakeClocks:
+    """The loops' wall and CPU clocks, advanced only by what the test charges: each engine step
+    and each admitted request costs a set amount (never the machine's load)."""
+
+    STEP_S, ADD_S = 0.010, 0.0001
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.charged: dict[int, float] = {}  # per engine: its steps and admissions
+
+    def __call__(self) -> tuple[float, float]:
+        return self.now, self.now
+
+    def charge(self, llm: Any, name: str, seconds: float) -> None:
+        inner = getattr(llm, name)
+
+        def charged(*args: Any, **kw: Any) -> Any:
+            out = inner(*args, **kw)
+            self.now += seconds
+            self.charged[id(llm)] = self.charged.get(id(llm), 0.0) + seconds
+            return out
+
+        setattr(llm, name, charged)
+
+
+def test_each_loop_keeps_its_own_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two loops stepped in turn: each one's makespan is exactly its own steps plus its own
+    client work (on clocks the test advances: the machine's load cannot move them), and the
+    two makespans add up to the whole interleaved run (the other loop's steps are on neither
+    clock twice)."""
     w = build_workload("family", 0, quick=True)
+    clocks = FakeClocks()
+    monkeypatch.setattr(closed_loop, "_clocks", clocks)
     steps: list[list[EngineStep]] = [[], []]
     loops = [
         ClosedLoop(_llm(p, "family"), w, 8, "wall", s) for p, s in zip(POLICIES, steps, strict=True)
     ]
-    t0 = time.perf_counter()
+    for loop in loops:
+        clocks.charge(loop.llm, "step", FakeClocks.STEP_S)
+        clocks.charge(loop.llm, "add_request", FakeClocks.ADD_S)
     a, b = run_interleaved(loops)
-    wall = time.perf_counter() - t0
-    assert a["makespan_s"] + b["makespan_s"] == pytest.approx(wall, rel=0.05)
-    for m, s in ((a, steps[0]), (b, steps[1])):
-        in_steps = sum(x.seconds for x in s)
-        assert in_steps <= m["makespan_s"] <= in_steps + 0.25 * m["makespan_s"]
+    assert a["makespan_s"] + b["makespan_s"] == pytest.approx(clocks.now)
+    for m, s, loop in ((a, steps[0], loops[0]), (b, steps[1], loops[1])):
+        assert m["makespan_s"] == pytest.approx(clocks.charged[id(loop.llm)])
+        assert [x.seconds for x in s] == pytest.approx([FakeClocks.STEP_S] * len(s))
         assert m["output_tokens_per_s"] == pytest.approx(
             sum(r.max_tokens for r in w.requests) / m["makespan_s"]
         )

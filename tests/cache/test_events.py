@@ -17,6 +17,7 @@ from hycache.cache.events import (
     BlockRemoved,
     BlockStored,
     KVEventBatch,
+    Wire,
     decode_batch,
     encode_batch,
     external_hash,
@@ -49,11 +50,18 @@ def test_our_bytes_round_trip_through_our_decoder() -> None:
 
 
 def test_the_batch_is_an_array_and_events_are_tagged_maps() -> None:
-    # msgspec writes an array-like struct's every field: [ts, events, dp rank, tail]
+    # [ts, events, dp rank] always (a None rank written, not omitted), the tail only on the
+    # "vllm" wire and only when the batch has one; Dynamo's wire is exactly three fields
     raw = msgspec.msgpack.decode(encode_batch(sample_batch(False)))
-    assert len(raw) == 4 and raw[2] is None and raw[3] is None
+    assert len(raw) == 3 and raw[2] is None
+    assert encode_batch(sample_batch(False), "dynamo") == encode_batch(sample_batch(False))
     raw = msgspec.msgpack.decode(encode_batch(sample_batch(True)))
     assert len(raw) == 4 and raw[2] is None and raw[3][0]["type"] == "BlockRemoved"
+    raw = msgspec.msgpack.decode(encode_batch(sample_batch(True), "dynamo"))
+    assert len(raw) == 3 and raw[1][0] == {"type": "AllBlocksCleared"}
+    assert decode_batch(encode_batch(sample_batch(True), "dynamo")) == sample_batch(False)
+    with pytest.raises(ValueError, match="wire"):
+        encode_batch(sample_batch(False), "sglang")  # type: ignore[arg-type]
     assert raw[1][1]["type"] == "BlockStored" and list(raw[1][1])[:4] == [
         "type", "block_hashes", "parent_block_hash", "token_ids"
     ]  # fmt: skip
@@ -95,12 +103,12 @@ def vllm_check(data: bytes, extra_path: str | None = None) -> str:
 VLLM_034 = Path(os.environ.get("HYCACHE_VLLM_034", "/work/main/.vllm-0.34"))
 
 
-@pytest.mark.parametrize("tail", [False, True])
-def test_vllms_decoder_reads_our_batches_and_we_read_its(tail: bool) -> None:
+@pytest.mark.parametrize(("tail", "wire"), [(False, "vllm"), (True, "vllm"), (True, "dynamo")])
+def test_vllms_decoder_reads_our_batches_and_we_read_its(tail: bool, wire: Wire) -> None:
     """vLLM 0.33 (this venv): each event decodes field for field; vLLM's re-encoding of what
     it read decodes back to our events, its events' bytes equal to ours."""
     pytest.importorskip("vllm.distributed.kv_events")
-    assert vllm_check(encode_batch(sample_batch(tail))).startswith("ok 4")
+    assert vllm_check(encode_batch(sample_batch(tail), wire)).startswith("ok 4")
 
 
 @pytest.mark.skipif(not (VLLM_034 / "vllm").is_dir(), reason="no vLLM 0.34 tree")

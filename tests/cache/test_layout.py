@@ -16,27 +16,10 @@ from hycache.engine.build import attention_block_bytes, state_bytes
 from hycache.engine.engine import LLM
 from hycache.model.configs import config_from_hf_dict
 from hycache.request import SamplingParams
+from tests.helpers import BAMBA_9B
 
 GIB = 2**30
 
-BAMBA_9B = {  # the geometry of ibm-ai-platform/Bamba-9B's config.json
-    "model_type": "bamba",
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "attn_layer_indices": [9, 18, 27],
-    "mamba_n_heads": 128,
-    "mamba_d_head": 64,
-    "mamba_n_groups": 1,
-    "mamba_d_state": 128,
-    "mamba_d_conv": 4,
-    "mamba_expand": 2,
-    "mamba_chunk_size": 256,
-    "max_position_embeddings": 262144,
-}
 
 
 def test_bamba_9b_fits_a_full_request_in_the_default_gigabyte() -> None:

@@ -9,18 +9,7 @@ from pathlib import Path
 import pytest
 
 from hycache.cli.main import main
-
-WORKED = [
-    "--block-size",
-    "4416",
-    "--prefix-match-unit",
-    "64",
-    "--eagle",
-    "--prompt-tokens",
-    "64016",
-    "--shared-prefix",
-    "57600",
-]
+from tests.helpers import WORKED
 
 
 def test_explain_reproduces_the_worked_example(capsys: pytest.CaptureFixture[str]) -> None:

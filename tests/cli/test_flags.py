@@ -12,7 +12,7 @@ import pytest
 
 from hycache.cli.args import FLAGS
 from hycache.cli.main import main, make_parser
-from tests.cli.test_cli import WORKED
+from tests.helpers import WORKED
 
 SIMULATE = ["simulate", "--workload", "family", "--families", "2", "--requests-per-family", "2",
             "--shared-prefix-tokens", "100:200", "--suffix-tokens", "8", "--output-tokens", "2",

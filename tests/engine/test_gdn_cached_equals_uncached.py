@@ -10,8 +10,7 @@ import pytest
 
 from hycache.config import POLICY_NAMES
 from hycache.model.mtp import MtpHead
-
-from .test_cached_equals_uncached import drive, make_llm, tight_pool
+from tests.engine.conftest import drive, make_llm, tight_pool
 
 MODEL = "tiny-gdn"
 

@@ -32,10 +32,16 @@ import torch
 
 from hycache.engine.engine import LLM
 from hycache.engine.outputs import RequestOutput
-from hycache.model.paged import StepBatch
 from hycache.request import SamplingParams
 from hycache.sched.scheduler import ScheduledRequest, SchedulerOutput, StepResult
-from tests.engine.test_cached_equals_uncached import B, LogitRecorder, U, make_llm
+from tests.engine.conftest import (
+    B,
+    LogitRecorder,
+    U,
+    make_llm,
+    snapshot_position,
+    state_from_scratch,
+)
 
 VOCAB = 512  # the tiny preset
 K = 2  # speculative tokens wherever a drafter is on
@@ -61,11 +67,6 @@ def limit(p: int, k: int) -> int:
     """Where a sibling sharing p tokens can resume at best (the limit, architecture §4.5),
     written out here rather than taken from the code under test."""
     return (p - 1) // U * U if k else p // U * U
-
-
-def snapshot_position(num_tokens: int) -> int:
-    """Where a finished request of `num_tokens` prompt + output tokens keeps its state."""
-    return (num_tokens - 1) // U * U
 
 
 def limit_llm(k: int, **kw: object) -> LLM:
@@ -278,25 +279,6 @@ class SnapshotLog:
     def offset(self, request_id: str, pos: int) -> int:
         """The offset of the last copy of `pos` for that request (the one that was kept)."""
         return [o for rid, p, o in self.copies if rid == request_id and p == pos][-1]
-
-
-def state_from_scratch(llm: LLM, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(conv, ssm) after running `llm`'s model over `tokens` in one step, in private caches."""
-    n = len(tokens)
-    blocks = math.ceil(n / B)
-    kv = llm.model.make_kv_cache(blocks + 1, B)
-    states = llm.model.make_state_cache(1)
-    batch = StepBatch(
-        input_ids=torch.tensor(tokens),
-        positions=torch.arange(n),
-        query_lens=[n],
-        context_lens=[0],
-        block_tables=[list(range(1, 1 + blocks))],
-        state_src=[-1],
-        state_writes=[[(n, 0)]],
-    )
-    llm.model.forward(batch, kv, states)
-    return states.read(0)
 
 
 @dataclass

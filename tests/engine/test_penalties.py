@@ -11,7 +11,7 @@ import torch
 
 from hycache.engine.sampling import adjust_logits
 from hycache.request import SamplingParams
-from tests.engine.test_cached_equals_uncached import drive, make_llm
+from tests.engine.conftest import drive, make_llm
 
 
 def reference(logits: list[float], prompt: list[int], output: list[int], **kw: Any) -> list[float]:

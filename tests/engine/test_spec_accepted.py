@@ -34,8 +34,7 @@ from hycache.engine.engine import LLM
 from hycache.engine.outputs import RequestOutput
 from hycache.request import SamplingParams
 from hycache.sched.scheduler import ScheduledRequest
-from tests.engine.test_cached_equals_uncached import U, make_llm
-from tests.engine.test_limit_engine import snapshot_position, state_from_scratch
+from tests.engine.conftest import U, make_llm, snapshot_position, state_from_scratch
 from tests.helpers import OracleDrafter, oracle_schedule
 
 VOCAB = 512  # the tiny preset

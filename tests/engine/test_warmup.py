@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hycache.engine.engine import LLM
-from tests.engine.test_cached_equals_uncached import LogitRecorder, drive, make_llm
+from tests.engine.conftest import LogitRecorder, drive, make_llm
 
 
 @pytest.mark.parametrize("k", [0, 2])

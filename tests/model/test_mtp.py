@@ -19,7 +19,7 @@ from hycache.model.loader import load_model
 from hycache.model.mtp import MtpHead, checkpoint_mtp_tensors
 from hycache.request import SamplingParams
 
-from . import test_parity_qwen3_next as parity
+from .archs import QWEN3_NEXT as parity
 from .utils import hf_generate, random_prompt, save_hf
 
 
@@ -38,13 +38,13 @@ def checkpoint(
 
 def test_mtp_loads_and_drafts_transformers_greedy_tokens(checkpoint: tuple[Any, Path]) -> None:
     hf, path = checkpoint
-    prompts = [random_prompt(parity.PROMPT_LEN + i, 40 + i, parity.VOCAB) for i in range(2)]
+    prompts = [random_prompt(parity.prompt_len + i, 40 + i, parity.vocab) for i in range(2)]
     llm = LLM(str(path), dtype="float32", num_speculative_tokens=2, block_size=16,
               prefix_match_unit=4, max_model_len=160, num_blocks=40)  # fmt: skip
     assert isinstance(llm.runner.drafter, MtpHead)
-    sp = SamplingParams(max_tokens=parity.NEW_TOKENS, ignore_eos=True)
+    sp = SamplingParams(max_tokens=parity.new_tokens, ignore_eos=True)
     got = [o.token_ids for o in llm.generate([p.tolist() for p in prompts], sp)]
-    assert got == [hf_generate(hf, p, parity.NEW_TOKENS) for p in prompts]
+    assert got == [hf_generate(hf, p, parity.new_tokens) for p in prompts]
 
 
 def test_mtp_tensors_round_trip_and_bad_ones_are_named(checkpoint: tuple[Any, Path]) -> None:

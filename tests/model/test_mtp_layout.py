@@ -21,7 +21,7 @@ from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.loader import load_model
 from hycache.model.mtp import MtpHead, checkpoint_mtp_tensors
 
-from . import test_parity_qwen3_next as parity
+from .archs import QWEN3_NEXT as parity
 from .utils import save_hf
 
 # the children of vLLM's `Qwen3NextMultiTokenPredictor` / `Qwen3_5MultiTokenPredictor` that

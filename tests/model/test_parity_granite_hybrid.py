@@ -15,137 +15,22 @@ import pytest
 import torch
 
 from hycache.model.configs.granite_hybrid import GraniteHybridConfig
-from hycache.model.granite_hybrid import GraniteHybridForCausalLM
 from hycache.model.loader import load_model
 from hycache.model.paged import StepBatch
 
+from .archs import GRANITE, GRANITE_BASE, GRANITE_CASES, granite_hf_model
 from .utils import (
-    checkpoint_tensor_names,
-    hf_generate,
-    hf_greedy_recompute,
     hf_logits,
     paged_greedy,
-    perturb_hf,
     random_prompt,
     save_hf,
 )
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 96
-PROMPT_LEN = 27  # > mamba_chunk_size: the SSD scan crosses chunk boundaries
-NEW_TOKENS = 6
-
-BASE: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "num_hidden_layers": 4,
-    "layer_types": ["mamba", "attention", "mamba", "mamba"],
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 24,
-    "shared_intermediate_size": 40,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "mamba_n_heads": 4,
-    "mamba_n_groups": 2,
-    "mamba_d_state": 8,
-    "mamba_chunk_size": 8,
-    "position_embedding_type": "rope",
-    "embedding_multiplier": 3.0,
-    "residual_multiplier": 0.6,
-    "attention_multiplier": 0.25,
-    "logits_scaling": 2.0,
-    "initializer_range": 0.2,
-    "tie_word_embeddings": False,
-}
-
-CASES: dict[str, dict[str, Any]] = {
-    "moe-top2-rope-gqa2-untied": {},
-    "dense-nope-mqa-tied": {
-        "num_hidden_layers": 3,
-        "layer_types": ["attention", "mamba", "mamba"],
-        "num_local_experts": 0,
-        "position_embedding_type": None,
-        "num_key_value_heads": 1,
-        "mamba_n_groups": 1,
-        "tie_word_embeddings": True,
-    },
-    "moe-top1-groups4-biases-gqa4": {
-        "layer_types": ["mamba", "mamba", "attention", "attention"],
-        "num_local_experts": 3,
-        "num_experts_per_tok": 1,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "attention_bias": True,
-        "mamba_n_heads": 8,
-        "mamba_n_groups": 4,
-        "mamba_proj_bias": True,
-        "mamba_conv_bias": False,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0},
-    },
-    "mamba-only-moe-top3-dt-limit": {
-        "num_hidden_layers": 3,
-        "layer_types": ["mamba", "mamba", "mamba"],
-        "num_experts_per_tok": 3,
-        "time_step_limit": (0.01, 0.2),
-    },
-}
-
-
-def _hf_model(overrides: dict[str, Any], seed: int) -> Any:
-    torch.manual_seed(seed)
-    cfg = transformers.GraniteMoeHybridConfig(**{**BASE, **overrides})
-    cfg._attn_implementation = "eager"
-    model = transformers.GraniteMoeHybridForCausalLM(cfg).eval()
-    perturb_hf(model, seed + 1)
-    return model
-
-
-@pytest.fixture(scope="module", params=sorted(CASES))
-def pair(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Any, GraniteHybridForCausalLM, Path]:
-    name: str = request.param
-    hf = _hf_model(CASES[name], seed=sorted(CASES).index(name))
-    path = save_hf(hf, tmp_path_factory.mktemp(name))
-    ours, config, tokenizer = load_model(str(path))
-    assert isinstance(ours, GraniteHybridForCausalLM)
-    assert isinstance(config, GraniteHybridConfig)
-    assert tokenizer is None
-    assert config.tie_word_embeddings == bool(CASES[name].get("tie_word_embeddings", False))
-    return hf, ours, path
-
-
-def test_prompt_logits_match(pair: tuple[Any, GraniteHybridForCausalLM, Path]) -> None:
-    hf, ours, _ = pair
-    prompt = random_prompt(PROMPT_LEN, 1, VOCAB)
-    ref = hf_logits(hf, prompt)
-    whole, _ = paged_greedy(ours, prompt, 0)
-    chunked, _ = paged_greedy(ours, prompt, 0, chunks=[5, 11, 1, 10])
-    assert ref.abs().max() > 0.5  # the comparison is not between near-zero numbers
-    torch.testing.assert_close(whole, ref, rtol=0, atol=1e-4)
-    torch.testing.assert_close(chunked, ref, rtol=0, atol=1e-4)
-
-
-def test_greedy_generation_matches(pair: tuple[Any, GraniteHybridForCausalLM, Path]) -> None:
-    hf, ours, path = pair
-    prompt = random_prompt(PROMPT_LEN, 2, VOCAB)
-    ref = hf_greedy_recompute(hf, prompt, NEW_TOKENS)
-    assert paged_greedy(ours, prompt, NEW_TOKENS)[1] == ref
-    # transformers' cache needs an attention layer, and its decode path ignores time_step_limit
-    if ours.config.num_attention_layers and "dt-limit" not in path.name:
-        assert hf_generate(hf, prompt, NEW_TOKENS) == ref
-
-
-def test_parameter_names_match_the_checkpoint(
-    pair: tuple[Any, GraniteHybridForCausalLM, Path],
-) -> None:
-    _, ours, path = pair
-    stored = checkpoint_tensor_names(path)
-    if ours.config.tie_word_embeddings:
-        stored.discard("lm_head.weight")
-    assert set(ours.state_dict()) == stored
+ARCH = GRANITE
+VOCAB, PROMPT_LEN, NEW_TOKENS = ARCH.vocab, ARCH.prompt_len, ARCH.new_tokens
+BASE, CASES, _hf_model = GRANITE_BASE, GRANITE_CASES, granite_hf_model
 
 
 def test_transformers_in_memory_expert_names_load(tmp_path: Path) -> None:

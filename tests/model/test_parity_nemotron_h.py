@@ -8,6 +8,7 @@ policy and speculative = plain on the engine."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,150 +19,36 @@ from hycache.model.configs.nemotron_h import NemotronHConfig
 from hycache.model.loader import load_config, load_model
 from hycache.model.nemotron_h import NemotronHForCausalLM
 
+from .archs import NEMOTRON_BASE, NEMOTRON_CASES, NEMOTRON_H, nemotron_hf_model
 from .utils import (
-    checkpoint_tensor_names,
     hf_generate,
-    hf_greedy_recompute,
     hf_logits,
     paged_greedy,
-    perturb_hf,
     random_prompt,
     save_hf,
 )
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 96
-PROMPT_LEN = 27  # > chunk_size: the SSD scan crosses chunk boundaries
-NEW_TOKENS = 6
-
-BASE: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "layers_block_type": ["mamba", "mlp", "attention", "mlp", "mamba"],
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "mamba_num_heads": 4,
-    "mamba_head_dim": 16,
-    "n_groups": 2,
-    "ssm_state_size": 8,
-    "chunk_size": 8,
-    "initializer_range": 0.2,
-    "tie_word_embeddings": False,
-}
-
-CASES: dict[str, dict[str, Any]] = {
-    "gqa2-groups2-untied": {},
-    "mqa-groups1-tied-conv2": {
-        "layers_block_type": ["mamba", "attention", "mamba", "mlp", "mamba", "attention"],
-        "num_key_value_heads": 1,
-        "n_groups": 1,
-        "conv_kernel": 2,
-        "tie_word_embeddings": True,  # transformers' NemotronH keeps a separate head anyway
-    },
-    "mha-groups4-biases-legacy-pattern": {
-        "layers_block_type": None,
-        "hybrid_override_pattern": "*M-M",
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "mamba_num_heads": 8,
-        "mamba_head_dim": 8,
-        "n_groups": 4,
-        "use_bias": True,
-        "mlp_bias": True,
-        "use_conv_bias": False,
-    },
-    "no-attention": {"layers_block_type": ["mamba", "mlp", "mamba", "mlp"]},
-    # Nemotron-3 MoE blocks: 8 experts in 2 groups, only the best group's experts selectable,
-    # experts in a 16-wide latent space, MLP biases (shared expert, latent projections)
-    "moe-latent-groups2-topgroup1": {
-        "layers_block_type": ["mamba", "moe", "attention", "mlp", "moe", "mamba"],
-        "n_routed_experts": 8,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 24,
-        "moe_shared_expert_intermediate_size": 40,
-        "moe_latent_size": 16,
-        "n_group": 2,
-        "topk_group": 1,
-        "routed_scaling_factor": 2.5,
-        "mlp_bias": True,
-    },
-    # 3 of 8 experts among the best 2 of 4 groups, unnormalised weights, no latent space
-    "moe-groups4-topgroup2-unnormalised": {
-        "layers_block_type": ["moe", "mamba", "attention", "moe", "mamba", "moe"],
-        "n_routed_experts": 8,
-        "num_experts_per_tok": 3,
-        "moe_intermediate_size": 20,
-        "moe_shared_expert_intermediate_size": 24,
-        "n_group": 4,
-        "topk_group": 2,
-        "norm_topk_prob": False,
-        "routed_scaling_factor": 1.5,
-    },
-}
-
-
-def _hf_model(overrides: dict[str, Any], seed: int) -> Any:
-    torch.manual_seed(seed)
-    kw = {k: v for k, v in {**BASE, **overrides}.items() if v is not None}
-    cfg = transformers.NemotronHConfig(**kw)
-    cfg._attn_implementation = "eager"
-    model = transformers.NemotronHForCausalLM(cfg).eval()
-    perturb_hf(model, seed + 1)
-    gen = torch.Generator().manual_seed(seed + 2)
-    with torch.no_grad():  # a buffer, left at zero by transformers' init
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.2 * torch.randn(b.shape, generator=gen))
-    return model
+ARCH = NEMOTRON_H
+VOCAB, PROMPT_LEN, NEW_TOKENS = ARCH.vocab, ARCH.prompt_len, ARCH.new_tokens
+BASE, CASES, _hf_model = NEMOTRON_BASE, NEMOTRON_CASES, nemotron_hf_model
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def pair(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Any, NemotronHForCausalLM, Path]:
+def pair(request: pytest.FixtureRequest) -> tuple[Any, NemotronHForCausalLM]:
+    """A case's transformers model, and ours from its checkpoint (the parity itself:
+    tests/model/test_parity.py)."""
     name: str = request.param
     hf = _hf_model(CASES[name], seed=sorted(CASES).index(name))
-    path = save_hf(hf, tmp_path_factory.mktemp(name))
-    ours, config, tokenizer = load_model(str(path))
-    assert isinstance(ours, NemotronHForCausalLM) and isinstance(config, NemotronHConfig)
-    assert tokenizer is None
-    return hf, ours, path
+    with tempfile.TemporaryDirectory() as d:
+        ours, _, _ = load_model(str(save_hf(hf, Path(d))))
+    assert isinstance(ours, NemotronHForCausalLM)
+    return hf, ours
 
 
-def test_prompt_logits_match(pair: tuple[Any, NemotronHForCausalLM, Path]) -> None:
-    hf, ours, _ = pair
-    prompt = random_prompt(PROMPT_LEN, 1, VOCAB)
-    ref = hf_logits(hf, prompt)
-    whole, _ = paged_greedy(ours, prompt, 0)
-    chunked, _ = paged_greedy(ours, prompt, 0, chunks=[5, 11, 1, 10])
-    assert ref.abs().max() > 1.0  # the comparison is not between near-zero numbers
-    torch.testing.assert_close(whole, ref, rtol=0, atol=1e-4)
-    torch.testing.assert_close(chunked, ref, rtol=0, atol=1e-4)
-
-
-def test_greedy_generation_matches(pair: tuple[Any, NemotronHForCausalLM, Path]) -> None:
-    hf, ours, _ = pair
-    prompt = random_prompt(PROMPT_LEN, 2, VOCAB)
-    ref = hf_greedy_recompute(hf, prompt, NEW_TOKENS)
-    assert paged_greedy(ours, prompt, NEW_TOKENS)[1] == ref
-    if ours.config.num_attention_layers:  # transformers' cache needs an attention layer
-        assert hf_generate(hf, prompt, NEW_TOKENS) == ref
-
-
-def test_parameter_names_match_the_checkpoint(
-    pair: tuple[Any, NemotronHForCausalLM, Path],
-) -> None:
-    _, ours, path = pair
-    assert set(ours.state_dict()) == checkpoint_tensor_names(path)
-    assert ours.lm_head is not None  # never tied, as in transformers
-
-
-def test_pattern_and_layer_counts(pair: tuple[Any, NemotronHForCausalLM, Path]) -> None:
-    hf, ours, _ = pair
+def test_pattern_and_layer_counts(pair: tuple[Any, NemotronHForCausalLM]) -> None:
+    hf, ours = pair
     assert ours.config.pattern == hf.config.hybrid_override_pattern
     assert ours.config.num_attention_layers == ours.config.pattern.count("*")
     assert ours.config.num_mamba_layers == ours.config.pattern.count("M")

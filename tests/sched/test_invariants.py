@@ -13,6 +13,7 @@ from hycache.request import Request
 from hycache.sched.executor import run_to_completion
 from hycache.sched.scheduler import Scheduler
 from tests.helpers import RecordingExecutor, make_config, new_request, run_sequential, tokens
+from tests.sched.conftest import check_step
 
 GEOMETRIES = [(b, u) for b in (16, 128, 512) for u in (4, 32) if u < b]
 
@@ -216,18 +217,6 @@ def test_junction_costs_at_most_two_prefill_steps_and_nothing_without_a_junction
         assert extra <= j.num_checkpoint_splits - r.num_checkpoint_splits
 
 
-def check_step(sched: Scheduler, out) -> None:  # type: ignore[no-untyped-def]
-    """After every step: integrity; no checkpoint past the prompt; the running block unkeyed."""
-    sched.cache.check_integrity()
-    pool = sched.cache.pool
-    for s in out.scheduled:
-        if s.alloc.checkpoint:
-            assert s.end <= s.request.num_prompt_tokens
-            assert s.num_tokens > 1 or s.end <= s.request.num_prompt_tokens
-    for m in sched.cache.ssm:
-        for st_ in m._states.values():
-            if st_.running is not None:
-                assert not pool.keys[st_.running], "the running state block was published"
 
 
 @settings(max_examples=30, deadline=None)

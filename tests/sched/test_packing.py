@@ -16,7 +16,7 @@ from hycache.config import POLICY_NAMES, HycacheConfig
 from hycache.sched.chunking import PACK_RATIO, StepSeq, packing_cap
 from hycache.sched.scheduler import Scheduler
 from tests.helpers import RecordingExecutor, make_config, newcomer_prefill, sharing_requests
-from tests.sched.test_invariants import check_step
+from tests.sched.conftest import check_step
 
 
 class FixedOracle:

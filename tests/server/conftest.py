@@ -21,6 +21,7 @@ import uvicorn
 
 from hycache.engine.engine import LLM
 from hycache.server.run import HycacheServer
+from tests.helpers import HANG_S
 
 LLM_KW: dict[str, Any] = {
     "block_size": 64,
@@ -66,7 +67,7 @@ def serving(app: Any, **config: Any) -> Iterator[tuple[str, uvicorn.Server, thre
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + HANG_S
         while True:
             with contextlib.suppress(httpx.TransportError):
                 if server.started and httpx.get(f"{url}/health", timeout=1).status_code == 200:
@@ -121,7 +122,7 @@ def stats(client: httpx.Client) -> dict[str, Any]:
     return r.json()
 
 
-def wait_idle(client: httpx.Client, timeout: float = 10.0) -> dict[str, Any]:
+def wait_idle(client: httpx.Client, timeout: float = HANG_S) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         s = stats(client)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,6 +21,7 @@ from hycache.engine.engine import LLM
 from hycache.request import SamplingParams
 from hycache.server.app import create_app
 from hycache.server.worker import EngineWorker
+from tests.helpers import HANG_S
 from tests.server.conftest import (
     API_KEY,
     CHAT_TEMPLATE,
@@ -281,8 +281,9 @@ def test_stream_disconnect_aborts_request(server: tuple[str, LLM], client: httpx
         assert first_line(lines).startswith("data: {")
         s = stats(client)
         assert s["running"] == 1, s
-    # the client hung up after one chunk: the engine drops the request long before 1000 tokens
-    after = wait_idle(client, timeout=5)
+    # the client hung up after one chunk: the engine drops the request (a finished one would
+    # count its 1000 tokens); the wait is a hang's bound, not a latency
+    after = wait_idle(client, timeout=HANG_S)
     assert after["engine"]["output_tokens"] == before["engine"]["output_tokens"]  # never finished
     assert after["cache"]["used_blocks"] == 0
 
@@ -294,7 +295,7 @@ def test_non_streaming_disconnect_aborts_request(
     payload = {"prompt": prompt(11, 16), "max_tokens": 1000}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and hangs up
         httpx.post(f"{server[0]}/v1/completions", json=payload, timeout=0.5)
-    after = wait_idle(client, timeout=5)
+    after = wait_idle(client, timeout=HANG_S)
     assert after["engine"]["output_tokens"] == before["engine"]["output_tokens"]
     assert after["cache"]["used_blocks"] == 0
 
@@ -335,15 +336,15 @@ def test_shutdown_ends_in_flight_stream_and_thread() -> None:
         ):
             lines = r.iter_lines()  # held open: the stream is in flight at shutdown
             assert first_line(lines).startswith("data: {")
-            t0 = time.monotonic()
             server.should_exit = True  # shut down with the stream still running
             rest = sse_events(lines)  # the server ends the stream itself
         assert rest[-1] == "[DONE]"
         assert rest[-2]["error"]["code"] == 503
         assert "shutting down" in rest[-2]["error"]["message"]
-        thread.join(timeout=15)
+        thread.join(timeout=HANG_S)
         assert not thread.is_alive()
-        assert time.monotonic() - t0 < 10  # did not wait for 1000 tokens
+        # did not wait for 1000 tokens: the stream ended short of them, nothing finished
+        assert len(rest) < 1000
     assert not worker.thread.is_alive()
     assert not llm.scheduler.has_unfinished()
     assert llm.stats.output_tokens == 0  # aborted, not run to its end

@@ -20,6 +20,7 @@ from hycache.engine.outputs import RequestOutput
 from hycache.request import SamplingParams
 from hycache.server.app import create_app
 from hycache.server.chat_template import ChatTemplate
+from tests.helpers import HANG_S
 from tests.server.conftest import CHAT_TEMPLATE, chat_tokenizer, serving, sse_events, words
 
 LLM_KW: dict[str, Any] = {
@@ -330,7 +331,7 @@ def test_a_dropped_n_stream_aborts_every_choice(client: httpx.Client) -> None:
         for line in r.iter_lines():
             if line:
                 break  # leaving the block closes the stream with three choices running
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_S  # a hang's bound
     while not idle(client):
         assert time.monotonic() < deadline, "the dropped stream's choices are still running"
         time.sleep(0.02)

@@ -24,7 +24,7 @@ import pytest
 from hycache.cli.main import main
 from hycache.engine.engine import LLM
 from hycache.store.master import MooncakeMaster, free_port
-from tests.store.test_store_engine import GEOMETRY, SP, family, noise
+from tests.helpers import GEOMETRY, SP, family, noise
 
 KW: dict[str, Any] = {**GEOMETRY, "num_speculative_tokens": 2}
 SERVE_ARGS = [

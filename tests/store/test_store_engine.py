@@ -4,45 +4,10 @@ caching; bad objects and a full store cost hits, never correctness or blocks."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from hycache.engine.engine import LLM
-from hycache.engine.outputs import RequestOutput
-from hycache.request import SamplingParams
-
-SP = SamplingParams(max_tokens=5)
-GEOMETRY = {"block_size": 16, "prefix_match_unit": 4, "max_model_len": 256}
-
-
-def family(seed: int = 0, shared: int = 101, private: int = 23, n: int = 3) -> list[list[int]]:
-    rng = random.Random(seed)
-    head = [rng.randrange(1, 250) for _ in range(shared)]
-    return [head + [rng.randrange(1, 250) for _ in range(private)] for _ in range(n)]
-
-
-def noise(seed: int = 1, n: int = 5, length: int = 130) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 250) for _ in range(length)] for _ in range(n)]
-
-
-def replay(llm: LLM, evict: bool = True, seed: int = 0) -> RequestOutput:
-    """fam[0], fam[1] one after the other, noise that evicts them (small pools), then fam[2]."""
-    fam = family(seed)
-    llm.generate([fam[0]], SP)
-    llm.generate([fam[1]], SP)
-    if evict:
-        for prompt in noise():
-            llm.generate([prompt], SP)
-    return llm.generate([fam[2]], SP)[0]
-
-
-def assert_no_leaks(llm: LLM) -> None:
-    cache = llm.scheduler.cache
-    cache.check_integrity()
-    assert cache.num_live_requests == 0
-    assert cache.pool.num_free == cache.pool.num_blocks - 1  # every block back (cached or not)
+from tests.helpers import GEOMETRY, SP, assert_no_leaks, family, noise, replay
 
 
 @pytest.mark.parametrize(

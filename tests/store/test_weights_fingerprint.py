@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from hycache.engine.engine import LLM
 from hycache.engine.tier import weights_identity
 from hycache.model.loader import save_model
-from tests.store.test_store_engine import GEOMETRY, SP, family
+from tests.helpers import GEOMETRY, SP, family
 
 MIDDLE = "model.layers.2.self_attn.o_proj.weight"
 EDGE = 1 << 16  # what the old fingerprint read at each end of a file

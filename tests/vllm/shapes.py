@@ -4,6 +4,7 @@ previous answer."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 
@@ -153,3 +154,26 @@ def within_the_pass_bound(extra: list[int], hinted: bool) -> bool:
     its hint) at most two; an unhinted producer exactly stock's."""
     producer, observer, *siblings = extra
     return producer <= (2 if hinted else 0) and observer <= 2 and max(siblings) <= 1
+PLUGIN = "hycache.vllm.Scheduler"
+
+
+SYNC = "hycache.vllm.SyncScheduler"
+
+
+def passes(traces: list[RequestTrace]) -> list[int]:
+    return [len(t.chunk_ends) for t in traces]
+
+
+def with_cls(setup: VllmSetup, cls: str | None) -> VllmSetup:
+    return dataclasses.replace(setup, scheduler_cls=cls)
+
+
+def contains_an_answer(turns: list[Turn]) -> bool:
+    """A prompt that extends an earlier prompt and its answer (a chat turn): decode-side
+    snapshots, which the plugin does not bring, decide its hit."""
+    return any(
+        list(t.prompt[: len(p.prompt) + len(p.answer)]) == [*p.prompt, *p.answer]
+        for i, t in enumerate(turns)
+        for p in turns[:i]
+        if len(t.prompt) > len(p.prompt)
+    )

@@ -21,8 +21,7 @@ from hycache.bench.vllm.reference import VllmSetup, run_reference
 from hycache.config import CacheKnobs
 from hycache.sim.explain import ExplainInputs
 from hycache.vllm import compat
-from tests.vllm.shapes import family, hits
-from tests.vllm.test_plugin import PLUGIN, SYNC, with_cls
+from tests.vllm.shapes import PLUGIN, SYNC, family, hits, with_cls
 
 # every stop made (a free pass): at B=64 no sub-block stop pays the default price, and these
 # tests check that the mechanisms are on, or off exactly as stock

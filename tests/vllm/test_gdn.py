@@ -28,8 +28,17 @@ from hycache.bench.vllm.scenario import Turn, run_hycache
 from hycache.cache.boundaries import Boundaries
 from hycache.config import CacheKnobs, Policy
 from tests.helpers import tokens
-from tests.vllm.shapes import budget, family, hits, hycache_config, scenario
-from tests.vllm.test_plugin import PLUGIN, contains_an_answer, passes, with_cls
+from tests.vllm.shapes import (
+    PLUGIN,
+    budget,
+    contains_an_answer,
+    family,
+    hits,
+    hycache_config,
+    passes,
+    scenario,
+    with_cls,
+)
 
 settings.load_profile("vllm-reference")
 

@@ -17,6 +17,7 @@ from hycache.bench.vllm.scenario import Turn
 from hycache.config import CacheKnobs
 from tests.vllm.shapes import (
     PRICED_GEOMETRIES,
+    SYNC,
     budget,
     hits,
     passes_over_stock,
@@ -25,9 +26,6 @@ from tests.vllm.shapes import (
 )
 
 settings.load_profile("vllm-reference")
-
-PLUGIN = "hycache.vllm.SyncScheduler"
-
 
 @st.composite
 def priced_families(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn], bool]:
@@ -45,7 +43,7 @@ def test_priced_passes_stay_within_stock_plus_one_the_observer_plus_two(
 ) -> None:
     setup, turns, hinted = case
     stock = run_reference(setup, turns)
-    plugin = run_reference(dataclasses.replace(setup, scheduler_cls=PLUGIN), turns)
+    plugin = run_reference(dataclasses.replace(setup, scheduler_cls=SYNC), turns)
     extra = passes_over_stock(stock, plugin)
     assert within_the_pass_bound(extra, hinted), (extra, hits(stock), hits(plugin))
     assert all(s <= p for s, p in zip(hits(stock), hits(plugin), strict=True))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import time
 from typing import Any
 
 import pytest
@@ -18,26 +19,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
-from hycache.bench.vllm.scenario import RequestTrace, Turn, run_hycache
-from hycache.cache.boundaries import Boundaries
+from hycache.bench.vllm.scenario import Turn, run_hycache
+from hycache.cache.boundaries import MAX_PREFIX_HINTS, Boundaries
 from hycache.config import CacheKnobs, Policy
 from hycache.vllm import Scheduler, SyncScheduler
 from hycache.vllm.scheduler import Scheduler as VllmLimitScheduler
-from tests.cli.test_cli import WORKED
-from tests.vllm.shapes import GEOMETRIES, budget, family, hits, hycache_config, scenario
+from hycache.vllm.scheduler import parse_hints
+from tests.helpers import WORKED
+from tests.vllm.shapes import (
+    GEOMETRIES,
+    PLUGIN,
+    SYNC,
+    budget,
+    contains_an_answer,
+    family,
+    hits,
+    hycache_config,
+    passes,
+    scenario,
+    with_cls,
+)
 
 settings.load_profile("vllm-reference")
 
-PLUGIN = "hycache.vllm.Scheduler"
-SYNC = "hycache.vllm.SyncScheduler"
 
 
-def passes(traces: list[RequestTrace]) -> list[int]:
-    return [len(t.chunk_ends) for t in traces]
 
 
-def with_cls(setup: VllmSetup, cls: str | None) -> VllmSetup:
-    return dataclasses.replace(setup, scheduler_cls=cls)
 
 
 def FREE(setup: VllmSetup) -> VllmSetup:
@@ -118,17 +126,33 @@ def test_the_plugin_equals_hycache_limit_on_the_issue_shapes() -> None:
 
 
 @pytest.mark.parametrize(
-    "hints", [[-5], [10_000], ["640"], [True], [640.0], "640", [640, -1], {"at": 640}]
+    "hints",
+    [
+        [-5],
+        [10_000],
+        ["640"],
+        [True],
+        [640.0],
+        "640",
+        [640, -1],
+        {"at": 640},
+        [True, 640],
+        [640.0, 640, 1.0],
+        [0] * MAX_PREFIX_HINTS + [640],
+    ],
 )
 def test_a_bad_hint_is_ignored_with_one_warning(
     hints: object, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Negative, past the prompt, not a list of ints: ignored (the good ones kept), one
-    warning per request, and the request runs as without it."""
+    """Negative, past the prompt, not an int by type (a bool or a float equal to a good hint
+    too), past the first `MAX_PREFIX_HINTS`: ignored, the good ones kept, one warning per
+    request, and the request runs as without it."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
-    good = isinstance(hints, list) and any(type(h) is int and h == 640 for h in hints)
+    good = isinstance(hints, list) and any(
+        type(h) is int and h == 640 for h in hints[:MAX_PREFIX_HINTS]
+    )
     ref = ReferenceScheduler(VllmSetup(CacheKnobs(64, 16), scheduler_cls=PLUGIN))
     turns = family(0, 640, 83, 3)
     req = Request(
@@ -147,6 +171,77 @@ def test_a_bad_hint_is_ignored_with_one_warning(
     assert req.hycache_stops == ((624, 640) if good else ())
 
 
+def hinted(hints: object, num_prompt_tokens: int = 640, request_id: str = "r") -> Any:
+    """What `parse_hints` reads of a vLLM request, and nothing else."""
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(extra_args={"prefix_hints": hints})
+    return SimpleNamespace(
+        sampling_params=params, num_prompt_tokens=num_prompt_tokens, request_id=request_id
+    )
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(-3, 700),
+            st.booleans(),
+            st.floats(allow_nan=False),
+            st.text(max_size=3),
+            st.none(),
+        ),
+        max_size=3 * MAX_PREFIX_HINTS,
+    )
+)
+def test_the_hints_kept_are_the_good_ints_among_the_first_cap(hints: list[object]) -> None:
+    """Kept: exactly the ints (by type) in [1, the prompt] among the first `MAX_PREFIX_HINTS`,
+    whatever else the list holds (a bad value equal to a good one never hides it)."""
+    head = hints[:MAX_PREFIX_HINTS]
+    want = tuple(sorted({h for h in head if type(h) is int and 0 < h <= 640}))
+    assert parse_hints(hinted(hints)) == want
+
+
+def parse_seconds(hints: list[object], repeat: int = 50) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        parse_hints(hinted(hints))
+    return time.perf_counter() - start
+
+
+def test_parsing_does_not_grow_with_the_list() -> None:
+    """A list of 10^5 hostile hints costs what one of 10^3 costs: no work past the cap (the
+    issue's parser took 0.005 s on 10^3 bad hints and 3.5 s on 3x10^4). Timed against the
+    10^3 control in the same test, interleaved, best of 7: a linear parser would be ~100x."""
+    small: list[object] = [1.5, True, -1, "x"] * 250
+    large: list[object] = [1.5, True, -1, "x"] * 25_000
+    logging.getLogger("hycache.vllm").disabled = True
+    try:
+        control, treated = [], []
+        for _ in range(7):
+            control.append(parse_seconds(small))
+            treated.append(parse_seconds(large))
+    finally:
+        logging.getLogger("hycache.vllm").disabled = False
+    assert min(treated) < 5 * min(control)
+
+
+def test_the_warning_is_bounded_whatever_the_request_holds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One line of bounded length for 10^5 hostile hints of any size: the counts, the first
+    few values (each repr bounded, a 4,300+ digit int too), the request id cut."""
+    hostile: list[object] = ["a" * 10**6, int("9" * 4000) ** 2, [list(range(10**5))], {"k": 1}]
+    hostile += [-1] * 10**5
+    with caplog.at_level(logging.WARNING, logger="hycache.vllm"):
+        assert parse_hints(hinted([*hostile, 5], request_id="i" * 10**5)) == ()
+        assert parse_hints(hinted([640, *hostile])) == (640,)
+    lines = [r.getMessage() for r in caplog.records if r.name == "hycache.vllm"]
+    assert len(lines) == 2 and all(len(line) < 600 for line in lines)
+    assert f"{MAX_PREFIX_HINTS} bad" in lines[0]
+    assert f"{len(hostile) + 1 - MAX_PREFIX_HINTS} past the first {MAX_PREFIX_HINTS}" in lines[0]
+    assert f"{MAX_PREFIX_HINTS - 1} bad" in lines[1]
+
+
 # -- random sharing shapes --------------------------------------------------------------------
 
 
@@ -162,15 +257,6 @@ class RecordingScheduler(SyncScheduler):
         return stops
 
 
-def contains_an_answer(turns: list[Turn]) -> bool:
-    """A prompt that extends an earlier prompt and its answer (a chat turn): decode-side
-    snapshots, which the plugin does not bring, decide its hit."""
-    return any(
-        list(t.prompt[: len(p.prompt) + len(p.answer)]) == [*p.prompt, *p.answer]
-        for i, t in enumerate(turns)
-        for p in turns[:i]
-        if len(t.prompt) > len(p.prompt)
-    )
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""Fixes 2 and 6 of `hycache.vllm.cpu_fixes` against references: the per-chunk SSD states equal
+"""Fixes 2 and 6 of `hycache.vllm_cpu` against references: the per-chunk SSD states equal
 vLLM's own CPU scan run on each prefix up to a chunk end, and the torch checkpoint writer writes
 what the Triton kernel's index arithmetic names; the block copy on write copies every view of a
 shared hybrid allocation (vLLM's own copies one view per address)."""
@@ -9,10 +9,12 @@ from types import SimpleNamespace
 
 import torch
 
-from hycache.vllm import cpu_fixes
+import hycache.vllm_cpu
+from hycache.vllm import compat
+from hycache.vllm_cpu import block_copy, chunk_scan
 
 
-def _base() -> cpu_fixes.ScanFwd:
+def _base() -> chunk_scan.ScanFwd:
     from vllm.model_executor.layers.mamba.ops.cpu import mamba_ssm
 
     return mamba_ssm._mamba_chunk_scan_combined_fwd_cpu
@@ -32,7 +34,7 @@ def _inputs(lens: list[int], h: int = 4, p: int = 8, n: int = 16, seed: int = 0)
     }
 
 
-def _scan(base: cpu_fixes.ScanFwd, inp: dict, lens: list[int], init: torch.Tensor, **kw) -> tuple:
+def _scan(base: chunk_scan.ScanFwd, inp: dict, lens: list[int], init: torch.Tensor, **kw) -> tuple:
     t = sum(lens)
     out = torch.zeros(t, *inp["x"].shape[1:])
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -52,7 +54,7 @@ def test_per_chunk_states_equal_the_scan_of_each_prefix() -> None:
     owners = [0, 0, 0, 1, 1]
     inp = _inputs(lens)
     init = torch.randn(2, 4, 8, 16, generator=torch.Generator().manual_seed(1))
-    fwd = cpu_fixes.chunked_scan_fwd(base)
+    fwd = chunk_scan.chunked_scan_fwd(base)
     out, chunk_states = _scan(
         fwd, inp, lens, init, return_intermediate_states=True,
         seq_idx=torch.tensor(owners), cu_chunk_seqlens=torch.tensor(cuts),
@@ -74,7 +76,7 @@ def test_without_intermediate_states_it_is_the_base_scan() -> None:
     base = _base()
     lens = [9, 30]
     inp = _inputs(lens, seed=3)
-    out, states = _scan(cpu_fixes.chunked_scan_fwd(base), inp, lens, None)
+    out, states = _scan(chunk_scan.chunked_scan_fwd(base), inp, lens, None)
     ref_out, ref = _scan(base, inp, lens, None)
     assert torch.equal(out, ref_out) and torch.equal(states, ref)
 
@@ -91,7 +93,7 @@ def test_checkpoint_writer_matches_the_kernel_index_arithmetic() -> None:
         checkpoint_offsets=torch.tensor([8, 0, 5]), state_indices=torch.tensor([4, 1, 2])
     )
     chunk_idx = torch.tensor([1, 0, 6])
-    cpu_fixes.store_prefill_checkpoint_torch(
+    chunk_scan.store_prefill_checkpoint_torch(
         meta, chunk_idx, x, conv, chunk_states, ssm, qsl, state_len=state_len
     )
     # the kernel: col -> (dim col // state_len, history col % state_len), token
@@ -114,22 +116,14 @@ def test_checkpoint_writer_matches_the_kernel_index_arithmetic() -> None:
 
 def test_register_is_a_no_op_off_vllm_032_cpu(monkeypatch) -> None:
     import vllm
-    from vllm.model_executor.layers.mamba import mamba_mixer2
-    from vllm.model_executor.layers.mamba.ops import ssd_combined
-    from vllm.v1.worker import gpu_model_runner, mamba_utils
 
-    names = [
-        (ssd_combined, "_mamba_chunk_scan_combined_fwd"),
-        (mamba_mixer2, "causal_conv1d_update"),
-        (mamba_mixer2, "selective_state_update"),
-        (mamba_utils, "precopy_mamba_align_fused_kernel"),
-        (gpu_model_runner, "copy_kv_cache_blocks_inplace"),
-    ]
-    before = [getattr(m, n) for m, n in names]
+    before = [compat.resolve(i) for i in compat.CPU_FIXES]
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
-    cpu_fixes.register()
-    assert [getattr(m, n) for m, n in names] == before
-    assert cpu_fixes.applies() == "vLLM 0.33.0 is not 0.32.x"
+    hycache.vllm_cpu.register()
+    assert [compat.resolve(i) for i in compat.CPU_FIXES] == before
+    assert hycache.vllm_cpu.applies() == (
+        "vLLM 0.33.0 is not 0.32.x: the CPU fixes mirror that release"
+    )
 
 
 def _hybrid_views(num_blocks: int = 6, pages: int = 2) -> tuple[torch.Tensor, ...]:
@@ -154,7 +148,7 @@ def test_block_copy_on_write_copies_every_view_of_a_shared_allocation() -> None:
     views = _hybrid_views()
     assert views[0].data_ptr() == views[2].data_ptr()
     before = [v.clone() for v in views]
-    cpu_fixes.copy_kv_cache_blocks_per_view(views, 6, copies)
+    block_copy.copy_kv_cache_blocks_per_view(views, 6, copies)
     for v, b in zip(views, before, strict=True):
         for src, dst in copies:
             assert torch.equal(v[dst], b[src])  # every view: the source block's bytes
@@ -194,7 +188,7 @@ def test_a_mid_block_checkpoint_in_a_query_that_starts_mid_block() -> None:
     init = torch.randn(2, 4, 8, 16, generator=torch.Generator().manual_seed(8))
     init[0] = 0
     _, states = _scan(
-        cpu_fixes.chunked_scan_fwd(_base()), inp, lens, init, return_intermediate_states=True,
+        chunk_scan.chunked_scan_fwd(_base()), inp, lens, init, return_intermediate_states=True,
         seq_idx=torch.tensor(seq_idx), cu_chunk_seqlens=torch.tensor(cu_chunks),
         last_chunk_indices=torch.tensor(last),
     )  # fmt: skip
@@ -205,7 +199,7 @@ def test_a_mid_block_checkpoint_in_a_query_that_starts_mid_block() -> None:
         checkpoint_offsets=torch.tensor(offsets), state_indices=torch.tensor([0, 3])
     )
     chunk_idx = torch.tensor([max(c, 0) for c in ckpt])
-    cpu_fixes.store_prefill_checkpoint_torch(
+    chunk_scan.store_prefill_checkpoint_torch(
         meta, chunk_idx, pre_conv, conv, states, ssm, torch.tensor([0, 40, 208]), state_len=3
     )
     at_560 = _recurrence(inp, init[1], range(40, 40 + 128))

@@ -18,8 +18,8 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+from hycache.bench.vllm.tiny_model import write
 from tests.vllm_engine.runs import run_with_abort
-from tests.vllm_engine.tiny_model import write
 
 MAX_TOKENS = 8
 ARMS = ("nocache", "cache", "hycache")

@@ -27,9 +27,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from hycache.bench.vllm.scenario import Turn
+from hycache.bench.vllm.tiny_model import write
 from tests.vllm_engine.predict import engine_core, predicted_hits
 from tests.vllm_engine.runs import run_with_abort
-from tests.vllm_engine.tiny_model import write
 
 MAX_TOKENS = 12
 SPEC_TOKENS = 2
@@ -77,14 +77,14 @@ def _count_copies() -> Iterator[None]:
     """Count the block copies each fix-3 stand-in makes while the module runs."""
     from vllm.v1.worker import mamba_utils
 
-    from hycache.vllm import cpu_fixes
+    from hycache.vllm_cpu import state_copies
 
     kernels = {
         "precopy": mamba_utils.precopy_mamba_align_fused_kernel,
         "postprocess": mamba_utils.postprocess_mamba_fused_kernel,
     }
     bodies = {k: v.body for k, v in kernels.items()}
-    copy_block = cpu_fixes._copy_state_block
+    copy_block = state_copies._copy_state_block
     current: list[str] = []
 
     def counted(*a: Any, **k: Any) -> None:
@@ -101,13 +101,13 @@ def _count_copies() -> Iterator[None]:
 
         return body
 
-    cpu_fixes._copy_state_block = counted
+    state_copies._copy_state_block = counted
     for kind, kernel in kernels.items():
         kernel.body = wrap(kind)
     try:
         yield
     finally:
-        cpu_fixes._copy_state_block = copy_block
+        state_copies._copy_state_block = copy_block
         for kind, kernel in kernels.items():
             kernel.body = bodies[kind]
 

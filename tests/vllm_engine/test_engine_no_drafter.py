@@ -20,8 +20,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from hycache.bench.vllm.scenario import Turn
+from hycache.bench.vllm.tiny_model import write
 from tests.vllm_engine.predict import engine_core, predicted_hits
-from tests.vllm_engine.tiny_model import write
 
 MAX_TOKENS = 8
 BLOCK, UNIT, BUDGET = 32, 16, 256

@@ -21,9 +21,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hycache.bench.vllm.tiny_model import write
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
-from tests.vllm_engine.tiny_model import write
 
 BLOCK = 32
 UNIT = 16

@@ -1,4 +1,4 @@
-"""Fixes 3 and 4 of `hycache.vllm.cpu_fixes` against references.
+"""Fixes 3 and 4 of `hycache.vllm_cpu` against references.
 
 Fix 3: vLLM's own launchers (`MambaSpecDecodeGPUContext.run_fused_precopy` /
 `run_fused_postprocess`, metadata from vLLM's `initialize_from_forward_context`) drive the CPU
@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hycache.vllm import cpu_fixes
+from hycache.vllm_cpu import spec_decode, state_copies
 
 # -- fix 3 ------------------------------------------------------------------------------------
 
@@ -80,7 +80,7 @@ def dim_first(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     from vllm.v1.worker import mamba_utils as mu
 
     monkeypatch.setattr(mu, "is_conv_state_dim_first", lambda: request.param)
-    cpu_fixes.patch_fused_state_copies()
+    state_copies.install()
     return request.param
 
 
@@ -191,7 +191,7 @@ def test_conv_update_equals_the_token_by_token_recurrence() -> None:
     c = _conv_case()
     before = c["state"].clone()
     x = c["x"].clone()
-    out = cpu_fixes.causal_conv1d_update_spec(
+    out = spec_decode.causal_conv1d_update_spec(
         x, c["state"], c["weight"], c["bias"], "silu", c["indices"], c["accepted"], c["qsl"],
         max_query_len=3, null_block_id=0,
     )  # fmt: skip
@@ -249,7 +249,7 @@ def _one_token_ssu(c: dict, h0: torch.Tensor, rows: range) -> tuple[list, list]:
 
 def _spec_ssu(c: dict, fn: object = None) -> tuple[torch.Tensor, torch.Tensor]:
     state, out = c["state"].clone(), torch.zeros_like(c["x"])
-    cpu_fixes.selective_state_update_spec(
+    spec_decode.selective_state_update_spec(
         state, c["x"], c["dt"], c["A"], c["B"], c["C"], c["D"], c["dt_bias"], None, True,
         state_batch_indices=c["sbi"], dst_state_batch_indices=c["sbi"], null_block_id=0,
         out=out, num_accepted_tokens=c["accepted"], cu_seqlens=c["cu"],
@@ -277,7 +277,7 @@ def test_stock_cpu_ops_disagree_on_verification_rows() -> None:
     from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_update_cpu
 
     c = _conv_case()
-    ref = cpu_fixes.causal_conv1d_update_spec(
+    ref = spec_decode.causal_conv1d_update_spec(
         c["x"].clone(), c["state"].clone(), c["weight"], c["bias"], "silu", c["indices"],
         c["accepted"], c["qsl"], max_query_len=3, null_block_id=0,
     )  # fmt: skip
@@ -301,8 +301,8 @@ def test_stock_cpu_ops_disagree_on_verification_rows() -> None:
 def test_plain_decode_keeps_the_stock_ops() -> None:
     """Without `num_accepted_tokens` the wrappers call vLLM's ops unchanged."""
     seen: list[str] = []
-    conv = cpu_fixes.spec_aware_conv1d_update(lambda *a, **k: seen.append("conv") or a[0])
-    ssu = cpu_fixes.spec_aware_ssu(lambda *a, **k: seen.append("ssu"))
+    conv = spec_decode.spec_aware_conv1d_update(lambda *a, **k: seen.append("conv") or a[0], 0)
+    ssu = spec_decode.spec_aware_ssu(lambda *a, **k: seen.append("ssu"), 0)
     x = torch.zeros(2, 3)
     assert conv(x, None, None, conv_state_indices=None, query_start_loc=None) is x
     ssu(*([None] * 8), num_accepted_tokens=None)

@@ -246,6 +246,10 @@ class VllmSetup:
     # `hycache.vllm.scheduler.pass_price`): (pass_cost, token_cost); None: its default.
     # (0, 1): every stop pays, the plugin's stops as before pricing
     pass_price: tuple[float, float] | None = None
+    # the plugin's KV events (`hycache.vllm.events`): "resumable" or "full" with vLLM's
+    # `--kv-events-config` on (its "null" publisher: a test reads `scheduler.
+    # kv_event_publisher`'s batches by replacing it); None: no KV events
+    kv_events: str | None = None
 
     @property
     def block_size(self) -> int:
@@ -344,7 +348,16 @@ class ReferenceScheduler:
             if setup.pass_price is not None
             else {}
         )
+        events: dict[str, Any] = {}
+        if setup.kv_events is not None:
+            from vllm.config import KVEventsConfig
+
+            price = {"hycache": {**price.get("hycache", {}), "kv_events": setup.kv_events}}
+            events["kv_events_config"] = KVEventsConfig(
+                enable_kv_cache_events=True, publisher="null"
+            )
         return VllmConfig(
+            **events,
             additional_config=price,
             model_config=model,
             cache_config=cache_cfg,

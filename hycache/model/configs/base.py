@@ -34,6 +34,9 @@ class HybridConfig:
     # the recurrent mixer of the `mamba_*` layers: "mamba2", or "gdn" (Gated DeltaNet, whose
     # geometry maps onto the same fields: see configs/qwen3_next.py)
     recurrent_mixer: ClassVar[str] = "mamba2"
+    # the drafter without `--draft-model`: True, the checkpoint's own MTP layer (`mtp.*`, run by
+    # `hycache.model.mtp.MtpHead`; a random one for a preset); False, a random EAGLE head
+    mtp_drafter: ClassVar[bool] = False
 
     vocab_size: int
     hidden_size: int

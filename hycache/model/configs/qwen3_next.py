@@ -43,6 +43,7 @@ class Qwen3NextConfig(HybridConfig):
     model_type: ClassVar[str] = "qwen3_next"
     architecture: ClassVar[str] = "Qwen3NextForCausalLM"
     recurrent_mixer: ClassVar[str] = "gdn"
+    mtp_drafter: ClassVar[bool] = True
     # the GDN input projections: "qkvz" (Qwen3-Next's fused, per-key-head interleaved
     # in_proj_qkvz + in_proj_ba) or "split" (Qwen3.5's in_proj_qkv, _z, _b, _a)
     gdn_projection: ClassVar[str] = "qkvz"

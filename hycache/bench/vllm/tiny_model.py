@@ -1,5 +1,6 @@
-"""A tiny random Nemotron-H checkpoint (hidden 256, layers `M-M*M-`, vocab 1024, fp32) written
-for the real-engine tests: config.json and model.safetensors, no tokenizer (prompts are ids).
+"""A tiny random Nemotron-H checkpoint (hidden 256, layers `M-M*M-`, vocab 1024, fp32) for vLLM's
+real engine on CPU (`benchmarks/bench_vllm_engine.py`, tests/vllm_engine): config.json and
+model.safetensors, no tokenizer (prompts are ids).
 
 With `mtp=True` it also carries one MTP layer (pattern `*`, vLLM's `NemotronHMTP`) built to be
 accepted part of the time: its fusion projection `eh_proj = [0 | I]` keeps only the target's

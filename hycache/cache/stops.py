@@ -25,11 +25,12 @@ cache layer cannot import the simulator.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from hycache.cache.boundaries import StateKind
 
 
+@runtime_checkable
 class PassPricer(Protocol):
     """What prefill costs, in one unit (seconds, say)."""
 

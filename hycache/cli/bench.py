@@ -1,7 +1,7 @@
 """`hycache bench`: every arm side by side, CPU engine and simulated (hycache.bench.suite), its
 eviction curves (hycache.bench.eviction) and `--validate` (hycache.bench.validate): flags, the typed
 run they describe (`BenchArgs`) and the command. `hycache bench serve` lives in
-hycache.cli.bench_serve."""
+hycache.cli.bench_serve, `hycache bench vllm` in hycache.cli.bench_vllm."""
 
 from __future__ import annotations
 
@@ -280,7 +280,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `bench` sub-parser, with `bench serve` under it."""
+    """The `bench` sub-parser, with `bench serve` and `bench vllm` under it."""
     p = sub.add_parser("bench", help="every arm side by side: CPU engine and simulated")
     p.add_argument("--json", default=BENCH_JSON, help="write results here")
     p.add_argument("--plot", default="out/bench.png", help="write a PNG plot here")
@@ -339,8 +339,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "out/eviction.json and out/eviction.png unless --json / --plot name other files)",
     )
     from hycache.cli.bench_serve import add_bench_serve_parser
+    from hycache.cli.bench_vllm import add_bench_vllm_parser
     from hycache.cli.calibrate import add_validate_flags
 
     add_validate_flags(p)
     p.set_defaults(func=cmd_bench)
-    add_bench_serve_parser(p)
+    # optional sub-commands: plain `hycache bench` still runs the comparison benchmark
+    targets = p.add_subparsers(dest="target", required=False, metavar="{serve,vllm}")
+    add_bench_serve_parser(targets)
+    add_bench_vllm_parser(targets)

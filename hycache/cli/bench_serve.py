@@ -154,10 +154,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return 0 if not failed else 1
 
 
-def add_bench_serve_parser(bench: argparse.ArgumentParser) -> None:
+def add_bench_serve_parser(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`hycache bench serve ...`: an optional sub-command of `bench` (plain `hycache bench`
     still runs the comparison benchmark)."""
-    targets = bench.add_subparsers(dest="target", required=False, metavar="{serve}")
     p = targets.add_parser(
         "serve",
         help="load a running OpenAI-style completions server (token-id prompts, streamed)",

@@ -443,3 +443,31 @@ def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any])
         t.add_row("limit/lookahead", "output tok/s", f"{rm:.3f}", f"{rp:.3f}",
                   f"{100 * (rp - rm):+.1f} pp", style="bold")  # fmt: skip
     return t
+
+
+def vllm_priced_table(doc: Mapping[str, Any]) -> Table:
+    """`hycache bench vllm`: per workload, concurrency and arm, the priced figures; the
+    plugin's row ends with its ratios to stock (output tok/s, TTFT p50; `!` below the bar:
+    < 0.99x tok/s or > 1.01x TTFT p50)."""
+    i = doc["inputs"]
+    t = Table(
+        title=f"vLLM {i['vllm']} priced: {i['model']} on {i['gpu']}, B={i['block_size']}, "
+        f"u={i['unit']}, k={i['num_speculative_tokens']}, budget {i['budget']}"
+    )
+    for col in ("workload", "conc", "arm", "out tok/s", "TTFT p50", "TTFT p95", "passes",
+                "prefill tok", "hit tok", "vs stock"):  # fmt: skip
+        left = col in ("workload", "arm")
+        t.add_column(col, justify="left" if left else "right", no_wrap=True)
+    ratio = {(r["workload"], r["concurrency"]): r for r in doc["ratios"]}
+    for r in doc["rows"]:
+        cell = ratio.get((r["workload"], r["concurrency"])) if r["arm"] == "plugin" else None
+        vs = ""
+        if cell:
+            vs = f"{cell['output_tok_s']:.3f}x {cell['ttft_p50']:.3f}x"
+            vs += "" if cell["ok"] else " !"
+        t.add_row(
+            r["workload"], str(r["concurrency"]), r["arm"], f"{r['output_tok_s']:,.0f}",
+            f"{r['ttft_p50_s'] * 1e3:,.1f} ms", f"{r['ttft_p95_s'] * 1e3:,.1f} ms",
+            f"{r['passes_per_request']:.2f}", fmt(r["prefill_tokens"]), fmt(r["hit_tokens"]), vs,
+        )  # fmt: skip
+    return t

@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from hycache.cache.boundaries import StateKind
 from hycache.cache.coordinator import CacheHit
 from hycache.cache.manager import CacheManager, StepAllocation
+from hycache.cache.stops import FREE_PASSES, PassPricer, stop_pays
 from hycache.config import HycacheConfig
 from hycache.request import CacheOutcome, Request, RequestStatus, SamplingParams, TokenLogprob
 from hycache.sched.chunking import StepCostOracle, StepSeq, chunk_end, packing_cap
@@ -84,14 +86,23 @@ class Scheduler:
         *,
         keep_finished: int = 1024,
         step_cost: StepCostOracle | None = None,
+        pass_price: PassPricer | None = None,
     ) -> None:
         """`keep_finished`: how many of the most recent finished requests `finished` keeps, for
         inspection (the engine keeps none: its steps report every finish). `step_cost`: what
         the model's step cost says about packing (`chunking.packing_cap`): once per admission,
         the chunk that finishes a prefill in a step with decoding requests is cut where its
-        compute would stop hiding under the step's memory time. None: never."""
+        compute would stop hiding under the step's memory time. None: never. `pass_price`:
+        what a prefill stop's forward pass costs (`hycache.cache.stops`): a stop a request
+        makes for its junction or its hints that does not pay for its pass is not made
+        (`_paying_stops`). None: `step_cost` where it prices passes (the simulator's cost
+        model), else every stop pays (`FREE_PASSES`, the engine's: its tests and benches
+        measure the mechanisms on CPU, where no GPU's weight read is saved)."""
         self.config = config
         self.step_cost = step_cost
+        if pass_price is None:
+            pass_price = step_cost if isinstance(step_cost, PassPricer) else FREE_PASSES
+        self.pass_price: PassPricer = pass_price
         self.cache = CacheManager(config.cache, config.speculative, config.scheduler.max_num_seqs)
         self.bounds = self.cache.bounds
         self.waiting: deque[Request] = deque()
@@ -358,7 +369,35 @@ class Scheduler:
         j = req.outcome.junction if junction is None else junction
         t = req.num_prompt_tokens
         stops = self.bounds.prefill_stops(start, t, req.junction_stops, reach, j)
+        if req.junction_stops and self.pass_price is not FREE_PASSES:
+            stops = self._paying_stops(req, start, budget, stops, reach, j)
         return chunk_end(start, req.num_tokens, budget, stops, self.bounds.block_size)
+
+    def _paying_stops(
+        self, req: Request, start: int, budget: int, stops: list[int], reach: int, junction: int
+    ) -> list[int]:
+        """`stops` without the request's own (junction and hint stops, not otherwise
+        mandatory) that split the chunk [start, end) and do not pay for their pass
+        (`stops.stop_pays`: the state pool's observed chance of a hit on that kind, times
+        what resuming there instead of at `start` saves, against what the split adds); a stop
+        not made is dropped from the request (no state kept there, none promised)."""
+        b, t = self.bounds.block_size, req.num_prompt_tokens
+        mandatory = set(self.bounds.prefill_stops(start, t, (), reach, junction))
+        own = [s for s in stops if s not in mandatory]
+        end = chunk_end(start, req.num_tokens, budget, sorted(mandatory), b)
+        reuse = self.cache.state_pool.reuse
+        declined: set[int] = set()
+        for s in own:
+            if not start < s < end:
+                continue
+            kind = StateKind.GRID if s % b == 0 else StateKind.JUNCTION
+            if stop_pays(self.pass_price, reuse.chance(kind), start, s, start, end):
+                break
+            declined.add(s)
+        if not declined:
+            return stops
+        req.junction_stops = tuple(s for s in req.junction_stops if s not in declined)
+        return [s for s in stops if s not in declined]
 
     def _free_end(self, req: Request, start: int, budget: int) -> int:
         """Where the chunk would end with no checkpoint stop (budget and its cap, prompt, block

@@ -253,7 +253,8 @@ SCHEDULER_ATTRS = (
     "kv_cache_manager.mamba_shared_prefix_checkpoint",
     "kv_cache_manager.coordinator.num_reprefillable_tokens",
 )
-LOOKAHEAD_SCHEDULER_ATTRS = ("num_hash_lookahead_tokens",)  # releases with lookahead keys
+# releases with lookahead keys
+LOOKAHEAD_SCHEDULER_ATTRS = ("num_hash_lookahead_tokens", "mamba_has_prefill_checkpoint_blocks")
 ATTENTION_ATTRS = (
     "num_cached_block",
     "req_to_blocks",
@@ -489,6 +490,14 @@ def num_hash_lookahead_tokens(sched: Any) -> int:
     """The tokens past each unit a drafter's keys cover: 1 with lookahead keys, 0 with the
     EAGLE drop or without a drafter (0.32 has no such attribute: always 0)."""
     return int(getattr(sched, "num_hash_lookahead_tokens", 0)) if has_lookahead_keys() else 0
+
+
+def exports_prefill_checkpoint(sched: Any) -> bool:
+    """Whether every Mamba group writes a prefill checkpoint inside the forward (vLLM's
+    `MambaMixer2` spec on 0.33 / 0.34; 0.32 has no export: False)."""
+    if not has_lookahead_keys():
+        return False
+    return bool(getattr(sched, "mamba_has_prefill_checkpoint_blocks", False))
 
 
 def drafter_hashing(lookahead: bool) -> dict[str, Any]:

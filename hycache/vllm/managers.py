@@ -6,8 +6,8 @@ kept) as the subclasses `manager_classes` builds over vLLM's own (taken from
 `hycache.vllm.compat` on first use, so this module imports without vLLM); the coordinator,
 block pool and lookup stay vLLM's own:
 
-    FullAttentionManager ──▶ UnitKeyedAttention   keys on every unit of every block it caches
-                                                  (the lookahead keys vLLM already computes),
+    FullAttentionManager ──▶ UnitKeyedAttention   keys on every prompt unit of every block it
+                                                  caches (the lookahead keys vLLM computes),
                                                   so a sibling's lookup observes its junction
                                                   to the unit: `floor((P-1)/u)*u`
     MambaManager         ──▶ StopKeepingMamba     keeps (and keys) the state at each stop the
@@ -67,7 +67,10 @@ def key_units(manager: Any, request: Request, num_tokens: int, blocks_before: in
     if not manager.kv_cache_spec.prefix_cacheable or rid not in manager.req_to_blocks:
         return
     u, b = manager.block_pool.hash_block_size, manager.block_size
-    hashed = min(num_tokens, len(request.block_hashes) * u) // u * u
+    # prompt units only: a unit inside an answer is where a chat's next turn meets it, and a
+    # junction stop there would serve nobody (the next turn resumes at this prompt's tail, and
+    # no decode-side state is kept); vLLM's full-block keys still cover answers
+    hashed = min(num_tokens, request.num_prompt_tokens, len(request.block_hashes) * u) // u * u
     blocks = manager.req_to_blocks[rid]
     keyed = manager._num_keyed_units.get(rid)
     if keyed is None:
@@ -97,6 +100,33 @@ def keys_a_sub_block_stop(manager: Any, request: Request, num_tokens: int) -> bo
         num_tokens % manager.block_size != 0
         and num_tokens in stops_of(request)
         and request.request_id not in manager._checkpoints
+    )
+
+
+# how many sub-block stop states a Mamba manager remembers (the newest; a forgotten one only
+# makes a later hit on it count as stock's, keeping vLLM's tail stop)
+STOP_STATES_REMEMBERED = 1 << 16
+
+
+def remember_stop_state(manager: Any, request: Request, num_tokens: int) -> None:
+    """Record that the state keyed at `num_tokens` of `request`'s prefix is one of the
+    plugin's sub-block stops (`resumes_at_a_stop_state`)."""
+    known: dict[Any, None] = manager.__dict__.setdefault("_hycache_stop_states", {})
+    known[request.block_hashes[num_tokens // manager.block_pool.hash_block_size - 1]] = None
+    if len(known) > STOP_STATES_REMEMBERED:
+        del known[next(iter(known))]
+
+
+def resumes_at_a_stop_state(kv_cache_manager: Any, request: Request, hit: int) -> bool:
+    """Whether `request`'s hit `hit` (mid-block) is a state one of the plugin's sub-block
+    stops kept, not one stock vLLM keeps (a prompt's tail checkpoint)."""
+    u = kv_cache_manager.coordinator.single_type_managers[0].block_pool.hash_block_size
+    if hit <= 0 or hit % u or hit // u > len(request.block_hashes):
+        return False
+    key = request.block_hashes[hit // u - 1]
+    return any(
+        key in m.__dict__.get("_hycache_stop_states", {})
+        for m in kv_cache_manager.coordinator.single_type_managers
     )
 
 
@@ -161,6 +191,7 @@ def manager_classes() -> tuple[type, type]:
             it observed itself (`shared_prefix_checkpoint`), at that stop."""
             if not keys_a_sub_block_stop(self, request, num_tokens):
                 return super()._cache_partial_tail_block(request, num_tokens, retention_interval)
+            remember_stop_state(self, request, num_tokens)
             saved = self.shared_prefix_checkpoint, request.shared_prefix_boundary
             self.shared_prefix_checkpoint, request.shared_prefix_boundary = True, num_tokens
             try:

@@ -237,7 +237,13 @@ class _Limit:
         assert bounds is not None
         t = request.num_prompt_tokens
         stops = set(bounds.junction_stops(junction, hit, t))
-        stops.update(bounds.hint_stops(parse_hints(request), hit, t))
+        hints = parse_hints(request)
+        # a hint names where sharing ends: the block floor below its stop would serve only a
+        # request sharing less than it says, and unlike a junction's floor (vLLM's own stop)
+        # it is a pass stock does not make
+        limits = {bounds.resume_limit(h) for h in hints}
+        below = {floor_to(x, bounds.block_size) for x in limits} - limits
+        stops.update(s for s in bounds.hint_stops(hints, hit, t) if s not in below)
         return tuple(sorted(s for s in stops if s > hit))
 
     def _get_local_prefix_cache_hit(self, request: Request, *args: Any, **kwargs: Any) -> Any:
@@ -293,8 +299,22 @@ class _Limit:
             return False
         if request.num_tokens > t or tail in stops_of(request):
             return False  # a resumed request replaying outputs, or our own stop
-        moved = bool(stops_of(request)) or getattr(request, HIT_ATTR, 0) % bounds.block_size
-        if not moved:
+        # moved: sub-block stops of its own (a junction, a hint), or a resume at a state such
+        # a stop kept (a family's later sibling). A resume at a prompt's tail checkpoint (a
+        # chat's next turn) is stock's own: its tail stop is kept, the next turn resumes there
+        hit = getattr(request, HIT_ATTR, 0)
+        own = any(s % bounds.block_size for s in stops_of(request))
+        if not own and not managers.resumes_at_a_stop_state(self.kv_cache_manager, request, hit):  # type: ignore[attr-defined]
+            return False
+        # on 0.33 / 0.34 only a tail stop the move made is priced: from the block floor of its
+        # hit, vLLM would export the tail inside the single final forward. Where stock stops
+        # there too (no export: a prompt within one block, a non-exporting spec), the stop
+        # costs no pass more than stock's: kept. (0.32 exports nothing, and its stock makes no
+        # such stop from a block start: priced.)
+        if compat.has_lookahead_keys() and not (
+            compat.exports_prefill_checkpoint(self)
+            and bounds.vllm_export(floor_to(hit, bounds.block_size), t, t)
+        ):
             return False
         prev = max(start, floor_to(tail, bounds.block_size))
         return not stop_pays(

@@ -130,6 +130,30 @@ def hits(traces: list[RequestTrace]) -> list[int]:
     return [t.hit for t in traces]
 
 
+# block sizes where a sub-block stop can pay the plugin's default price (a pass = 96 prefill
+# tokens): at B <= 128 none does
+PRICED_GEOMETRIES = [(256, 16), (512, 32), (576, 64), (640, 64), (1024, 64), (2048, 64)]
+
+
+def priced_family(rng: random.Random, b: int) -> tuple[list[Turn], bool]:
+    """A producer and three siblings sharing a random prefix (anywhere in a block), the
+    producer hinted at it 30% of the time; and whether it is."""
+    shared, private = rng.randint(1, 5 * b), rng.randint(1, 2 * b)
+    hint = shared if rng.random() < 0.3 else 0
+    return family(rng.randrange(1 << 16), shared, private, 4, hint), bool(hint)
+
+
+def passes_over_stock(stock: list[RequestTrace], plugin: list[RequestTrace]) -> list[int]:
+    """Per request, the plugin's prefill passes less stock's."""
+    return [len(p.chunk_ends) - len(s.chunk_ends) for s, p in zip(stock, plugin, strict=True)]
+
+
+def within_the_pass_bound(extra: list[int], hinted: bool) -> bool:
+    """Issue 45's bound on a family (producer, observer, siblings): a sibling pays at most
+    one pass more than stock, the request that observes the junction (or the producer, for
+    its hint) at most two; an unhinted producer exactly stock's."""
+    producer, observer, *siblings = extra
+    return producer <= (2 if hinted else 0) and observer <= 2 and max(siblings) <= 1
 PLUGIN = "hycache.vllm.Scheduler"
 
 

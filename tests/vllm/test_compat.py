@@ -23,7 +23,9 @@ from hycache.sim.explain import ExplainInputs
 from hycache.vllm import compat
 from tests.vllm.shapes import PLUGIN, SYNC, family, hits, with_cls
 
-SETUP = VllmSetup(CacheKnobs(64, 16), 8192)
+# every stop made (a free pass): at B=64 no sub-block stop pays the default price, and these
+# tests check that the mechanisms are on, or off exactly as stock
+SETUP = VllmSetup(CacheKnobs(64, 16), 8192, pass_price=(0.0, 1.0))
 
 
 @pytest.fixture

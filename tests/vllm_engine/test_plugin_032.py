@@ -24,7 +24,17 @@ from hycache.bench.vllm.scenario import Turn
 from hycache.cache.boundaries import Boundaries
 from hycache.config import CacheKnobs, Policy
 from tests.helpers import tokens
-from tests.vllm.shapes import GEOMETRIES, budget, family, hits, scenario
+from tests.vllm.shapes import (
+    GEOMETRIES,
+    PRICED_GEOMETRIES,
+    budget,
+    family,
+    hits,
+    passes_over_stock,
+    priced_family,
+    scenario,
+    within_the_pass_bound,
+)
 
 settings.register_profile(
     "vllm-032",
@@ -91,12 +101,12 @@ def test_a_prefix_off_the_unit_grid_resumes_one_unit_under_the_limit() -> None:
 
 def test_hinted_mid_block_junction() -> None:
     """B=128, u=16, 700 shared: the resume limit 672 (floor(700/16)*16 - 16) lies mid-block;
-    the hint stops the producer at the block floor 640, at 672 and at the block after
-    (768)."""
+    the hint stops the producer at 672 and at the block after (768), not at the block floor
+    640 (a pass stock never makes, for a request sharing less than the hint says)."""
     limit = bounds(128, 16).resume_limit(700)
     assert limit == 672
     hinted = run_reference(drop(128, 16, cls=PLUGIN), family(2, 700, 300, 3, hint=700))
-    assert hinted[0].chunk_ends == [640, 672, 768, 1000]
+    assert hinted[0].chunk_ends == [672, 768, 1000]
     assert hits(hinted) == [0, limit, limit]
     stock = run_reference(drop(128, 16), family(2, 700, 300, 3))
     assert all(s <= p for s, p in zip(hits(stock), hits(hinted), strict=True))
@@ -214,3 +224,37 @@ def test_inert_is_stock_and_says_why_once(
     assert len(lines) == 1 and "inert" in lines[0] and reason in lines[0], lines
     stock = build(None).run_all(turns)  # type: ignore[operator]
     assert [(t.hit, t.chunk_ends) for t in plugin] == [(t.hit, t.chunk_ends) for t in stock]
+
+
+# -- the passes the plugin adds, priced --------------------------------------------------------
+
+
+@st.composite
+def priced_drop_families(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn], bool]:
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    b, u = rng.choice(PRICED_GEOMETRIES)
+    turns, hinted = priced_family(rng, b)
+    setup = VllmSetup(
+        CacheKnobs(b, u),
+        budget(rng, b),
+        rng.choice([1, 2, 3]),
+        lookahead=False,
+        shared_prefix_checkpoint=draw(st.booleans()),
+    )  # the plugin's default price
+    return setup, turns, hinted
+
+
+@given(case=priced_drop_families())
+def test_priced_passes_stay_within_stock_plus_one_the_observer_plus_two(
+    case: tuple[VllmSetup, list[Turn], bool],
+) -> None:
+    """Drop mode at the default price, on families whose shared prefix ends anywhere in a
+    block (the flag on or off): a sibling pays at most one prefill pass more than stock, the
+    request that observes the junction (or the hinted producer) at most two; hits never below
+    stock's."""
+    setup, turns, hinted = case
+    stock = run_reference(setup, turns)
+    plugin = run_reference(dataclasses.replace(setup, scheduler_cls=PLUGIN), turns)
+    extra = passes_over_stock(stock, plugin)
+    assert within_the_pass_bound(extra, hinted), (extra, hits(stock), hits(plugin))
+    assert all(s <= p for s, p in zip(hits(stock), hits(plugin), strict=True))

@@ -86,6 +86,8 @@ def test_vllm_serve_with_the_plugin_and_a_hint(tmp_path: Path) -> None:
         "--prefix-match-unit", str(UNIT),
         "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}',
         "--enable-prompt-tokens-details", "--seed", "0",
+        # every stop made: at this block size no sub-block stop pays the default price
+        "--additional-config", '{"hycache": {"pass_cost": 0}}',
     ]  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

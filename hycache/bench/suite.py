@@ -464,18 +464,16 @@ def run_job(job: SimJob) -> SimJobResult:
 
 
 def _inputs(s: SimBench, r: SimJobResult, shape: dict[str, Any]) -> SimInputs:
+    own = {k: getattr(s, k) for k in ("model", "gpu", "num_speculative_tokens", "seed")}
     return SimInputs(
-        model=s.model,
-        gpu=s.gpu,
+        **own,
         block_size=s.knobs.block_size,
         prefix_match_unit=s.knobs.prefix_match_unit,
-        num_speculative_tokens=s.num_speculative_tokens,
         acceptance_rate=s.acceptance_rate,
         concurrency=r.concurrency,
         max_num_seqs=s.concurrency,
         workload=r.workload,
         num_requests=r.size,
-        seed=s.seed,
         shape=shape,
         offered=r.offered,
     )

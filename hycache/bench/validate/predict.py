@@ -115,14 +115,8 @@ def predict_engine_bench(bench: EngineBench, profile: str) -> dict[str, RunMetri
         for i, p in enumerate(bench.prompts())
     ]
     w = Workload(f"engine-{bench.shape}", requests)
-    o = ValidateOptions(
-        profile=profile,
-        knobs=bench.knobs,
-        num_speculative_tokens=bench.num_speculative_tokens,
-        concurrency=bench.concurrency,
-        max_num_batched_tokens=bench.max_num_batched_tokens,
-        seed=bench.seed,
-    )
+    shared = ("knobs", "num_speculative_tokens", "concurrency", "max_num_batched_tokens", "seed")
+    o = ValidateOptions(profile, **{k: getattr(bench, k) for k in shared})
     gpu = load_gpu(profile)
     k = o.num_speculative_tokens
     cost = engine_cost(gpu, gpu.fitted_on or o.model, k, o.knobs.block_size)

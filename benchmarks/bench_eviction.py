@@ -49,7 +49,8 @@ def main() -> None:
         b = replace(b, arms=arms)  # type: ignore[arg-type]
     if args.no_admission:
         b = replace(b, sim=replace(b.sim, admission=False))
-    doc = eviction_curves(b, lambda m: console.print(m, highlight=False), workers=args.jobs)
+    result = eviction_curves(b, lambda m: console.print(m, highlight=False), workers=args.jobs)
+    doc = result.to_json()
     console.print(eviction_table(doc))
     console.print(json.dumps(doc["goal"], indent=2))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,6 @@ import sys
 
 from hycache.bench.validate import WORKLOADS, ValidateOptions, engine_runs, run_isolated
 
-KEY = "output_tokens_per_s"
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         together = {policy: run.metrics for policy, run in zip(order, both, strict=True)}
         row = []
         for mode, m in (("one after the other", alone), ("in turn", together)):
-            r = m["limit"][KEY] / m["lookahead"][KEY]
+            look, lim = m["lookahead"].output_tokens_per_s, m["limit"].output_tokens_per_s
+            r = lim / look
             ratios[mode].append(r)
-            row.append(f"{mode}: {m['lookahead'][KEY]:.1f} / {m['limit'][KEY]:.1f} tok/s, {r:.3f}")
+            row.append(f"{mode}: {look:.1f} / {lim:.1f} tok/s, {r:.3f}")
         print(f"repeat {rep + 1}/{args.repeats} · " + " · ".join(row), flush=True)
     for mode, rs in ratios.items():
         spread = statistics.pstdev(rs) if len(rs) > 1 else 0.0

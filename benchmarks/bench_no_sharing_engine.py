@@ -22,7 +22,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hycache.bench.suite import PER_REPEAT_KEYS, EngineBench, engine_bench
+from hycache.bench.results import PER_REPEAT_KEYS
+from hycache.bench.suite import EngineBench, engine_bench
 
 
 def paired(doc: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def main() -> None:
         threads=args.threads,
         num_blocks=args.num_blocks,
     )
-    doc = engine_bench(b, ("limit", "no-caching"), lambda m: print(m, flush=True))
+    doc = engine_bench(b, ("limit", "no-caching"), lambda m: print(m, flush=True)).to_json()
     for name, res in doc["policies"].items():
         print(
             f"{name:12s} wall: output tok/s {res['output_tokens_per_s']:8.2f}  "

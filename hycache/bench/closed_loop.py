@@ -20,16 +20,39 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hycache.bench.steps import EngineStep
-from hycache.engine.outputs import LastSchedule
+from hycache.engine.outputs import LastSchedule, RequestOutput
 from hycache.sim.workloads import SessionSpec, Workload
 
+if TYPE_CHECKING:
+    from hycache.engine.engine import LLM
+
 CLOCKS: tuple[str, ...] = ("wall", "cpu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMetrics:
+    """One run's figures: a closed loop's on its own clock (`ClosedLoop.metrics`), the
+    medians of several loops' (`requests` is then a median of counts: x.5 over an even
+    number), or the simulator's (which has no other clock: those two are None)."""
+
+    output_tokens_per_s: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    token_hit_rate: float
+    makespan_s: float
+    other_clock_output_tokens_per_s: float | None = None
+    cpu_over_wall: float | None = None
+    requests: float
+
+    def to_json(self) -> dict[str, float]:
+        """The figures it has (the simulator's: without the other clock's two)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass
@@ -75,7 +98,7 @@ class ClosedLoop:
 
     def __init__(
         self,
-        llm: Any,
+        llm: LLM,
         w: Workload,
         concurrency: int,
         clock: str,
@@ -90,7 +113,7 @@ class ClosedLoop:
         self._arrived: dict[str, tuple[float, float]] = {}
         self._first: dict[str, tuple[float, float]] = {}
         self._items: dict[str, _Item] = {}
-        self._outputs: list[Any] = []
+        self._outputs: list[RequestOutput] = []
         self._elapsed = (0.0, 0.0)  # this loop's own iterations, on both clocks
         self._step = 0  # the index of the next engine step
         self._accepted: dict[str, dict[int, int]] = {}  # per request: outputs before -> drafts
@@ -155,7 +178,7 @@ class ClosedLoop:
         (both included; what `hycache.bench.steps.ttft_attribution` prices)."""
         return [self._span[o.request_id] for o in self._outputs]
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> RunMetrics:
         """Output tok/s, TTFT p50/p95, token hit rate and makespan on the loop's clock."""
         if not self.done:
             raise RuntimeError("the loop has requests left")
@@ -164,19 +187,19 @@ class ClosedLoop:
         tokens = sum(len(o.token_ids) for o in out)
         ttft = [self._first[o.request_id][i] - self._arrived[o.request_id][i] for o in out]
         prompt = sum(len(o.prompt_token_ids) for o in out)
-        return {
-            "output_tokens_per_s": tokens / span,
-            "ttft_p50_s": float(np.percentile(ttft, 50)),
-            "ttft_p95_s": float(np.percentile(ttft, 95)),
-            "token_hit_rate": sum(o.hit_tokens for o in out) / prompt,
-            "makespan_s": span,
-            "other_clock_output_tokens_per_s": tokens / other,
-            "cpu_over_wall": self._elapsed[1] / self._elapsed[0],
-            "requests": len(out),
-        }
+        return RunMetrics(
+            output_tokens_per_s=tokens / span,
+            ttft_p50_s=float(np.percentile(ttft, 50)),
+            ttft_p95_s=float(np.percentile(ttft, 95)),
+            token_hit_rate=sum(o.hit_tokens for o in out) / prompt,
+            makespan_s=span,
+            other_clock_output_tokens_per_s=tokens / other,
+            cpu_over_wall=self._elapsed[1] / self._elapsed[0],
+            requests=len(out),
+        )
 
 
-def run_interleaved(loops: Sequence[ClosedLoop]) -> list[dict[str, Any]]:
+def run_interleaved(loops: Sequence[ClosedLoop]) -> list[RunMetrics]:
     """The loops stepped in turn (one iteration each, in the given order, until all are
     done; one loop: alone); each one's metrics on its own clock."""
     while not all(loop.done for loop in loops):

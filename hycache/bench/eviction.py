@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from hycache.bench.suite import SimBench, sim_config, sim_cost, timed_workload
@@ -95,7 +95,26 @@ class Point:
     eviction: str
 
 
-def run_point(p: Point) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm on one workload at one fraction of the pool: the simulator's figures
+    (`METRICS`, None where it has none), the pools it ran with, its wall time and the admission
+    analysis (per SSM page kind, and per evicted block's entry kind)."""
+
+    figures: dict[str, float | None]
+    num_blocks: int
+    num_state_pages: int | None
+    wall_s: float
+    page_kinds: dict[str, dict[str, int]]
+    evictions: dict[str, dict[str, int]]
+
+    def to_json(self) -> dict[str, Any]:
+        """The figures first, then the rest in field order."""
+        rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "figures"}
+        return {**self.figures, **rest}
+
+
+def run_point(p: Point) -> ArmResult:
     """One arm on one workload at one fraction of the pool."""
     b, s = p.bench, p.bench.sim
     cost = _cost(b)
@@ -114,18 +133,12 @@ def run_point(p: Point) -> dict[str, Any]:
     cfg = replace(cfg, cache=cache)
     t0 = time.perf_counter()
     res = compare_policies(w, cfg, [p.policy], cost=cost, seed=s.seed)[p.policy]
-    out: dict[str, Any] = {k: res.summary.get(k) for k in METRICS}
-    out.update(
-        num_blocks=blocks,
-        num_state_pages=pages,
-        wall_s=time.perf_counter() - t0,
-        page_kinds=res.page_kinds,
-        evictions=res.evictions,
-    )
-    return out
+    figures = {k: res.summary.get(k) for k in METRICS}
+    wall = time.perf_counter() - t0
+    return ArmResult(figures, blocks, pages, wall, res.page_kinds, res.evictions)
 
 
-def _run_all(points: Sequence[Point], workers: int, progress: Progress) -> list[dict[str, Any]]:
+def _run_all(points: Sequence[Point], workers: int, progress: Progress) -> list[ArmResult]:
     if workers <= 1:
         out = []
         for i, p in enumerate(points):
@@ -135,7 +148,7 @@ def _run_all(points: Sequence[Point], workers: int, progress: Progress) -> list[
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    results: list[dict[str, Any] | None] = [None] * len(points)
+    results: list[ArmResult | None] = [None] * len(points)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {pool.submit(run_point, p): i for i, p in enumerate(points)}
@@ -154,9 +167,77 @@ def arm_name(policy: str, eviction: str) -> str:
     return f"{policy} {eviction}"
 
 
+@dataclass(frozen=True)
+class FractionRow:
+    """Every arm of one workload at one fraction of the pool, and `limit`'s `flop-aware / lru`
+    ratios there."""
+
+    fraction: float
+    arms: dict[str, ArmResult]
+
+    @property
+    def ratios(self) -> dict[str, float | None]:
+        return ratios(self.arms)
+
+    def to_json(self) -> dict[str, Any]:
+        arms = {name: a.to_json() for name, a in self.arms.items()}
+        return {"fraction": self.fraction, "arms": arms, "ratios": self.ratios}
+
+
+@dataclass(frozen=True)
+class WorkloadGoal:
+    """The goal on one workload: `limit`'s flop-aware / lru hit rate and TTFT p95 ratios,
+    whether they win (>= 1.2x hit rate, <= 0.85x TTFT p95) and whether the hit rate is not
+    worse (>= 0.98x)."""
+
+    hit_rate_ratio: float | None
+    ttft_p95_ratio: float | None
+    wins: bool
+    not_worse: bool
+
+
+@dataclass(frozen=True)
+class Goal:
+    """The issue's goal at `fraction` of the memory, per workload, and whether it is met."""
+
+    fraction: float
+    workloads: dict[str, WorkloadGoal]
+    met: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EvictionCurves:
+    """`eviction_curves`'s result: per workload, a row per fraction (in the order run); the
+    goal check; the wall time. `to_json()` is the document `--eviction-curves` writes."""
+
+    bench: EvictionBench
+    curves: dict[str, list[FractionRow]]
+    goal: Goal
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        b = self.bench
+        return {
+            "inputs": {
+                "sim": asdict(b.sim),
+                "workloads": list(b.workloads),
+                "fractions": list(b.fractions),
+                "arms": [arm_name(*a) for a in b.arms],
+                "alpha": b.alpha,
+                "pool_layout": b.pool_layout,
+            },
+            "curves": {n: [r.to_json() for r in rows] for n, rows in self.curves.items()},
+            "goal": self.goal.to_json(),
+            "wall_s": self.wall_s,
+        }
+
+
 def eviction_curves(
     b: EvictionBench, progress: Progress = lambda _m: None, *, workers: int = 1
-) -> dict[str, Any]:
+) -> EvictionCurves:
     """Every (workload, fraction, arm) point; the ratios `flop-aware / lru` of `limit` per
     point; and the goal check at a quarter of the memory."""
     t0 = time.perf_counter()
@@ -167,71 +248,50 @@ def eviction_curves(
     order = sorted(range(len(points)), key=lambda i: points[i].workload != "trace")
     results = _run_all([points[i] for i in order], workers, progress)
     by_point = {order[j]: r for j, r in enumerate(results)}
-    curves: dict[str, list[dict[str, Any]]] = {}
+    curves: dict[str, list[FractionRow]] = {}
     for i, p in enumerate(points):
         rows = curves.setdefault(p.workload, [])
-        row = next((r for r in rows if r["fraction"] == p.fraction), None)
+        row = next((r for r in rows if r.fraction == p.fraction), None)
         if row is None:
-            row = {"fraction": p.fraction, "arms": {}}
+            row = FractionRow(p.fraction, {})
             rows.append(row)
-        row["arms"][arm_name(p.policy, p.eviction)] = by_point[i]
-    for rows in curves.values():
-        for row in rows:
-            row["ratios"] = ratios(row["arms"])
-    return {
-        "inputs": {
-            "sim": asdict(b.sim),
-            "workloads": list(b.workloads),
-            "fractions": list(b.fractions),
-            "arms": [arm_name(*a) for a in b.arms],
-            "alpha": b.alpha,
-            "pool_layout": b.pool_layout,
-        },
-        "curves": curves,
-        "goal": goal(curves),
-        "wall_s": time.perf_counter() - t0,
-    }
+        row.arms[arm_name(p.policy, p.eviction)] = by_point[i]
+    return EvictionCurves(b, curves, goal(curves), time.perf_counter() - t0)
 
 
-def ratios(arms: dict[str, dict[str, Any]], policy: str = "limit") -> dict[str, float | None]:
+def ratios(arms: Mapping[str, ArmResult], policy: str = "limit") -> dict[str, float | None]:
     """`flop-aware / lru` of one policy at one point: token hit rate, TTFT p95 and p50,
-    output tokens/s (None where the denominator is 0)."""
+    output tokens/s (None where either is missing, or the denominator is 0)."""
     fa, lru = arms.get(arm_name(policy, "flop-aware")), arms.get(arm_name(policy, "lru"))
     out: dict[str, float | None] = {}
     for key in ("token_hit_rate", "ttft_p95_s", "ttft_p50_s", "output_tokens_per_s"):
-        a, d = (fa or {}).get(key), (lru or {}).get(key)
+        a = fa.figures.get(key) if fa is not None else None
+        d = lru.figures.get(key) if lru is not None else None
         numbers = isinstance(a, int | float) and isinstance(d, int | float)
-        out[key] = a / d if numbers and d else None
+        out[key] = a / d if numbers and d else None  # type: ignore[operator]
     return out
 
 
-def goal(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def goal(curves: Mapping[str, Sequence[FractionRow]]) -> Goal:
     """The issue's goal at a quarter of the memory: flop-aware >= 1.2x LRU's token hit rate and
     >= 15% lower TTFT p95 on at least two workloads, and never below 0.98x (hit rate) on any."""
-    per: dict[str, Any] = {}
+    per: dict[str, WorkloadGoal] = {}
     for name, rows in curves.items():
-        row = next((r for r in rows if r["fraction"] == GOAL_FRACTION), None)
+        row = next((r for r in rows if r.fraction == GOAL_FRACTION), None)
         if row is None:
             continue
-        r = row["ratios"]
+        r = row.ratios
         hit, p95 = r["token_hit_rate"], r["ttft_p95_s"]
-        per[name] = {
-            "hit_rate_ratio": hit,
-            "ttft_p95_ratio": p95,
-            "wins": hit is not None and hit >= 1.2 and p95 is not None and p95 <= 0.85,
-            "not_worse": hit is None or hit >= 0.98,
-        }
-    wins = sum(1 for v in per.values() if v["wins"])
-    return {
-        "fraction": GOAL_FRACTION,
-        "workloads": per,
-        "met": wins >= 2 and all(v["not_worse"] for v in per.values()),
-    }
+        wins = hit is not None and hit >= 1.2 and p95 is not None and p95 <= 0.85
+        per[name] = WorkloadGoal(hit, p95, wins, hit is None or hit >= 0.98)
+    met = sum(1 for v in per.values() if v.wins) >= 2 and all(v.not_worse for v in per.values())
+    return Goal(GOAL_FRACTION, per, met)
 
 
-def plot_eviction(path: str, doc: dict[str, Any]) -> None:
+def plot_eviction(path: str, doc: Mapping[str, Any]) -> None:
     """One column per workload: token hit rate (top) and TTFT p95 (bottom) over the fraction
-    of the default pool, one line per arm."""
+    of the default pool, one line per arm; `doc` is the document `--eviction-curves` writes
+    (`EvictionCurves.to_json()`, or the file read back)."""
     from hycache.bench.plots import pyplot
 
     plt = pyplot()

@@ -14,23 +14,35 @@
 3. curves: `limit / lookahead` output tokens/s over output length (64-2,048) and concurrency
    (1-128), on the system-prompt and family workloads (fewer requests per point).
 
-Every table has the `{"policies": {arm: metrics}}` shape with its inputs beside it, and a
-`headline` (`limit / lookahead`, and the extra SSM state pages `limit` held).
+`bench` returns a typed `hycache.bench.results.BenchResult`; its `to_json()` is the document
+(every table has the `{"policies": {arm: metrics}}` shape with its inputs beside it, and a
+`headline`: `limit / lookahead`, and the extra SSM state pages `limit` held).
 """
 
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hycache.bench.repeats import ratio_spread, spread
+from hycache.bench.results import (
+    CURVE_AXES,
+    SPREAD_KEYS,
+    BenchResult,
+    CurvePoint,
+    Curves,
+    EnginePart,
+    EngineRow,
+    SimInputs,
+    SimTable,
+    median_row,
+)
 from hycache.config import ENGINE_SHAPES, CacheKnobs, HycacheConfig
 from hycache.sim.build import (
     SimGeometry,
@@ -47,16 +59,24 @@ from hycache.sim.compare import (
     HEADLINE,
     HEADLINE_SPLIT,
     NO_CACHING,
-    caching_overhead,
     compare_policies,
-    headline,
     policies_json,
     reference_arm,
 )
 from hycache.sim.costmodel import CostModel, PoolLayout
 from hycache.sim.load import DEFAULT_LOAD, sustainable_arrivals
 from hycache.sim.trace_gen import generate_mooncake_like
-from hycache.sim.workloads import ChatShape, FamilyShape, SystemPromptShape, Workload
+from hycache.sim.workloads import (
+    ChatShape,
+    FamilyShape,
+    OfferedLoad,
+    SystemPromptShape,
+    Workload,
+)
+
+if TYPE_CHECKING:
+    from hycache.engine.engine import LLM
+    from hycache.engine.outputs import RequestOutput
 
 Progress = Callable[[str], None]
 
@@ -122,7 +142,7 @@ class EngineBench:
             for i in range(self.num_requests)
         ]
 
-    def inputs(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The run's inputs as the result reports them (the knobs the engine part sets, flat)."""
         k = self.knobs
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "knobs"}
@@ -141,7 +161,7 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
 
-def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
+def run_engine_policy(b: EngineBench, policy: str) -> EngineRow:
     """One policy on a fresh engine (same weights), closed loop at `b.concurrency`, on
     `b.threads` torch threads."""
     import torch  # only when the engine runs
@@ -155,7 +175,7 @@ def run_engine_policy(b: EngineBench, policy: str) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
-def engine_for_arm(b: EngineBench, name: str) -> Any:
+def engine_for_arm(b: EngineBench, name: str) -> LLM:
     """The `LLM` that `b`'s engine part runs arm `name` on (a policy, or one with `-split`: no
     internal checkpoints; `no-caching`), warmed up as a server is before its first request."""
     from hycache.engine.engine import LLM
@@ -182,7 +202,7 @@ def engine_for_arm(b: EngineBench, name: str) -> Any:
     )
 
 
-def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
+def _run_engine(b: EngineBench, name: str) -> EngineRow:
     prompts = deque(b.prompts())
     llm = engine_for_arm(b, name)
     try:
@@ -192,7 +212,7 @@ def _run_engine(b: EngineBench, name: str) -> dict[str, Any]:
             llm.store.close()
 
 
-def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[str, Any]:
+def _closed_loop(b: EngineBench, llm: LLM, prompts: deque[list[int]]) -> EngineRow:
     from hycache.request import SamplingParams
 
     sp = SamplingParams(max_tokens=b.output_tokens, ignore_eos=True)
@@ -206,8 +226,7 @@ def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[st
     # lies inside the wall one: a CPU figure is never above its wall figure by the read gap.
     arrived_cpu: dict[str, float] = {}
     first_cpu: dict[str, float] = {}
-    outs: list[Any] = []
-    pool = llm.scheduler.cache.pool
+    outs: list[RequestOutput] = []
     peak = 0
     steps = 0
     t0, c0 = time.perf_counter(), time.thread_time()
@@ -218,7 +237,7 @@ def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[st
         events = llm.step()
         cpu, now = time.thread_time(), time.perf_counter()  # an interval's end: CPU first
         steps += 1
-        peak = max(peak, pool.num_blocks - 1 - pool.num_free)
+        peak = max(peak, llm.used_blocks)
         for e in events:
             if e.new_token_ids:
                 first.setdefault(e.request_id, now)
@@ -238,42 +257,32 @@ def _closed_loop(b: EngineBench, llm: Any, prompts: deque[list[int]]) -> dict[st
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
     hit = sum(o.hit_tokens for o in outs)
     out_tokens = sum(len(o.token_ids) for o in outs)
-    return {
-        "output_tokens_per_s": out_tokens / wall,
-        "request_throughput": len(outs) / wall,
-        "ttft_p50_s": _pct(ttft, 50),
-        "ttft_p95_s": _pct(ttft, 95),
-        "itl_p50_s": _pct(itl, 50),
-        "itl_p95_s": _pct(itl, 95),
-        "prefill_tokens_computed": sum(o.prefill_tokens for o in outs),
-        "hit_tokens": hit,
-        "store_hit_tokens": sum(o.store_hit_tokens for o in outs),
-        "token_hit_rate": hit / prompt_tokens,
-        "lost_reuse_tokens": sum(o.lost_reuse for o in outs),
-        "junctions_observed": sum(1 for o in outs if o.junction),
-        "extra_prefill_steps_max": None,
-        "peak_blocks_used": peak,
-        "preemptions": llm.scheduler.num_preemptions,
-        "wall_s": wall,
+    return EngineRow(
+        output_tokens_per_s=out_tokens / wall,
+        request_throughput=len(outs) / wall,
+        ttft_p50_s=_pct(ttft, 50),
+        ttft_p95_s=_pct(ttft, 95),
+        itl_p50_s=_pct(itl, 50),
+        itl_p95_s=_pct(itl, 95),
+        prefill_tokens_computed=sum(o.prefill_tokens for o in outs),
+        hit_tokens=hit,
+        store_hit_tokens=sum(o.store_hit_tokens for o in outs),
+        token_hit_rate=hit / prompt_tokens,
+        lost_reuse_tokens=sum(o.lost_reuse for o in outs),
+        junctions_observed=sum(1 for o in outs if o.junction),
+        extra_prefill_steps_max=None,
+        peak_blocks_used=peak,
+        preemptions=llm.num_preemptions,
+        wall_s=wall,
         # the engine thread's CPU clock (see above): the figures to compare on a shared machine
-        "engine_cpu_s": cpu_s,
-        "engine_steps": steps,
-        "output_tokens_per_cpu_s": out_tokens / cpu_s,
-        "ttft_cpu_p50_s": _pct(ttft_cpu, 50),
-        "ttft_cpu_p95_s": _pct(ttft_cpu, 95),
-        "resume_points": sorted({o.hit_tokens for o in outs}),
-        "_steps": {o.request_id: (o.hit_tokens, o.junction, o.checkpoint_splits) for o in outs},
-    }
-
-
-PER_REPEAT_KEYS = ("ttft_p50_s", "output_tokens_per_cpu_s", "ttft_cpu_p50_s", "engine_cpu_s")
-"""What `engine_bench` reports per repeat besides output tokens/s (`per_repeat`): the arms' runs
-of one repeat ran back to back, so their ratios are the side-by-side figures."""
-
-
-SPREAD_KEYS = ("output_tokens_per_s", "ttft_p50_s", "output_tokens_per_cpu_s", "ttft_cpu_p50_s")
-"""The engine figures whose spread over the repeats is reported (`spread`, and per repeat
-against the reference arm, `vs_reference`: whether the repeats rank the arms)."""
+        engine_cpu_s=cpu_s,
+        engine_steps=steps,
+        output_tokens_per_cpu_s=out_tokens / cpu_s,
+        ttft_cpu_p50_s=_pct(ttft_cpu, 50),
+        ttft_cpu_p95_s=_pct(ttft_cpu, 95),
+        resume_points=tuple(sorted({o.hit_tokens for o in outs})),
+        steps={o.request_id: (o.hit_tokens, o.junction, o.checkpoint_splits) for o in outs},
+    )
 
 
 def engine_orders(policies: Sequence[str], repeats: int) -> list[list[str]]:
@@ -281,70 +290,47 @@ def engine_orders(policies: Sequence[str], repeats: int) -> list[list[str]]:
     return [list(policies) if i % 2 == 0 else list(reversed(policies)) for i in range(repeats)]
 
 
-def _median_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per metric, the median over repeats (numbers); other values from the first run (the
-    scheduling, hence hits and steps, is the same in every repeat: only the clock differs)."""
-    out: dict[str, Any] = {}
-    for key, value in runs[0].items():
-        values = [r[key] for r in runs]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            out[key] = value
-        elif all(isinstance(v, int) for v in values):
-            out[key] = statistics.median_low(values)
-        else:
-            out[key] = statistics.median(values)
-    return out
-
-
-def engine_bench(b: EngineBench, policies: Sequence[str], progress: Progress) -> dict[str, Any]:
+def engine_bench(b: EngineBench, policies: Sequence[str], progress: Progress) -> EnginePart:
     """Each policy `b.repeats` times, alternating the order; medians per policy."""
     if b.repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {b.repeats}")
     orders = engine_orders(policies, b.repeats)
-    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+    runs: dict[str, list[EngineRow]] = {p: [] for p in policies}
     for i, order in enumerate(orders):
         for p in order:
             progress(f"engine · repeat {i + 1}/{b.repeats} · {p}")
             runs[p].append(run_engine_policy(b, p))
-    results = {p: _median_metrics(runs[p]) for p in policies}
     ref = reference_arm(list(policies))
-    spreads = {p: {k: spread([r[k] for r in runs[p]]) for k in SPREAD_KEYS} for p in policies}
+    spreads = {
+        p: {k: spread([r.figure(k) for r in runs[p]]) for k in SPREAD_KEYS} for p in policies
+    }
     vs_ref = {
         p: {
-            k: ratio_spread([r[k] for r in runs[p]], [r[k] for r in runs[ref]])
+            k: ratio_spread([r.figure(k) for r in runs[p]], [r.figure(k) for r in runs[ref]])
             for k in SPREAD_KEYS
         }
         for p in policies
         if p != ref
     }
-    base = results[ref]["_steps"]
-    for res in results.values():
-        steps = res.pop("_steps")
-        extra = [
-            s - base[rid][2]
-            for rid, (hit, junction, s) in steps.items()
-            if junction and rid in base and base[rid][0] == hit
-        ]
-        res["extra_prefill_steps_max"] = max(extra, default=0)
-    return {
-        "inputs": {"model": "tiny", "eagle": True, **b.inputs(), "orders": orders},
-        "policies": results,
-        "runs": {p: [r["output_tokens_per_s"] for r in runs[p]] for p in policies},
-        "per_repeat": {p: {k: [r[k] for r in runs[p]] for k in PER_REPEAT_KEYS} for p in policies},
-        "spread": spreads,
-        "vs_reference": {"reference": ref, "arms": vs_ref},
-        "headline": _with_repeats(headline(results), vs_ref),
-        **({"caching_overhead": o} if (o := caching_overhead(results)) else {}),
+    medians = {p: median_row(runs[p]) for p in policies}
+    base = medians[ref].steps
+    results = {
+        p: replace(row, extra_prefill_steps_max=_extra_prefill_steps(row, base))
+        for p, row in medians.items()
     }
+    inputs = {"model": "tiny", "eagle": True, **b.to_json(), "orders": orders}
+    return EnginePart(inputs, results, runs, ref, spreads, vs_ref)
 
 
-def _with_repeats(
-    head: dict[str, Any] | None, vs_ref: dict[str, dict[str, Any]]
-) -> dict[str, Any] | None:
-    """The headline with its arm's ratios per repeat (`repeats`: spread and `rankable`)."""
-    if head is None or HEADLINE not in vs_ref:
-        return head
-    return {**head, "repeats": vs_ref[HEADLINE]}
+def _extra_prefill_steps(row: EngineRow, base: Mapping[str, tuple[int, int, int]]) -> int:
+    """The most prefill steps a request of `row` took beyond the reference arm's same request,
+    among those that hit the same tokens at a junction."""
+    extra = [
+        s - base[rid][2]
+        for rid, (hit, junction, s) in row.steps.items()
+        if junction and rid in base and base[rid][0] == hit
+    ]
+    return max(extra, default=0)
 
 
 @dataclass(frozen=True)
@@ -442,7 +428,7 @@ class SimJob:
     label: str
 
 
-def timed_workload(s: SimBench, name: str, cost: CostModel) -> tuple[Workload, Any]:
+def timed_workload(s: SimBench, name: str, cost: CostModel) -> tuple[Workload, OfferedLoad | None]:
     """`bench_workload`, with the trace given open-loop arrivals at `s.trace_load` of what
     the default arm sustains; also the offered load (None for the closed-loop workloads)."""
     w = bench_workload(s, name)
@@ -454,37 +440,43 @@ def timed_workload(s: SimBench, name: str, cost: CostModel) -> tuple[Workload, A
     return Workload("trace", timed), offered
 
 
-def run_job(job: SimJob) -> dict[str, Any]:
-    """Run one job (in this process or a worker): the arms' summaries, and for the trace the
-    offered load it was replayed at."""
+@dataclass(frozen=True)
+class SimJobResult:
+    """One job's outcome: the workload's name, size and concurrency, each arm's summary, and
+    for the trace the offered load it was replayed at."""
+
+    workload: str
+    size: int
+    concurrency: int | None
+    policies: dict[str, dict[str, Any]]
+    offered: OfferedLoad | None
+
+
+def run_job(job: SimJob) -> SimJobResult:
+    """Run one job (in this process or a worker)."""
     s = job.bench
     cost = sim_cost(s)
     w, offered = timed_workload(s, job.workload, cost)
-    extra: dict[str, Any] = {}
-    if offered is not None:
-        extra = {"offered_load": offered.as_dict(), "open_loop": True}
     results = compare_policies(
         w, sim_config(s, w, cost), job.arms, cost=cost, seed=s.seed, size_cache=True
     )
-    shape = {"name": w.name, "size": w.size, "concurrency": w.concurrency}
-    return {"workload": shape, "policies": policies_json(results), "extra": extra}
+    return SimJobResult(w.name, w.size, w.concurrency, policies_json(results), offered)
 
 
-def _inputs(s: SimBench, w: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {
-        "model": s.model,
-        "gpu": s.gpu,
-        "block_size": s.knobs.block_size,
-        "prefix_match_unit": s.knobs.prefix_match_unit,
-        "num_speculative_tokens": s.num_speculative_tokens,
-        "acceptance_rate": s.acceptance_rate,
-        "concurrency": w["concurrency"],
-        "max_num_seqs": s.concurrency,
-        "workload": w["name"],
-        "num_requests": w["size"],
-        "seed": s.seed,
-        **extra,
-    }
+def _inputs(s: SimBench, r: SimJobResult, shape: dict[str, Any]) -> SimInputs:
+    own = {k: getattr(s, k) for k in ("model", "gpu", "num_speculative_tokens", "seed")}
+    return SimInputs(
+        **own,
+        block_size=s.knobs.block_size,
+        prefix_match_unit=s.knobs.prefix_match_unit,
+        acceptance_rate=s.acceptance_rate,
+        concurrency=r.concurrency,
+        max_num_seqs=s.concurrency,
+        workload=r.workload,
+        num_requests=r.size,
+        shape=shape,
+        offered=r.offered,
+    )
 
 
 NO_SHARING = "no-sharing"
@@ -531,7 +523,7 @@ def curve_jobs(s: SimBench) -> list[tuple[str, str, int, SimJob]]:
     return out
 
 
-def _run_all(jobs: Sequence[SimJob], workers: int, progress: Progress) -> list[dict[str, Any]]:
+def _run_all(jobs: Sequence[SimJob], workers: int, progress: Progress) -> list[SimJobResult]:
     """Run jobs, in order here (`workers` <= 1) or in `workers` spawned processes (the
     simulations are deterministic, so where they run changes no number)."""
     total = len(jobs)
@@ -544,7 +536,7 @@ def _run_all(jobs: Sequence[SimJob], workers: int, progress: Progress) -> list[d
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    results: list[dict[str, Any] | None] = [None] * total
+    results: list[SimJobResult | None] = [None] * total
     ctx = multiprocessing.get_context("spawn")  # no fork after torch has started threads
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
@@ -558,7 +550,7 @@ def _run_all(jobs: Sequence[SimJob], workers: int, progress: Progress) -> list[d
 
 def simulated_bench(
     s: SimBench, progress: Progress, *, curves: bool = True, workers: int = 1
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[dict[str, SimTable], Curves | None]:
     """One table per workload (every arm), and the `limit / lookahead` curves."""
     tables = table_jobs(s)
     points = curve_jobs(s) if curves else []
@@ -567,42 +559,35 @@ def simulated_bench(
     jobs = [*first, *(j for j in tables if j not in first), *(job for *_, job in points)]
     results = _run_all(jobs, workers, progress)
     by_job = dict(zip((id(j) for j in jobs), results, strict=True))
-    simulated: dict[str, Any] = {}
-    for job in tables:
-        r = by_job[id(job)]
-        w, pol = r["workload"], r["policies"]
-        shape = {
-            "system-prompt": asdict(s.system_prompt),
-            "family": asdict(s.family),
-            "multi-turn": asdict(s.chat),
-            "trace": {"generator": "mooncake-like", "num_requests": s.trace_requests},
-            NO_SHARING: asdict(s.no_sharing),
-        }[job.workload]
-        simulated[job.workload] = {
-            "inputs": _inputs(s, w, shape=shape, **r["extra"]),
-            "policies": pol,
-            "headline": headline(pol),
-        }
-        if (overhead := caching_overhead(pol)) is not None:
-            simulated[job.workload]["caching_overhead"] = overhead
+    shapes = {
+        "system-prompt": asdict(s.system_prompt),
+        "family": asdict(s.family),
+        "multi-turn": asdict(s.chat),
+        "trace": {"generator": "mooncake-like", "num_requests": s.trace_requests},
+        NO_SHARING: asdict(s.no_sharing),
+    }
+    simulated = {
+        job.workload: SimTable(
+            _inputs(s, by_job[id(job)], shapes[job.workload]), by_job[id(job)].policies
+        )
+        for job in tables
+    }
     if not curves:
         return simulated, None
-    out: dict[str, Any] = {"output_tokens": {}, "concurrency": {}}
+    out: dict[str, dict[str, list[CurvePoint]]] = {axis: {} for axis in CURVE_AXES}
     for axis, name, x, job in points:
         r = by_job[id(job)]
-        b, h = r["policies"][BASELINE], r["policies"][HEADLINE]
-        out[axis].setdefault(name, []).append(
-            {
-                "x": x,
-                "num_requests": r["workload"]["size"],
-                f"{BASELINE}_output_tokens_per_s": b["output_tokens_per_s"],
-                f"{HEADLINE}_output_tokens_per_s": h["output_tokens_per_s"],
-                "ratio": h["output_tokens_per_s"] / b["output_tokens_per_s"],
-                f"{BASELINE}_ttft_p50_s": b["ttft_p50_s"],
-                f"{HEADLINE}_ttft_p50_s": h["ttft_p50_s"],
-            }
+        b, h = r.policies[BASELINE], r.policies[HEADLINE]
+        point = CurvePoint(
+            x,
+            r.size,
+            b["output_tokens_per_s"],
+            h["output_tokens_per_s"],
+            b["ttft_p50_s"],
+            h["ttft_p50_s"],
         )
-    out["inputs"] = {
+        out[axis].setdefault(name, []).append(point)
+    inputs = {
         "requests_per_point": s.curve_requests,
         "concurrency_for_output_tokens": s.concurrency,
         "output_tokens_for_concurrency": {
@@ -610,7 +595,7 @@ def simulated_bench(
             "family": s.family.output_tokens,
         },
     }
-    return simulated, out
+    return simulated, Curves(out, inputs)
 
 
 def bench(
@@ -620,19 +605,16 @@ def bench(
     *,
     curves: bool = True,
     workers: int = 1,
-) -> dict[str, Any]:
+) -> BenchResult:
     """The engine part first, alone on the machine (it is timed by the wall clock); then the
     simulations, on `workers` processes."""
-    doc: dict[str, Any] = {}
+    part = tables = curve_doc = sim_wall = None
     t0 = time.perf_counter()
     if engine is not None:
-        doc["engine"] = engine_bench(engine, engine_arms(engine.shape), progress)
-        doc["engine"]["inputs"]["wall_s"] = time.perf_counter() - t0
+        part = engine_bench(engine, engine_arms(engine.shape), progress)
+        part = replace(part, wall_s=time.perf_counter() - t0)
     if sim is not None:
         t1 = time.perf_counter()
-        doc["simulated"], c = simulated_bench(sim, progress, curves=curves, workers=workers)
-        if c is not None:
-            doc["curves"] = c
-        doc["simulated_wall_s"] = time.perf_counter() - t1
-    doc["wall_s"] = time.perf_counter() - t0
-    return doc
+        tables, curve_doc = simulated_bench(sim, progress, curves=curves, workers=workers)
+        sim_wall = time.perf_counter() - t1
+    return BenchResult(part, tables, curve_doc, sim_wall, time.perf_counter() - t0)

@@ -9,7 +9,7 @@ import argparse
 import json
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hycache.cli.args import (
     BENCH_JSON,
@@ -26,8 +26,14 @@ from hycache.cli.tables import console, curves_table, fmt, policy_table, progres
 from hycache.config import ENGINE_SHAPES
 from hycache.files import check_writable, write_atomic
 
+if TYPE_CHECKING:
+    from hycache.bench.results import BenchResult, EnginePart, SimTable
+    from hycache.bench.suite import EngineBench, SimBench
 
-def quick_bench(engine: Any, sim: Any) -> tuple[Any, Any]:
+
+def quick_bench(
+    engine: EngineBench | None, sim: SimBench | None
+) -> tuple[EngineBench | None, SimBench | None]:
     """`bench --quick`: the same tables and curves at smoke-test size (seconds, not minutes):
     a small engine shape, few simulated requests, two points per curve."""
     if engine is not None:
@@ -82,13 +88,14 @@ def cmd_eviction_curves(args: argparse.Namespace) -> int:
     if args.trace_requests:
         b = replace(b, sim=replace(b.sim, trace_requests=args.trace_requests))
     with progress_reporter("eviction curves") as progress:
-        doc = eviction_curves(b, progress, workers=jobs(args))
+        result = eviction_curves(b, progress, workers=jobs(args))
+    doc = result.to_json()
     console.print(eviction_table(doc))
-    g = doc["goal"]
+    g = result.goal
     console.print(
-        f"goal at {g['fraction']:g} of the memory (flop-aware >= 1.2x lru hit rate and <= 0.85x "
+        f"goal at {g.fraction:g} of the memory (flop-aware >= 1.2x lru hit rate and <= 0.85x "
         f"TTFT p95 on two workloads, hit rate never below 0.98x): "
-        f"{'met' if g['met'] else 'not met'}; wall time {doc['wall_s']:.1f} s"
+        f"{'met' if g.met else 'not met'}; wall time {result.wall_s:.1f} s"
     )
     if json_path:
         write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
@@ -104,8 +111,8 @@ class BenchArgs:
     """A `hycache bench` run, validated: the engine part and the simulated part (None: skipped),
     what else to run, and where the results go."""
 
-    engine: Any  # hycache.bench.suite.EngineBench | None
-    sim: Any  # hycache.bench.suite.SimBench | None
+    engine: EngineBench | None
+    sim: SimBench | None
     curves: bool
     jobs: int
     engine_profile: str | None
@@ -138,7 +145,7 @@ class BenchArgs:
         )
 
 
-def engine_part(engine: Any, args: argparse.Namespace, store: StoreArgs) -> Any:
+def engine_part(engine: EngineBench, args: argparse.Namespace, store: StoreArgs) -> EngineBench:
     """The engine part with the flags that change it."""
     if args.engine_shape != "system":
         engine = replace(engine, shape=args.engine_shape)
@@ -157,9 +164,9 @@ def engine_part(engine: Any, args: argparse.Namespace, store: StoreArgs) -> Any:
     return engine
 
 
-def print_overhead(part: dict[str, Any]) -> None:
+def print_overhead(part: EnginePart | SimTable) -> None:
     """The price of caching on a stream that shares nothing, when the table has it."""
-    if (o := part.get("caching_overhead")) is not None:
+    if (o := part.caching_overhead()) is not None:
         console.print(
             f"  caching when nothing is shared ({o['name']}): output tokens/s "
             f"{o['output_tokens_per_s']:.3f}x, TTFT p50 {o['ttft_p50_s']:.3f}x"
@@ -174,81 +181,83 @@ def print_overhead(part: dict[str, Any]) -> None:
 REPEAT_LABELS = {"output_tokens_per_s": "output tok/s", "ttft_p50_s": "TTFT p50"}
 
 
-def print_repeats(engine: dict[str, Any]) -> None:
+def print_repeats(engine: EnginePart) -> None:
     """Each arm's repeats (median, min-max), and each arm over the reference per repeat, with
     the warning where the repeats disagree too much to rank them."""
     from hycache.bench.repeats import verdict
 
-    if "spread" not in engine:
-        return
-    n = len(next(iter(engine["runs"].values())))
+    n = len(next(iter(engine.runs.values())))
     console.print(f"  the {n} repeats, median (min-max):")
-    for arm, figures in engine["spread"].items():
+    for arm, figures in engine.spread.items():
         cells = [
             f"{label} {fmt(figures[k]['median'])} ({fmt(figures[k]['min'])}-"
             f"{fmt(figures[k]['max'])})"
             for k, label in REPEAT_LABELS.items()
         ]
         console.print(f"    {arm}: " + ", ".join(cells))
-    ref = engine["vs_reference"]["reference"]
-    for arm, ratios in engine["vs_reference"]["arms"].items():
+    ref = engine.reference
+    for arm, ratios in engine.vs_reference.items():
         cells = [
-            f"{label} {verdict(ratios[k])}"
+            f"{label} {verdict(r)}"
             for k, label in REPEAT_LABELS.items()
-            if ratios.get(k) is not None
+            if (r := ratios.get(k)) is not None
         ]
         console.print(f"    {arm}/{ref} per repeat: " + "; ".join(cells), highlight=False)
 
 
-def print_engine(a: BenchArgs, doc: dict[str, Any]) -> None:
-    """The engine part's table (and the calibrated profile's prediction beside it)."""
-    e = doc["engine"]["inputs"]
-    shared = f"{e['shared_prefix_tokens']:,} shared"
-    if e.get("shape") == "family":
-        shared = f"{e['families']} families sharing up to {e['shared_prefix_tokens']:,}"
-    elif e.get("shape") == "none":
-        shared = f"nothing shared: {e['shared_prefix_tokens']:,}"
+def print_engine(a: BenchArgs, part: EnginePart) -> EnginePart:
+    """The engine part's table (and the calibrated profile's prediction beside it); the part,
+    with that prediction."""
+    e = a.engine
+    assert e is not None
+    shared = f"{e.shared_prefix_tokens:,} shared"
+    if e.shape == "family":
+        shared = f"{e.families} families sharing up to {e.shared_prefix_tokens:,}"
+    elif e.shape == "none":
+        shared = f"nothing shared: {e.shared_prefix_tokens:,}"
     title = (
-        f"CPU engine, tiny + EAGLE (k={e['num_speculative_tokens']}): "
-        f"{e['num_requests']} requests, {shared} + "
-        f"{e['suffix_tokens']} tokens, B={e['block_size']}, u={e['prefix_match_unit']}, "
-        f"concurrency {e['concurrency']}; median of {e['repeats']} alternating repeats"
+        f"CPU engine, tiny + EAGLE (k={e.num_speculative_tokens}): "
+        f"{e.num_requests} requests, {shared} + "
+        f"{e.suffix_tokens} tokens, B={e.knobs.block_size}, u={e.knobs.prefix_match_unit}, "
+        f"concurrency {e.concurrency}; median of {e.repeats} alternating repeats"
     )
-    if e.get("kv_store"):
-        title += f"; second tier {e['kv_store']} ({e['kv_store_gb']:g} GiB per arm)"
-    console.print(policy_table(title, doc["engine"]["policies"]))
-    print_repeats(doc["engine"])
-    print_overhead(doc["engine"])
+    if e.kv_store:
+        title += f"; second tier {e.kv_store} ({e.kv_store_gb:g} GiB per arm)"
+    measured = part.policies_json()
+    console.print(policy_table(title, measured))
+    print_repeats(part)
+    print_overhead(part)
     if a.engine_profile:
         from hycache.bench.validate import predict_engine_bench
         from hycache.cli.tables import engine_prediction_table
 
-        predicted = predict_engine_bench(a.engine, a.engine_profile)
-        doc["engine"]["predicted"] = {"profile": a.engine_profile, "policies": predicted}
-        console.print(engine_prediction_table(doc["engine"]["policies"], predicted))
+        predicted = predict_engine_bench(e, a.engine_profile)
+        doc = {p: m.to_json() for p, m in predicted.items()}
+        part = replace(part, predicted={"profile": a.engine_profile, "policies": doc})
+        console.print(engine_prediction_table(measured, doc))
+    return part
 
 
-def print_simulated(doc: dict[str, Any]) -> None:
+def print_simulated(result: BenchResult) -> None:
     """One table per simulated workload, and the curves."""
-    for name, part in doc.get("simulated", {}).items():
-        i = part["inputs"]
+    for name, part in (result.simulated or {}).items():
+        i = part.inputs
         title = (
-            f"simulated {name} ({i['model']} on {i['gpu']}, B={i['block_size']}, "
-            f"u={i['prefix_match_unit']}, k={i['num_speculative_tokens']}): "
-            f"{i['num_requests']:,} requests"
+            f"simulated {name} ({i.model} on {i.gpu}, B={i.block_size}, "
+            f"u={i.prefix_match_unit}, k={i.num_speculative_tokens}): "
+            f"{i.num_requests:,} requests"
         )
-        if i.get("open_loop"):
-            o = i["offered_load"]
+        if (o := i.offered) is not None:
             title += (
-                f", open loop at {o['request_rate_per_s']:.3g} requests/s "
-                f"({o['load']:.0%} of the {o['capacity_requests_per_s']:.3g}/s lookahead sustains)"
+                f", open loop at {o.request_rate_per_s:.3g} requests/s "
+                f"({o.load:.0%} of the {o.capacity_requests_per_s:.3g}/s lookahead sustains)"
             )
         else:
-            title += f", concurrency {i['concurrency']}"
-        console.print(policy_table(title, part["policies"]))
+            title += f", concurrency {i.concurrency}"
+        console.print(policy_table(title, part.policies))
         print_overhead(part)
-    if "curves" in doc:
-        console.print(curves_table(doc["curves"]))
+    if result.curves is not None:
+        console.print(curves_table(result.curves.to_json()))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -265,11 +274,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_validate(args)
     a = BenchArgs.from_cli_args(args)
     with progress_reporter("benchmarking") as progress:
-        doc = suite.bench(a.engine, a.sim, progress, curves=a.curves, workers=a.jobs)
-    if "engine" in doc:
-        print_engine(a, doc)
-    print_simulated(doc)
-    console.print(f"bench wall time: {doc['wall_s']:.1f} s")
+        result = suite.bench(a.engine, a.sim, progress, curves=a.curves, workers=a.jobs)
+    if result.engine is not None:
+        result = replace(result, engine=print_engine(a, result.engine))
+    print_simulated(result)
+    console.print(f"bench wall time: {result.wall_s:.1f} s")
+    doc = result.to_json()
     if a.json:
         write_atomic(a.json, json.dumps(doc, indent=2) + "\n")
         console.print(f"wrote {a.json}")

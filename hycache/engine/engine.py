@@ -23,7 +23,13 @@ from hycache.cache.event_log import EventMode, KVEventLog
 from hycache.config import CacheKnobs, HycacheConfig
 from hycache.engine.build import build_engine
 from hycache.engine.options import EngineOptions, resolve
-from hycache.engine.outputs import EngineSnapshot, EngineStats, RequestOutput, StreamEvent
+from hycache.engine.outputs import (
+    EngineSnapshot,
+    EngineStats,
+    RequestOutput,
+    RequestProgress,
+    StreamEvent,
+)
 from hycache.hashing import extra_key_bytes
 from hycache.model.configs.base import HybridConfig
 from hycache.request import Request, RequestStatus, SamplingParams
@@ -279,6 +285,59 @@ class LLM:
         if not counted:
             self.stats.count(output)
         return StreamEvent(rid, [], True, output, error=why)
+
+    # -- what the bench and the server read (never the scheduler itself) -------------------------
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running (a `step` would do work)."""
+        return self.scheduler.has_unfinished()
+
+    def unfinished_ids(self) -> list[str]:
+        """The ids of every request not finished yet: running ones first, then waiting ones,
+        each in arrival order."""
+        return self.scheduler.unfinished_ids()
+
+    def running(self) -> list[RequestProgress]:
+        """The running requests' progress now (copies), in the scheduler's order."""
+        return [
+            RequestProgress(r.request_id, r.num_prompt_tokens, r.num_computed_tokens)
+            for r in self.scheduler.running
+        ]
+
+    @property
+    def num_preemptions(self) -> int:
+        """Preemptions since the engine was built (a request may count more than once)."""
+        return self.scheduler.num_preemptions
+
+    @property
+    def used_blocks(self) -> int:
+        """Device cache blocks in use now (held by a request; the null block not counted):
+        a cheap reading for every step, where `snapshot` reads every counter."""
+        pool = self.scheduler.cache.pool
+        return pool.num_blocks - 1 - pool.num_free
+
+    def synchronize(self) -> None:
+        """Wait until the device has run all the work queued on it (a no-op on a CPU): what a
+        timer around `step` needs on a GPU."""
+        if str(self.model.device).startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy each (src, dst) cache block's K/V, the target's and the drafter's, as a cache
+        hit's copy-on-write does; nothing else changes (the cache's books do not see it: for
+        timing the copies alone, `hycache calibrate`)."""
+        for kv in (self.runner.kv, self.runner.draft_kv):
+            if kv is not None:
+                for src, dst in pairs:
+                    kv.copy_block(src, dst)
+
+    def copy_state_slots(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy each (src, dst) SSM state slot, as a state write does; like `copy_blocks`,
+        outside the cache's books."""
+        states = self.runner.states
+        if states is not None:
+            for src, dst in pairs:
+                states.copy_slot(src, dst)
 
     def snapshot(self) -> EngineSnapshot:
         """The scheduler, cache, store and engine counters now (`/v1/stats`, `/metrics`)."""

@@ -1,7 +1,7 @@
-"""What the engine hands out: each request's `RequestOutput`, its `StreamEvent`s, the running
-`EngineStats`, `LastSchedule` (a step observer keeping the last step's schedule), and
-`EngineSnapshot`, the one reading of the engine's counters behind both
-`/v1/stats` (`EngineSnapshot.as_stats`) and `/metrics` (`hycache.server.metrics`).
+"""What the engine hands out: each request's `RequestOutput`, its `StreamEvent`s, a running
+request's `RequestProgress`, the running `EngineStats`, `LastSchedule` (a step observer keeping
+the last step's schedule), and `EngineSnapshot`, the one reading of the engine's counters behind
+both `/v1/stats` (`EngineSnapshot.as_stats`) and `/metrics` (`hycache.server.metrics`).
 
 A snapshot (`LLM.snapshot`) is taken on the thread that owns the engine (the server's worker)
 and copies what it reads, so it can be rendered anywhere afterwards.
@@ -48,6 +48,20 @@ class StreamEvent:
     # set on the last event of a request whose sampling failed (NaN logits): it ended alone,
     # with finish reason "error"
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestProgress:
+    """A running request's progress at one moment (`LLM.running`)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    num_computed_tokens: int  # prompt (and output) tokens the model has run over
+
+    @property
+    def prefilled(self) -> bool:
+        """Its whole prompt is computed: its steps are decode (verify) steps now."""
+        return self.num_computed_tokens >= self.num_prompt_tokens
 
 
 @dataclass

@@ -250,7 +250,7 @@ class EngineWorker:
     def _run(self) -> None:
         try:
             while True:
-                busy = self._broken is None and self.llm.scheduler.has_unfinished()
+                busy = self._broken is None and self.llm.has_unfinished()
                 try:
                     cmd = self._inbox.get(block=not busy)  # sleeps while idle
                 except queue.Empty:
@@ -267,7 +267,7 @@ class EngineWorker:
                         cmd = self._inbox.get_nowait()
                     except queue.Empty:
                         cmd = None
-                if self._broken is None and self.llm.scheduler.has_unfinished():
+                if self._broken is None and self.llm.has_unfinished():
                     self._step()
         except BaseException:  # pragma: no cover - a bug in the loop itself
             log.exception("engine worker crashed")
@@ -337,7 +337,7 @@ class EngineWorker:
             # The engine's state is unknown: fail every live request rather than hang them.
             log.exception("engine step failed")
             self._fail_all(500, f"engine error: {e}")
-            if self.llm.scheduler.has_unfinished():  # could not even abort: stop stepping
+            if self.llm.has_unfinished():  # could not even abort: stop stepping
                 self._broken = f"engine unusable after an error: {e}"
             return
         for event in events:
@@ -391,7 +391,7 @@ class EngineWorker:
         channel.put(Failed(500, message))
 
     def _fail_all(self, status: int, message: str) -> None:
-        ids = [*self._channels, *self.llm.scheduler.unfinished_ids()]
+        ids = [*self._channels, *self.llm.unfinished_ids()]
         for rid in dict.fromkeys(ids):
             self._abort(rid)
         for channel in {id(c): c for c in self._channels.values()}.values():

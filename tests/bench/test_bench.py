@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hycache.bench.plots import plot_bench
+from hycache.bench.results import median_row
 from hycache.bench.suite import (
     EngineBench,
     SimBench,
     SimJob,
-    _median_metrics,
     _run_all,
     bench,
     engine_orders,
@@ -68,7 +69,8 @@ def toy() -> tuple[EngineBench, SimBench]:
 def doc() -> dict[str, Any]:
     engine, sim = toy()
     messages: list[str] = []
-    out = bench(engine, sim, messages.append)
+    out = bench(engine, sim, messages.append).to_json()
+    json.dumps(out)  # the document `--json` writes
     out["_messages"] = messages
     return out
 
@@ -198,14 +200,18 @@ def test_worker_processes_give_the_same_numbers() -> None:
     assert here == there
 
 
+@dataclass(frozen=True)
+class _Row:
+    x: float
+    n: int
+    r: tuple[int, ...]
+
+
 def test_engine_orders_and_medians() -> None:
     assert engine_orders(["a", "b"], 3) == [["a", "b"], ["b", "a"], ["a", "b"]]
-    runs = [
-        {"x": 1.0, "n": 3, "r": [1]},
-        {"x": 5.0, "n": 1, "r": [2]},
-        {"x": 2.0, "n": 2, "r": [3]},
-    ]
-    assert _median_metrics(runs) == {"x": 2.0, "n": 2, "r": [1]}
+    runs = [_Row(1.0, 3, (1,)), _Row(5.0, 1, (2,)), _Row(2.0, 2, (3,))]
+    assert median_row(runs) == _Row(2.0, 2, (1,))  # ints stay ints; the rest: the first's
+    assert median_row([_Row(1.0, 1, ()), _Row(2.0, 4, ())]) == _Row(1.5, 1, ())
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hycache.bench.steps import STEP_KINDS
-from hycache.bench.validate import compare, misses
+from hycache.bench.validate import RunMetrics, compare, misses
 from hycache.config import CacheKnobs
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
 from hycache.sim.fit import (
@@ -293,17 +293,13 @@ def test_simulate_accepts_the_profile(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_compare_errors_and_ratio() -> None:
     measured = {
-        "lookahead": {"output_tokens_per_s": 20.0, "ttft_p50_s": 2.0, "ttft_p95_s": 4.0,
-                      "token_hit_rate": 0.5},
-        "limit": {"output_tokens_per_s": 25.0, "ttft_p50_s": 1.0, "ttft_p95_s": 3.0,
-                  "token_hit_rate": 0.6},
-    }  # fmt: skip
+        "lookahead": _m(20.0, 2.0, 4.0, 0.5),
+        "limit": _m(25.0, 1.0, 3.0, 0.6),
+    }
     predicted = {
-        "lookahead": {"output_tokens_per_s": 22.0, "ttft_p50_s": 1.8, "ttft_p95_s": 4.0,
-                      "token_hit_rate": 0.5},
-        "limit": {"output_tokens_per_s": 26.0, "ttft_p50_s": 1.5, "ttft_p95_s": 3.0,
-                  "token_hit_rate": 0.6},
-    }  # fmt: skip
+        "lookahead": _m(22.0, 1.8, 4.0, 0.5),
+        "limit": _m(26.0, 1.5, 3.0, 0.6),
+    }
     c = compare(measured, predicted)
     assert c.metrics["lookahead"]["output_tokens_per_s"].error == pytest.approx(0.10)
     assert c.metrics["lookahead"]["ttft_p50_s"].error == pytest.approx(-0.10)
@@ -516,7 +512,7 @@ def test_isolated_runs_come_back_from_fresh_processes(tmp_path: Path) -> None:
     doc = validate(opts, messages.append, recalibrate=cal)
     assert "calibration round 1/1 (a fresh process)" in messages
     part = doc.workloads["multi-turn"]
-    assert part.measured["limit"]["requests"] == part.size
+    assert part.measured["limit"].requests == part.size
     hits = part.comparison.metrics["limit"]["token_hit_rate"]
     assert hits.measured == hits.predicted > 0
     assert json.loads(path.read_text())["calibration"]["extra"]["rounds"] == 1
@@ -562,3 +558,8 @@ def test_step_kinds_and_their_attribution() -> None:
         assert out[kind].error == pytest.approx(-0.2)
     assert att.outside_steps_s == pytest.approx(11.0 - out["all steps"].measured_s)
     assert list(att.to_json()) == [*out, "outside_steps_s"]
+
+
+def _m(tok_s: float, p50: float, p95: float, hit: float) -> RunMetrics:
+    return RunMetrics(output_tokens_per_s=tok_s, ttft_p50_s=p50, ttft_p95_s=p95,
+                      token_hit_rate=hit, makespan_s=1.0, requests=4)  # fmt: skip

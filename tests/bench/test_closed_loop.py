@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from hycache.bench import closed_loop
-from hycache.bench.closed_loop import ClosedLoop, run_interleaved
+from hycache.bench.closed_loop import ClosedLoop, RunMetrics, run_interleaved
 from hycache.bench.steps import EngineStep
-from hycache.bench.validate import ValidateOptions, _engine, build_workload
+from hycache.bench.validate import ValidateOptions, build_workload
+from hycache.bench.validate.runs import arm_engine
 from hycache.config import CacheKnobs
 
 POLICIES = ("lookahead", "limit")
@@ -19,7 +20,7 @@ POLICIES = ("lookahead", "limit")
 def _llm(policy: str, name: str) -> Any:
     o = ValidateOptions(profile="unused.json", quick=True)
     w = build_workload(name, o.seed, quick=True)
-    return _engine(o, policy, w.max_tokens_per_request() + 2 * o.num_speculative_tokens + 16)
+    return arm_engine(o, policy, w.max_tokens_per_request() + 2 * o.num_speculative_tokens + 16)
 
 
 def _work(steps: list[EngineStep]) -> list[Any]:
@@ -32,7 +33,7 @@ def test_loops_in_turn_do_what_each_does_alone(name: str) -> None:
     returns the same tokens and hits the cache as much as alone: interleaving changes the
     clock each one is timed on, nothing it does."""
     w = build_workload(name, 0, quick=True)
-    alone: dict[str, tuple[dict[str, Any], list[EngineStep]]] = {}
+    alone: dict[str, tuple[RunMetrics, list[EngineStep]]] = {}
     for p in POLICIES:
         steps: list[EngineStep] = []
         alone[p] = run_interleaved([ClosedLoop(_llm(p, name), w, 8, "wall", steps)])[0], steps
@@ -45,10 +46,10 @@ def test_loops_in_turn_do_what_each_does_alone(name: str) -> None:
     for p, m, s in zip(POLICIES, got, steps_in_turn, strict=True):
         solo, solo_steps = alone[p]
         assert _work(s) == _work(solo_steps)
-        assert m["requests"] == solo["requests"] == w.size
-        assert m["token_hit_rate"] == solo["token_hit_rate"]
+        assert m.requests == solo.requests == w.size
+        assert m.token_hit_rate == solo.token_hit_rate
     # the two policies differ (else the test proves little): limit resumes deeper
-    assert got[1]["token_hit_rate"] >= got[0]["token_hit_rate"]
+    assert got[1].token_hit_rate >= got[0].token_hit_rate
     assert _work(steps_in_turn[0]) != _work(steps_in_turn[1])
 
 
@@ -93,15 +94,15 @@ def test_each_loop_keeps_its_own_clock(monkeypatch: pytest.MonkeyPatch) -> None:
         clocks.charge(loop.llm, "step", FakeClocks.STEP_S)
         clocks.charge(loop.llm, "add_request", FakeClocks.ADD_S)
     a, b = run_interleaved(loops)
-    assert a["makespan_s"] + b["makespan_s"] == pytest.approx(clocks.now)
+    assert a.makespan_s + b.makespan_s == pytest.approx(clocks.now)
     for m, s, loop in ((a, steps[0], loops[0]), (b, steps[1], loops[1])):
-        assert m["makespan_s"] == pytest.approx(clocks.charged[id(loop.llm)])
+        assert m.makespan_s == pytest.approx(clocks.charged[id(loop.llm)])
         assert [x.seconds for x in s] == pytest.approx([FakeClocks.STEP_S] * len(s))
-        assert m["output_tokens_per_s"] == pytest.approx(
-            sum(r.max_tokens for r in w.requests) / m["makespan_s"]
+        assert m.output_tokens_per_s == pytest.approx(
+            sum(r.max_tokens for r in w.requests) / m.makespan_s
         )
         # TTFTs are on the loop's own clock: none exceeds its makespan
-        assert 0 < m["ttft_p50_s"] <= m["ttft_p95_s"] <= m["makespan_s"]
+        assert 0 < m.ttft_p50_s <= m.ttft_p95_s <= m.makespan_s
     for loop, s, m in zip(loops, steps, (a, b), strict=True):
         # each request's TTFT spans the steps from its admission to its first token: those
         # steps are most of it (the rest is the client's work between them)
@@ -109,7 +110,7 @@ def test_each_loop_keeps_its_own_clock(monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(spans) == w.size and all(0 <= i <= j < len(s) for i, j in spans)
         in_spans = sorted(sum(x.seconds for x in s[i : j + 1]) for i, j in spans)
         p50 = (in_spans[(len(spans) - 1) // 2] + in_spans[len(spans) // 2]) / 2
-        assert 0.7 * m["ttft_p50_s"] <= p50 <= m["ttft_p50_s"]
+        assert 0.7 * m.ttft_p50_s <= p50 <= m.ttft_p50_s
 
 
 def test_a_loop_refuses_an_unknown_clock_and_early_metrics() -> None:
@@ -148,7 +149,7 @@ def test_validate_steps_the_policies_in_turn_unless_told_not_to(tmp_path: Any) -
         assert runs == expected
         part = doc.workloads["family"]
         for p in POLICIES:
-            assert part.measured[p]["requests"] == part.size
+            assert part.measured[p].requests == part.size
         ratio = part.comparison.ratio
         assert ratio is not None and ratio.paired is True
 
@@ -193,7 +194,7 @@ def test_replayed_drafts_make_the_simulators_steps_the_engines() -> None:
     o = ValidateOptions(profile="unused.json", quick=True)
     w = build_workload("family", 0, quick=True)
     max_len = w.max_tokens_per_request() + 2 * o.num_speculative_tokens + 16
-    llm = _engine(o, "limit", max_len)
+    llm = arm_engine(o, "limit", max_len)
     plain = LLM(o.model, block_size=64, max_model_len=max_len, num_speculative_tokens=0,
                 seed=o.seed, enable_prefix_caching=False)  # fmt: skip
     oracle = OracleDrafter(llm, oracle_schedule(o.num_speculative_tokens), 512)
@@ -221,7 +222,7 @@ def test_replayed_drafts_make_the_simulators_steps_the_engines() -> None:
     assert shapes["rate"] != shapes["replay"]
     # the validation's own entry point passes the record through
     got = simulate(llm.config, w, cost, 8, 0, accepted)
-    assert got["requests"] == w.size
+    assert got.requests == w.size
 
 
 def test_a_finished_loop_and_its_engine_are_freed_without_the_cycle_collector() -> None:
@@ -232,7 +233,7 @@ def test_a_finished_loop_and_its_engine_are_freed_without_the_cycle_collector() 
     import gc
     import weakref
 
-    from hycache.bench.calibrate import _Timer
+    from hycache.bench.calibrate.probes import _Timer
 
     gc.collect()
     gc.disable()

@@ -10,7 +10,7 @@ import pytest
 
 from hycache.bench.calibrate import Measured
 from hycache.bench.steps import EngineStep, cross_fit, engine_samples
-from hycache.bench.validate import compare
+from hycache.bench.validate import RunMetrics, compare
 from hycache.config import CacheKnobs
 from hycache.sim.costmodel import SeqWork, StepWork
 from hycache.sim.fit import Conditions, Fit, Sample, fit, predict, residuals
@@ -129,11 +129,9 @@ def test_cross_fit_never_sees_the_workload_it_predicts() -> None:
 
 
 def test_the_paired_ratio_is_the_measured_ratio() -> None:
-    m = {"limit": {"output_tokens_per_s": 12.0, "ttft_p50_s": 1.0, "ttft_p95_s": 2.0,
-                   "token_hit_rate": 0.5},
-         "lookahead": {"output_tokens_per_s": 10.0, "ttft_p50_s": 1.0, "ttft_p95_s": 2.0,
-                       "token_hit_rate": 0.4}}  # fmt: skip
-    p = {k: dict(v) for k, v in m.items()}
+    m = {"limit": _m(12.0, 1.0, 2.0, 0.5),
+         "lookahead": _m(10.0, 1.0, 2.0, 0.4)}  # fmt: skip
+    p = dict(m)
     c = compare(m, p, paired=1.25)
     assert c.ratio is not None
     assert c.ratio.measured == 1.25 and c.ratio.of_medians == pytest.approx(1.2)
@@ -171,3 +169,8 @@ def test_a_calibration_round_every_other_engine_repeat() -> None:
     assert runs == [f"family · engine · {a} in turn · repeat {r}/2 (this process)"
                     for r, a in pairs]  # fmt: skip
     assert doc.inputs.repeats == 2
+
+
+def _m(tok_s: float, p50: float, p95: float, hit: float) -> RunMetrics:
+    return RunMetrics(output_tokens_per_s=tok_s, ttft_p50_s=p50, ttft_p95_s=p95,
+                      token_hit_rate=hit, makespan_s=1.0, requests=4)  # fmt: skip

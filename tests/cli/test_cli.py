@@ -620,7 +620,7 @@ def test_bench_store_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         kv_store_gb=0.01,
     )
     res = run_engine_policy(b, "limit")
-    assert res["store_hit_tokens"] == 0 and res["hit_tokens"] > 0  # the device pool kept all
+    assert res.store_hit_tokens == 0 and res.hit_tokens > 0  # the device pool kept all
 
 
 def test_explain_backend_vllm_says_plainly_when_vllm_is_missing(

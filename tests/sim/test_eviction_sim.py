@@ -86,7 +86,7 @@ def test_eviction_curves_smoke(tmp_path: Path) -> None:
     from hycache.bench.eviction import EvictionBench, eviction_curves, plot_eviction, quick
 
     b = replace(quick(EvictionBench()), workloads=("family",), fractions=(0.25,))
-    doc = eviction_curves(b)
+    doc = eviction_curves(b).to_json()
     row = doc["curves"]["family"][0]
     assert set(row["arms"]) == {
         "limit lru",

@@ -147,7 +147,7 @@ class CacheKnobs:
 
     `admission`: an SSM state whose keeping costs no prefill stop (written inside a forward,
     or a decode snapshot) is kept only while its kind's observed chance of a hit, times what
-    a hit saves, beats what its page displaces (`hycache.cache.admission`); False keeps every
+    a hit saves, beats what its page displaces (`hycache.cache.retention`); False keeps every
     one.
 
     `protect_reused`: under `lru` eviction, a cached block hit at least once is evicted only

@@ -48,22 +48,21 @@ live ones), so an eviction costs O(log n). Without a value the pool is exactly t
 A block may carry several keys: one per registered position (a full-block key and mid-block
 keys). Every key is `(group_id, prefix hash)`.
 
-Ghosts. The keys of the last `ghost_depth` keyed blocks evicted (1/`GHOST_FRACTION` of the
-pool) stay listed in `ghosts`, each with its eviction's serial (`num_evicted`): what a
-slightly larger pool would still hold. Admission prices a page by the hits they would have
-given (`hycache.cache.admission`).
+Evictions are counted (`num_evicted`, and per group in `evicted`) and announced as "removed"
+key events: the retention policy's ghosts follow them (`hycache.cache.retention.ghosts`).
 
 Reuse by kind (`ReuseStats`). The first key put on a block gives it a kind (the managers name
 it: "attention", or an SSM state's `StateKind` from the boundaries module). Once per keying a
 block is resolved: hit (its first `touch` while keyed) or lost (evicted never hit). Per kind,
 `(hit + 1) / (resolved + 2)` is the observed chance that an entry of that kind is hit before
-it is evicted: what admission (`hycache.cache.admission`) and the `flop-aware` score weigh an
+it is evicted: what admission (`hycache.cache.retention`) and the `flop-aware` score weigh an
 entry's value by.
 """
 
 from __future__ import annotations
 
 import heapq
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -72,7 +71,6 @@ from typing import NamedTuple
 from hycache.hashing import Hash
 
 NULL_BLOCK = 0
-GHOST_FRACTION = 16  # the ghost list remembers the last 1/16 of the pool's blocks evicted
 PROTECT_HITS = 1  # a cached block freed after this many hits joins the protected queue
 PROTECTED_FRACTION = 2  # the protected queue holds at most 1/2 of the pool's blocks
 
@@ -162,12 +160,7 @@ class BlockPool:
         self.evicted: Counter[tuple[int, bool, bool]] = Counter()
         self.kind = [""] * num_blocks  # the entry kind of a keyed block (its first key's)
         self.reuse = ReuseStats()
-        # ghosts: the keys of the keyed blocks evicted last (`ghost_depth` of them), each with
-        # its eviction's serial number (`num_evicted` then): what a slightly larger pool would
-        # still hold (`hycache.cache.admission` prices a page by the hits on them)
-        self.ghost_depth = max(1, (num_blocks - 1) // GHOST_FRACTION)
-        self.ghosts: OrderedDict[CacheKey, int] = OrderedDict()
-        self.num_evicted = 0
+        self.num_evicted = 0  # keyed blocks evicted so far
         # what a hit on an entry of a kind at a position saves, in tokens (the owner sets
         # `Boundaries.hit_saving`; by default the position)
         self.saving: Callable[[str, int], int] = lambda _kind, position: position
@@ -232,10 +225,6 @@ class BlockPool:
         kind = self.kind[block_id]
         return self.reuse.chance(kind) * self.saving(kind, self.deepest(block_id))
 
-    def is_ghost(self, key: CacheKey) -> bool:
-        """`key` was on a block evicted among the last `ghost_depth` (and is not cached now)."""
-        return key in self.ghosts and key not in self._key_to_block
-
     def _low_goes_first(self, lru_head: int | None) -> bool:
         """Whether the low-priority queue's head is evicted before `lru_head`, the first keyed
         block of the LRU queue (None: there is none): while it is worth no more."""
@@ -251,7 +240,19 @@ class BlockPool:
         a cached entry out."""
         return bool(self.evicted)
 
-    def subscribe(self, callback: Callable[[BlockEvent], None]) -> None:
+    def subscribe(self, callback: Callable[[BlockEvent], None], weak: bool = False) -> None:
+        """Call `callback` with every key event. `weak` (a bound method): through a weak
+        reference to its object, so the pool does not keep the subscriber alive (the
+        subscriber may hold the pool without a reference cycle)."""
+        if weak:
+            ref = weakref.WeakMethod(callback)  # type: ignore[arg-type]
+
+            def call(event: BlockEvent) -> None:
+                target = ref()
+                if target is not None:
+                    target(event)
+
+            callback = call
         self._subscribers.append(callback)
 
     # -- allocation ----------------------------------------------------------------------------
@@ -410,12 +411,6 @@ class BlockPool:
         if keys:
             self.evicted[(keys[0][0].group, self._low[block_id], self.hits[block_id] > 0)] += 1
             self.num_evicted += 1
-            for key, _ in keys:
-                self.ghosts[key] = self.num_evicted
-                self.ghosts.move_to_end(key)
-            oldest = self.num_evicted - self.ghost_depth
-            while self.ghosts and next(iter(self.ghosts.values())) <= oldest:
-                self.ghosts.popitem(last=False)
             if not self.hits[block_id]:
                 self.reuse.record(self.kind[block_id], hit=False)
         for key, position in keys:

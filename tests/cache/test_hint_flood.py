@@ -17,8 +17,10 @@ from dataclasses import replace
 
 import pytest
 
-from hycache.cache.admission import HINT_POOL_FRACTION, MAX_HINT_STATES, HintBound
 from hycache.cache.boundaries import MAX_PREFIX_HINTS, Boundaries, StateKind
+from hycache.cache.retention.hints import HintBound
+from hycache.cache.retention.policy import AdmissionPolicy
+from hycache.cache.retention.rule import HINT_POOL_FRACTION, MAX_HINT_STATES
 from hycache.config import HycacheConfig
 from hycache.hashing import extra_key_bytes
 from hycache.request import Request, SamplingParams
@@ -92,8 +94,9 @@ def test_four_plain_attackers_leave_the_victim_its_hit() -> None:
 def test_a_hint_flood_keeps_the_victims_hit(salted: bool) -> None:
     hits, n, sched = victim_hits(4, hinted=True, salted=salted, rounds=14)
     assert n == 13 and hits >= 12, hits
-    admission = sched.cache.admission
-    assert admission is not None
+    policy = sched.cache.retention
+    assert isinstance(policy, AdmissionPolicy)
+    admission = policy.rule
     # the hints were priced as their own kind (never kept unconditionally), and bounded
     assert admission.refused[StateKind.HINT] > 0
     assert admission.admitted[StateKind.JUNCTION] <= admission.admitted[StateKind.HINT] + 14
@@ -150,7 +153,9 @@ def test_one_salt_holds_at_most_its_share_of_the_pool_in_hint_states() -> None:
     hints = range(32, ATTACK, 40)
     flood = [_request(cfg, f"a{i}", tokens(rng, ATTACK), hints, "attacker") for i in range(40)]
     kept, most = _kept_hint_states(sched, ex, flood)
-    bound = sched.cache._hints
+    policy = sched.cache.retention
+    assert isinstance(policy, AdmissionPolicy)
+    bound = policy.hints
     assert isinstance(bound, HintBound)
     assert bound.per_salt == (400 - 1) // HINT_POOL_FRACTION  # one SSM group
     assert len(kept) > bound.per_salt  # the flood asked for more, over time

@@ -21,12 +21,15 @@ Frequency (a segmented LRU, issue 47). A keyed block freed after `PROTECT_HITS` 
 it was keyed joins the protected queue, which is evicted only once no other cached block is
 left: a prefix that several requests reused outlives a flood of prompts no one reuses (plain
 LRU weighs no frequency: twelve clients of one-off prompts turned a 400-page pool over between
-two uses of a shared system prompt). The protected queue holds at most 1/`PROTECTED_FRACTION`
-of the pool's blocks; past that its least recently freed block goes back to the most recently
-freed end of the ordinary queue, as if freed now (it must be hit again to be protected again).
-A scored pool (`value`) has no protected queue: its score already weighs the kind's chance.
-Only with `protect` (`CacheKnobs.protect_reused`, off by default: docs/admission.md, "Hints and
-floods").
+two uses of a shared system prompt). A request that resumed from a hit frees everything it
+holds there too (`free(..., protect=True)`, `refresh(..., protect=True)`; `PROTECT_PATHS`):
+the path it extends (its new blocks, its turn-end state, its decode snapshot) stays with the
+blocks it hit, since a hybrid hit needs both the attention blocks and the state. The
+protected queue holds at most 1/`PROTECTED_FRACTION` of the pool's blocks; past that its least
+recently freed block goes back to the most recently freed end of the ordinary queue, as if
+freed now (it must be hit again to be protected again). A scored pool (`value`) has no
+protected queue: its score already weighs the kind's chance. Only with `protect`
+(`CacheKnobs.protect_reused`: docs/admission.md, "Hints and floods").
 
 `refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
 as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is
@@ -72,7 +75,10 @@ from hycache.hashing import Hash
 
 NULL_BLOCK = 0
 PROTECT_HITS = 1  # a cached block freed after this many hits joins the protected queue
-PROTECTED_FRACTION = 2  # the protected queue holds at most 1/2 of the pool's blocks
+PROTECTED_FRACTION = 16  # the protected queue holds at most 1/16 of the pool's blocks
+# a request that resumed from a hit frees every cached block it holds (attention blocks, its
+# states, its decode snapshot) into the protected queue: the path it extends stays together
+PROTECT_PATHS = True
 
 
 class CacheKey(NamedTuple):
@@ -333,10 +339,14 @@ class BlockPool:
         if len(self._protected) > self.protected_cap:
             self._free[self._protected.popitem(last=False)[0]] = None
 
-    def free(self, block_ids: Iterable[int], low_priority: bool = False) -> None:
+    def free(
+        self, block_ids: Iterable[int], low_priority: bool = False, protect: bool = False
+    ) -> None:
         """Drop one reference from each block, in the order given (pass a request's blocks tail
         first, so its tail is evicted before its head). `low_priority` cached blocks are
-        evicted before every other cached block (see the module diagram)."""
+        evicted before every other cached block (see the module diagram); `protect`: cached
+        blocks join the protected queue whatever their hits (a reused path, `PROTECT_PATHS`),
+        and win over `low_priority`."""
         for b in block_ids:
             if b == NULL_BLOCK:
                 continue
@@ -344,6 +354,9 @@ class BlockPool:
                 raise IntegrityError(f"block {b} freed with ref_cnt {self.ref_cnt[b]}")
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
+                if protect and self.protected_cap and self.keys[b] and self.value is None:
+                    self._protect(b)
+                    continue
                 if low_priority and self.keys[b]:
                     self._low[b] = True
                     if self.value is None or self.snapshots_first:
@@ -375,15 +388,19 @@ class BlockPool:
         wanted = set(kinds)
         return [b for b in self._free if self.keys[b] and self.kind[b] in wanted]
 
-    def refresh(self, block_ids: Iterable[int]) -> None:
+    def refresh(self, block_ids: Iterable[int], protect: bool = False) -> None:
         """Re-queue free cached blocks as if freed now, in the order given (the first is
         evicted first); referenced, unkeyed and low-priority blocks stay where they are. Not a
-        hit: no reuse is recorded."""
+        hit: no reuse is recorded. `protect`: those of the ordinary queue join the protected
+        one (a reused path's states, `PROTECT_PATHS`)."""
         for b in block_ids:
             if b == NULL_BLOCK or self.ref_cnt[b] or not self.keys[b]:
                 continue
             if b in self._scored:
                 self._push_scored(b)  # a new entry; the old one is now stale
+            elif b in self._free and protect and self.protected_cap:
+                del self._free[b]
+                self._protect(b)
             elif b in self._free:
                 self._free.move_to_end(b)
             elif b in self._protected:

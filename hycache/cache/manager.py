@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hycache.cache.attention import AttentionManager
-from hycache.cache.block_pool import BlockEvent, BlockPool
+from hycache.cache.block_pool import PROTECT_PATHS, BlockEvent, BlockPool
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.eviction import FlopValue
@@ -90,7 +90,7 @@ class CacheManager:
             else:
                 self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
-        self._live: set[str] = set()
+        self._live: dict[str, bool] = {}  # live request -> it resumed from a hit
         # which SSM states earn a page (`hycache.cache.retention`)
         self.retention: Retention = KeepEverything()
         if cache.admission:
@@ -279,7 +279,7 @@ class CacheManager:
                 m.adopt(rid, hit.attention_blocks[i], resume, req.num_prompt_tokens)
             for i, s in enumerate(self.ssm):
                 s.adopt(rid, hit.ssm_blocks[i] if resume else None)
-            self._live.add(rid)
+            self._live[rid] = PROTECT_PATHS and bool(resume)
             self.retention.on_admit(req, hit)
             self._record_admission(req, hit)
         for m in self.attention:
@@ -313,11 +313,11 @@ class CacheManager:
         self.retention.on_free(rid)
         if rid not in self._live:
             return
-        self._live.discard(rid)
+        reused = self._live.pop(rid)  # its path joins the protected queue (`PROTECT_PATHS`)
         for s in reversed(self.ssm):
-            s.free(rid, req.hashes)
+            s.free(rid, req.hashes, reused)
         for m in reversed(self.attention):
-            m.free(rid)
+            m.free(rid, reused)
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Block copies (src, dst) for the runner to perform before the next forward. The

@@ -13,15 +13,10 @@ running block is never keyed. States that are not checkpoints live only in R and
 once (retention). Keys are published in `commit`, after the forward that wrote them, so a
 request scheduled in the same step cannot hit them (architecture §4.7).
 
-Decode snapshots (`limit`): a decoding request holds one more block S. Whenever a sampling step
-verifies a unit boundary, the runner copies the exact state at that position into S (from the
-verification's per-position states under speculative decoding). S is keyed only when the
+Decode snapshots (`limit`): a decoding request holds one more block S, into which the runner
+copies the exact state whenever a sampling step verifies a unit boundary. S is keyed when the
 request releases its blocks, at the last position it holds, so the next chat turn resumes
-there: one extra state page per finished request, cached, and evicted before any other cached
-page (only a continuation of the conversation can use it).
-
-When a request lets go, the states it keyed that are still cached age with its prefix's
-attention blocks, or are demoted (`hycache.cache.retention.aging`).
+there. Where released states go in the eviction order: `hycache.cache.retention.aging`.
 """
 
 from __future__ import annotations
@@ -170,9 +165,10 @@ class SSMManager:
             st.src, st.src_held = dst, False
         st.pending_dst = None
 
-    def free(self, request_id: str, hashes: PrefixHashes) -> None:
+    def free(self, request_id: str, hashes: PrefixHashes, protect: bool = False) -> None:
         """Release the request's blocks; a committed decode snapshot is keyed first (when its
-        key exists: the tokens it covers are known), so it stays cached."""
+        key exists: the tokens it covers are known), so it stays cached. `protect`: a reused
+        path's blocks and states join the protected queue (`BlockPool.free`)."""
         st = self._states.pop(request_id, None)
         if st is None:
             return
@@ -183,7 +179,7 @@ class SSMManager:
                 key = CacheKey(self.group, hashes.at(pos))
                 self.pool.add_key(st.snapshot, key, pos, StateKind.SNAPSHOT)
             # speculative: only a continuation of this conversation can use it
-            self.pool.free([st.snapshot], low_priority=True)
+            self.pool.free([st.snapshot], low_priority=True, protect=protect)
         if st.pending_dst is not None and st.pending_dst != st.running:
             blocks.append(st.pending_dst)
         blocks.extend(block for _, block in st.pending_writes)  # planned, never written
@@ -191,8 +187,8 @@ class SSMManager:
             blocks.append(st.src)
         if st.running is not None:
             blocks.append(st.running)
-        self.pool.free(blocks)
-        self.aging.release(st.kept)
+        self.pool.free(blocks, False, protect)
+        self.aging.release(st.kept, protect)
 
     def request_ids(self) -> list[str]:
         """The requests holding state here, in the order they were admitted."""

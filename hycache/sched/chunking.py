@@ -81,7 +81,7 @@ def packing_cap(
 ) -> int:
     """How long a request's final prefill chunk (`chunk` tokens after `context_len`) runs in
     `step`: cut at the tokens `oracle` says hide under the step's memory time, floored to the
-    `unit` grid (a cut between unit positions left the trace's hit rate 0.007 lower), when
+    `unit` grid (a cut between unit positions lost hit rate: docs/admission.md), when
     `step` carries a decoding request and the chunk is longer, but at most `PACK_RATIO` times
     as long (the rest runs in the next step, which the decodes take anyway); else `chunk`."""
     if oracle is None or chunk <= 1 or all(s.is_prefill for s in step):

@@ -147,13 +147,14 @@ class CacheKnobs:
 
     `admission`: an SSM state whose keeping costs no prefill stop (written inside a forward,
     or a decode snapshot) is kept only while its kind's observed chance of a hit, times what
-    a hit saves, beats what its page displaces (`hycache.cache.admission`); False keeps every
+    a hit saves, beats what its page displaces (`hycache.cache.retention`); False keeps every
     one.
 
     `protect_reused`: under `lru` eviction, a cached block hit at least once is evicted only
-    after every block never reused (a protected queue of up to half the pool,
-    `hycache.cache.block_pool`): a shared prefix outlives a flood of one-off prompts. Off by
-    default: it costs figures of docs/admission.md's table (its "Hints and floods").
+    after every block never reused, and so is all a request that resumed from a hit frees (a
+    protected queue of up to 1/16 of the pool, `hycache.cache.block_pool`): a shared prefix
+    outlives a flood of one-off prompts. Off by default: it costs figures of
+    docs/admission.md's table (its "Hints and floods").
     """
 
     block_size: int = 64

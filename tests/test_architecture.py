@@ -482,3 +482,65 @@ def test_the_bench_returns_typed_results() -> None:
                                 or node.name == "line"):  # fmt: skip
                 found.add(f"{where} {node.name}")
     assert found <= UNTYPED_RETURNS, sorted(found - UNTYPED_RETURNS)
+
+
+# -- retention: one owner (issue 43, item 1) -------------------------------------------------
+
+RETENTION = ROOT / "cache" / "retention"
+# the admission rule's tuned constants: defined in `retention.rule`, read only by the package
+RETENTION_CONSTANTS = {
+    "ALWAYS_KEPT", "ADMIT_EXPLORE", "HELD_CHANCE", "DEMOTE_RATIO", "GHOST_FRACTION",
+    "MAX_HINT_STATES", "HINT_POOL_FRACTION",
+}  # fmt: skip
+
+
+def _lines(path: Path, name: str) -> int:
+    """Lines of the class or function `name` defined at the top of `path`'s module."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name == name:
+            assert node.end_lineno is not None
+            return node.end_lineno - node.lineno + 1
+    raise AssertionError(f"{name} is not defined in {path}")
+
+
+def test_the_cache_managers_stay_small() -> None:
+    """The managers do their own verbs; retention decisions live in `hycache.cache.retention`."""
+    manager = _lines(ROOT / "cache" / "manager.py", "CacheManager")
+    assert manager < 300, f"CacheManager is {manager} lines"
+    ssm = len((ROOT / "cache" / "ssm.py").read_text().splitlines())
+    assert ssm < 220, f"hycache/cache/ssm.py is {ssm} lines"
+
+
+def test_no_cache_function_is_over_80_lines() -> None:
+    long = sorted(
+        f"{p.relative_to(ROOT.parent)}:{n.name} ({n.end_lineno - n.lineno + 1})"
+        for p in (ROOT / "cache").rglob("*.py")
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.FunctionDef) and n.end_lineno and n.end_lineno - n.lineno >= 80
+    )
+    assert not long, long
+
+
+def test_a_keep_everything_policy_replaces_no_admission() -> None:
+    """No code in the cache tests for a missing admission rule: `KeepEverything` is the
+    policy that keeps every state."""
+    found = sorted(
+        str(p.relative_to(ROOT.parent))
+        for p in (ROOT / "cache").rglob("*.py")
+        if any(s in p.read_text() for s in ("admission is None", "admission = None"))
+    )
+    assert not found, found
+
+
+def test_only_the_retention_package_reads_the_admission_constants() -> None:
+    readers = sorted(
+        f"{p.relative_to(ROOT.parent)}: {name}"
+        for p in ROOT.rglob("*.py")
+        if RETENTION not in p.parents
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        for name in (a.name for a in node.names)
+        if name in RETENTION_CONSTANTS
+    )
+    assert not readers, readers
+    assert not (ROOT / "cache" / "admission.py").exists()  # one home: retention/rule.py

@@ -21,12 +21,15 @@ Frequency (a segmented LRU, issue 47). A keyed block freed after `PROTECT_HITS` 
 it was keyed joins the protected queue, which is evicted only once no other cached block is
 left: a prefix that several requests reused outlives a flood of prompts no one reuses (plain
 LRU weighs no frequency: twelve clients of one-off prompts turned a 400-page pool over between
-two uses of a shared system prompt). The protected queue holds at most 1/`PROTECTED_FRACTION`
-of the pool's blocks; past that its least recently freed block goes back to the most recently
-freed end of the ordinary queue, as if freed now (it must be hit again to be protected again).
-A scored pool (`value`) has no protected queue: its score already weighs the kind's chance.
-Only with `protect` (`CacheKnobs.protect_reused`, off by default: docs/admission.md, "Hints and
-floods").
+two uses of a shared system prompt). A request that resumed from a hit frees everything it
+holds there too (`free(..., protect=True)`, `refresh(..., protect=True)`; `PROTECT_PATHS`):
+the path it extends (its new blocks, its turn-end state, its decode snapshot) stays with the
+blocks it hit, since a hybrid hit needs both the attention blocks and the state. The
+protected queue holds at most 1/`PROTECTED_FRACTION` of the pool's blocks; past that its least
+recently freed block goes back to the most recently freed end of the ordinary queue, as if
+freed now (it must be hit again to be protected again). A scored pool (`value`) has no
+protected queue: its score already weighs the kind's chance. Only with `protect`
+(`CacheKnobs.protect_reused`: docs/admission.md, "Hints and floods").
 
 `refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
 as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is
@@ -48,22 +51,21 @@ live ones), so an eviction costs O(log n). Without a value the pool is exactly t
 A block may carry several keys: one per registered position (a full-block key and mid-block
 keys). Every key is `(group_id, prefix hash)`.
 
-Ghosts. The keys of the last `ghost_depth` keyed blocks evicted (1/`GHOST_FRACTION` of the
-pool) stay listed in `ghosts`, each with its eviction's serial (`num_evicted`): what a
-slightly larger pool would still hold. Admission prices a page by the hits they would have
-given (`hycache.cache.admission`).
+Evictions are counted (`num_evicted`, and per group in `evicted`) and announced as "removed"
+key events: the retention policy's ghosts follow them (`hycache.cache.retention.ghosts`).
 
 Reuse by kind (`ReuseStats`). The first key put on a block gives it a kind (the managers name
 it: "attention", or an SSM state's `StateKind` from the boundaries module). Once per keying a
 block is resolved: hit (its first `touch` while keyed) or lost (evicted never hit). Per kind,
 `(hit + 1) / (resolved + 2)` is the observed chance that an entry of that kind is hit before
-it is evicted: what admission (`hycache.cache.admission`) and the `flop-aware` score weigh an
+it is evicted: what admission (`hycache.cache.retention`) and the `flop-aware` score weigh an
 entry's value by.
 """
 
 from __future__ import annotations
 
 import heapq
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -72,9 +74,11 @@ from typing import NamedTuple
 from hycache.hashing import Hash
 
 NULL_BLOCK = 0
-GHOST_FRACTION = 16  # the ghost list remembers the last 1/16 of the pool's blocks evicted
 PROTECT_HITS = 1  # a cached block freed after this many hits joins the protected queue
-PROTECTED_FRACTION = 2  # the protected queue holds at most 1/2 of the pool's blocks
+PROTECTED_FRACTION = 16  # the protected queue holds at most 1/16 of the pool's blocks
+# a request that resumed from a hit frees every cached block it holds (attention blocks, its
+# states, its decode snapshot) into the protected queue: the path it extends stays together
+PROTECT_PATHS = True
 
 
 class CacheKey(NamedTuple):
@@ -162,12 +166,7 @@ class BlockPool:
         self.evicted: Counter[tuple[int, bool, bool]] = Counter()
         self.kind = [""] * num_blocks  # the entry kind of a keyed block (its first key's)
         self.reuse = ReuseStats()
-        # ghosts: the keys of the keyed blocks evicted last (`ghost_depth` of them), each with
-        # its eviction's serial number (`num_evicted` then): what a slightly larger pool would
-        # still hold (`hycache.cache.admission` prices a page by the hits on them)
-        self.ghost_depth = max(1, (num_blocks - 1) // GHOST_FRACTION)
-        self.ghosts: OrderedDict[CacheKey, int] = OrderedDict()
-        self.num_evicted = 0
+        self.num_evicted = 0  # keyed blocks evicted so far
         # what a hit on an entry of a kind at a position saves, in tokens (the owner sets
         # `Boundaries.hit_saving`; by default the position)
         self.saving: Callable[[str, int], int] = lambda _kind, position: position
@@ -232,10 +231,6 @@ class BlockPool:
         kind = self.kind[block_id]
         return self.reuse.chance(kind) * self.saving(kind, self.deepest(block_id))
 
-    def is_ghost(self, key: CacheKey) -> bool:
-        """`key` was on a block evicted among the last `ghost_depth` (and is not cached now)."""
-        return key in self.ghosts and key not in self._key_to_block
-
     def _low_goes_first(self, lru_head: int | None) -> bool:
         """Whether the low-priority queue's head is evicted before `lru_head`, the first keyed
         block of the LRU queue (None: there is none): while it is worth no more."""
@@ -251,7 +246,19 @@ class BlockPool:
         a cached entry out."""
         return bool(self.evicted)
 
-    def subscribe(self, callback: Callable[[BlockEvent], None]) -> None:
+    def subscribe(self, callback: Callable[[BlockEvent], None], weak: bool = False) -> None:
+        """Call `callback` with every key event. `weak` (a bound method): through a weak
+        reference to its object, so the pool does not keep the subscriber alive (the
+        subscriber may hold the pool without a reference cycle)."""
+        if weak:
+            ref = weakref.WeakMethod(callback)  # type: ignore[arg-type]
+
+            def call(event: BlockEvent) -> None:
+                target = ref()
+                if target is not None:
+                    target(event)
+
+            callback = call
         self._subscribers.append(callback)
 
     # -- allocation ----------------------------------------------------------------------------
@@ -332,10 +339,14 @@ class BlockPool:
         if len(self._protected) > self.protected_cap:
             self._free[self._protected.popitem(last=False)[0]] = None
 
-    def free(self, block_ids: Iterable[int], low_priority: bool = False) -> None:
+    def free(
+        self, block_ids: Iterable[int], low_priority: bool = False, protect: bool = False
+    ) -> None:
         """Drop one reference from each block, in the order given (pass a request's blocks tail
         first, so its tail is evicted before its head). `low_priority` cached blocks are
-        evicted before every other cached block (see the module diagram)."""
+        evicted before every other cached block (see the module diagram); `protect`: cached
+        blocks join the protected queue whatever their hits (a reused path, `PROTECT_PATHS`),
+        and win over `low_priority`."""
         for b in block_ids:
             if b == NULL_BLOCK:
                 continue
@@ -343,6 +354,9 @@ class BlockPool:
                 raise IntegrityError(f"block {b} freed with ref_cnt {self.ref_cnt[b]}")
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
+                if protect and self.protected_cap and self.keys[b] and self.value is None:
+                    self._protect(b)
+                    continue
                 if low_priority and self.keys[b]:
                     self._low[b] = True
                     if self.value is None or self.snapshots_first:
@@ -374,15 +388,19 @@ class BlockPool:
         wanted = set(kinds)
         return [b for b in self._free if self.keys[b] and self.kind[b] in wanted]
 
-    def refresh(self, block_ids: Iterable[int]) -> None:
+    def refresh(self, block_ids: Iterable[int], protect: bool = False) -> None:
         """Re-queue free cached blocks as if freed now, in the order given (the first is
         evicted first); referenced, unkeyed and low-priority blocks stay where they are. Not a
-        hit: no reuse is recorded."""
+        hit: no reuse is recorded. `protect`: those of the ordinary queue join the protected
+        one (a reused path's states, `PROTECT_PATHS`)."""
         for b in block_ids:
             if b == NULL_BLOCK or self.ref_cnt[b] or not self.keys[b]:
                 continue
             if b in self._scored:
                 self._push_scored(b)  # a new entry; the old one is now stale
+            elif b in self._free and protect and self.protected_cap:
+                del self._free[b]
+                self._protect(b)
             elif b in self._free:
                 self._free.move_to_end(b)
             elif b in self._protected:
@@ -410,12 +428,6 @@ class BlockPool:
         if keys:
             self.evicted[(keys[0][0].group, self._low[block_id], self.hits[block_id] > 0)] += 1
             self.num_evicted += 1
-            for key, _ in keys:
-                self.ghosts[key] = self.num_evicted
-                self.ghosts.move_to_end(key)
-            oldest = self.num_evicted - self.ghost_depth
-            while self.ghosts and next(iter(self.ghosts.values())) <= oldest:
-                self.ghosts.popitem(last=False)
             if not self.hits[block_id]:
                 self.reuse.record(self.kind[block_id], hit=False)
         for key, position in keys:

@@ -55,7 +55,7 @@ MAX_PREFIX_HINTS = 16
 
 class StateKind(StrEnum):
     """Why an SSM state is kept (`Boundaries.state_kind`): admission estimates each kind's
-    chance of being hit on its own (`hycache.cache.admission`)."""
+    chance of being hit on its own (`hycache.cache.retention`)."""
 
     SNAPSHOT = "snapshot"  # a decode snapshot: where the next chat turn resumes
     JUNCTION = "junction"  # an observed junction's stop (and the block after it)

@@ -32,16 +32,15 @@ before the blocks under it, and LRU evicts it first although the whole hit depen
 
 Every entry's value is also weighed by the observed chance that an entry of its kind (an
 attention block, a decode snapshot, a tail checkpoint, ...: `BlockPool.reuse`) is hit before it
-is evicted, the same chance admission keeps states by (`hycache.cache.admission`): kinds that
+is evicted, the same chance admission keeps states by (`hycache.cache.retention`): kinds that
 are never reused on a workload (decode snapshots on a conversation trace whose prompts omit the
 answer) sink to the front of the heap.
 
-alpha defaults to 0.05 (`DEFAULT_EVICTION_ALPHA`), chosen on the eviction curves (README):
-0.03-0.1 all beat LRU under pressure; 0.3 and 1 keep deep states so long that they crowd out
-the blocks of more recent prefixes (multi-turn at 1/4 of the memory: 0.85 and 0.75 token hit
-rate against 0.88 at 0.05). The cache core prices nothing itself: the per-token numbers come in
-through `RecomputeCost` (the simulator derives them from its cost model, the engine from its
-layers).
+alpha defaults to 0.05 (`DEFAULT_EVICTION_ALPHA`), chosen on the eviction curves (README;
+the measured figures are in docs/concepts.md): 0.03-0.1 all beat LRU under pressure; 0.3 and 1
+keep deep states so long that they crowd out the blocks of more recent prefixes. The cache
+core prices nothing itself: the per-token numbers come in through `RecomputeCost` (the
+simulator derives them from its cost model, the engine from its layers).
 """
 
 from __future__ import annotations

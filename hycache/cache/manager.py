@@ -14,22 +14,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hycache.cache.admission import Admission, HintBound
 from hycache.cache.attention import AttentionManager
-from hycache.cache.block_pool import NULL_BLOCK, BlockEvent, BlockPool, CacheKey
-from hycache.cache.boundaries import Boundaries, StateKind
+from hycache.cache.block_pool import PROTECT_PATHS, BlockEvent, BlockPool
+from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.eviction import FlopValue
 from hycache.cache.mirror import BlockIO, StoreMirror
-from hycache.cache.ssm import SSMManager, StateIO
-from hycache.config import (
-    CacheConfig,
-    Eviction,
-    GroupKind,
-    Policy,
-    RecomputeCost,
-    SpeculativeConfig,
+from hycache.cache.retention.policy import (
+    AdmissionPolicy,
+    KeepEverything,
+    Retention,
+    fit_writes,
 )
+from hycache.cache.ssm import SSMManager, StateIO
+from hycache.config import CacheConfig, Eviction, GroupKind, RecomputeCost, SpeculativeConfig
 from hycache.request import Request
 from hycache.store.base import KVStore
 
@@ -92,17 +90,16 @@ class CacheManager:
             else:
                 self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
-        self._live: set[str] = set()
-        self.admission = (
-            Admission(self.state_pool, saving=self.bounds.hit_saving) if cache.admission else None
-        )
-        self._snapshot_admitted: dict[str, bool] = {}  # admission: per live request
-        ssm_groups = tuple(s.group for s in self.ssm)
-        self._hints = HintBound(self.state_pool, ssm_groups) if ssm_groups else None
-        # admission: per held decode snapshot, its position and the pool's evictions then
-        self._held: dict[str, tuple[int, int]] = {}
-        self._final: dict[str, int] = {}  # per live request: prompt + max_tokens + k tokens
-        self._k = spec.num_speculative_tokens
+        self._live: dict[str, bool] = {}  # live request -> it resumed from a hit
+        # which SSM states earn a page (`hycache.cache.retention`)
+        self.retention: Retention = KeepEverything()
+        if cache.admission:
+            # the group -> pool map as a dict: a bound method would make a reference cycle
+            pool_for = {g: self.pool_for(g) for g in range(len(cache.groups))}.__getitem__
+            self.retention = AdmissionPolicy(
+                self.state_pool, self.bounds, self.attention, self.ssm, pool_for,
+                max_num_seqs, spec.num_speculative_tokens,
+            )  # fmt: skip
         self.internal_writes_dropped = 0  # internal checkpoints left out for want of pages
         self._stats = CacheStats(num_blocks=cache.num_blocks)
         self._mirror: StoreMirror | None = None
@@ -162,7 +159,7 @@ class CacheManager:
             raise ValueError("this cache already has a store attached")
         # what the device evicts lives on in the store, so a kept state's page displaces no
         # hit there: with a second tier every state is kept (admission off)
-        self.admission = None
+        self.retention = KeepEverything()
         groups = self.config.groups
         # the group -> pool map as a dict, not `self.pool_for`: a bound method would make
         # manager -> mirror -> manager a cycle, which holds the pools until the cyclic collector
@@ -196,12 +193,12 @@ class CacheManager:
 
     def will_checkpoint(self, req: Request, end: int) -> bool:
         """Whether the chunk ending at `end` keeps its SSM state: a checkpoint position
-        (`Boundaries.should_checkpoint`) that admission keeps (`admits`)."""
+        (`Boundaries.should_checkpoint`) that retention keeps (`Retention.admits`)."""
         return (
             bool(self.ssm)
             and self.config.enable_prefix_caching
             and self.bounds.should_checkpoint(end, req.num_prompt_tokens, req.junction_stops)
-            and self.admits(req, end)
+            and self.retention.admits(req, end)
         )
 
     def internal_writes(self, req: Request, start: int, end: int) -> tuple[int, ...]:
@@ -210,35 +207,7 @@ class CacheManager:
         if not self.ssm or not self.config.enable_prefix_caching:
             return ()
         writes = self.bounds.internal_writes(start, end, req.num_prompt_tokens, req.junction_stops)
-        return tuple(p for p in writes if self.admits(req, p))
-
-    @property
-    def gates_prompt_states(self) -> bool:
-        """Admission decides on prompt states: every one is written inside a forward and no
-        prefill stop promises it (internal checkpoints, any policy but `lookahead`, whose
-        stops and export are vLLM's)."""
-        return (
-            self.admission is not None
-            and self.bounds.internal
-            and self.bounds.effective_policy is not Policy.LOOKAHEAD
-        )
-
-    def admits(self, req: Request, position: int) -> bool:
-        """Whether the prompt state at `position` (a checkpoint position) takes a page now."""
-        if not self.gates_prompt_states:
-            return True
-        assert self.admission is not None
-        kind = self.bounds.state_kind(
-            position, req.num_prompt_tokens, req.junction_stops, req.drop_stops, req.hint_stops
-        )
-        hints = self._hints if kind == StateKind.HINT else None
-        if hints is not None and not hints.room(req, position):
-            return False  # past the request's or its salt's bound (`HintBound`)
-        saved = self.bounds.hit_saving(kind, position)
-        admitted = self.admission.admit(kind, saved, len(self._live))
-        if admitted and hints is not None:
-            hints.record(req, position)
-        return admitted
+        return tuple(p for p in writes if self.retention.admits(req, p))
 
     def _fit_writes(self, req: Request, writes: tuple[int, ...], need: int) -> tuple[int, ...]:
         """The internal checkpoints this step can write beside the `need` pages it takes from
@@ -248,18 +217,15 @@ class CacheManager:
         if not writes or not self.ssm:
             return writes
         room = max(self.state_pool.num_free - need, 0) // len(self.ssm)
-        if room >= len(writes):
-            return writes
-        junctions = set(req.junction_stops)
-        ranked = sorted(writes, key=lambda p: (p not in junctions, p))
-        self.internal_writes_dropped += len(writes) - room
-        return tuple(sorted(ranked[:room]))
+        kept = fit_writes(writes, req.junction_stops, room)
+        self.internal_writes_dropped += len(writes) - len(kept)
+        return kept
 
     def will_snapshot(self, req: Request, end: int, num_drafts: int) -> bool:
         """A step that samples (its chunk reaches the last known token) and may verify a unit
-        boundary: its SSM groups get a snapshot block (`limit`). With admission the request's
-        first such step decides for its whole decode (`Admission.admit` of a snapshot at
-        `end`): the page is held from then on, unless a page runs short (`_release`)."""
+        boundary: its SSM groups get a snapshot block (`limit`), if retention keeps it
+        (`Retention.admits_snapshot`: with admission the request's first such step decides
+        for its whole decode)."""
         if not (
             bool(self.ssm)
             and self.config.enable_prefix_caching
@@ -267,35 +233,7 @@ class CacheManager:
             and self.bounds.decode_snapshot(end, end + num_drafts) > 0
         ):
             return False
-        if self.admission is None:
-            return True
-        rid = req.request_id
-        if rid not in self._snapshot_admitted:
-            admitted = self.admission.admit(StateKind.SNAPSHOT, end, self.pages_to_come())
-            self._snapshot_admitted[rid] = admitted
-            if admitted:
-                self._held[rid] = (end, self.state_pool.num_evicted)
-        return self._snapshot_admitted[rid]
-
-    def pages_to_come(self) -> int:
-        """The pages the running requests, and the waiting ones that will join them (up to
-        `max_num_seqs`), still take before they finish: one each (its state page), the
-        attention blocks each live one lacks to its prompt, `max_tokens` and lookahead, and
-        for each one to join as many as the live ones end with on average. A page held until
-        its request finishes competes with all of them."""
-        if not self._final:
-            return 0
-        b = self.bounds.block_size
-        final = {rid: -(-t // b) * len(self.attention) for rid, t in self._final.items()}
-        lacking = sum(
-            max(final[rid] - sum(len(m.block_table(rid)) for m in self.attention), 0)
-            for rid in self._live
-        )
-        to_join = self.num_waiting
-        if self.max_num_seqs:
-            to_join = min(to_join, max(self.max_num_seqs - len(self._live), 0))
-        mean = sum(final.values()) / len(final)
-        return len(self._live) + lacking + int(to_join * (mean + 1))
+        return self.retention.admits_snapshot(req, end, self.num_waiting)
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -329,8 +267,7 @@ class CacheManager:
             need_pages += s.blocks_needed(rid, hit_block, checkpoint, snapshot)
         if self.state_pool is self.pool:
             need, need_pages = need + need_pages, 0
-        if self._held:
-            self._release(rid, need, need_pages, running=not first)
+        self.retention.make_room(rid, need, need_pages, not first, self.pool)
         if need > self.pool.num_free or need_pages > self.state_pool.num_free:
             return None
         internal = self._fit_writes(
@@ -342,54 +279,19 @@ class CacheManager:
                 m.adopt(rid, hit.attention_blocks[i], resume, req.num_prompt_tokens)
             for i, s in enumerate(self.ssm):
                 s.adopt(rid, hit.ssm_blocks[i] if resume else None)
-            self._live.add(rid)
-            self._final[rid] = req.num_prompt_tokens + req.sampling.max_tokens + self._k
+            self._live[rid] = PROTECT_PATHS and bool(resume)
+            self.retention.on_admit(req, hit)
             self._record_admission(req, hit)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        t, stops, drop, hints = (
-            req.num_prompt_tokens, req.junction_stops, req.drop_stops, req.hint_stops
-        )
+        t, stops, drop = req.num_prompt_tokens, req.junction_stops, req.drop_stops
+        hints = req.hint_stops
         kinds = tuple(self.bounds.state_kind(p, t, stops, drop, hints) for p in internal)
         kind = self.bounds.state_kind(end, t, stops, drop, hints) if checkpoint else ""
         states = tuple(
             s.plan_step(rid, end, checkpoint, snapshot, internal, kinds, kind) for s in self.ssm
         )
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
-
-    def _release(self, rid: str, need: int, need_pages: int, running: bool) -> None:
-        """Before a step of `rid` takes `need` attention and `need_pages` state pages (one
-        pool: `need`): give back decode snapshot pages other live requests hold (newest first;
-        never one the planned step writes). While the pages would not all come from unkeyed
-        free ones, a snapshot worth less than a page (`Admission.page_value`) goes back; then,
-        if `running` (a running request's step: else it waits) and the pages still do not
-        fit, any held snapshot goes back rather than a request being preempted. A snapshot
-        given back counts as one never hit (`ReuseStats`); its request keeps none."""
-        assert self.admission is not None
-        shared = self.state_pool is self.pool
-        pool, n = (self.pool, need) if shared else (self.state_pool, need_pages)
-        if pool.unkeyed_free(n) >= n:  # the step's pages come from unkeyed free ones
-            return
-        chance = pool.reuse.chance(StateKind.SNAPSHOT)
-        # newest request first (the one a preemption would pick)
-        held = [r for r in reversed(self.ssm[0].request_ids()) if r in self._held and r != rid]
-        for other in held:
-            if pool.unkeyed_free(n) >= n or pool.peek_victim() is None:
-                break
-            position = self.ssm[0].snapshot_position(other) or self._held[other][0]
-            if chance * position < self.admission.page_value(StateKind.SNAPSHOT):
-                self._give_back(other)
-        if running:
-            for other in held:
-                if n <= pool.num_free or (not shared and need > self.pool.num_free):
-                    break
-                if other in self._held:
-                    self._give_back(other)
-
-    def _give_back(self, rid: str) -> None:
-        if all(s.release_snapshot(rid) for s in self.ssm):
-            del self._held[rid]
-            self._snapshot_admitted[rid] = False
 
     def commit(self, req: Request) -> None:
         """After the forward: publish keys for the request's verified tokens (never drafts)."""
@@ -408,20 +310,14 @@ class CacheManager:
 
     def free(self, req: Request) -> None:
         rid = req.request_id
-        self._snapshot_admitted.pop(rid, None)
-        if self._hints is not None:
-            self._hints.free(rid)
-        held = self._held.pop(rid, None)
-        if held is not None and self.admission is not None:
-            self.admission.record_hold(self.state_pool.num_evicted - held[1])
+        self.retention.on_free(rid)
         if rid not in self._live:
             return
-        self._live.discard(rid)
-        self._final.pop(rid, None)
+        reused = self._live.pop(rid)  # its path joins the protected queue (`PROTECT_PATHS`)
         for s in reversed(self.ssm):
-            s.free(rid, req.hashes)
+            s.free(rid, req.hashes, reused)
         for m in reversed(self.attention):
-            m.free(rid)
+            m.free(rid, reused)
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Block copies (src, dst) for the runner to perform before the next forward. The
@@ -433,32 +329,12 @@ class CacheManager:
     # -- accounting ------------------------------------------------------------------------------
 
     def _record_admission(self, req: Request, hit: CacheHit) -> None:
-        if self.admission is not None and self.admission.pool.num_evicted:
-            self._record_ghost_hit(req, hit)
         st = self._stats
         st.admissions += 1
         st.query_tokens += req.num_tokens
         st.hit_tokens += hit.resume_point
         st.store_hit_tokens += hit.store_hit_tokens
         st.lost_reuse_tokens += hit.lost_reuse
-
-    def _record_ghost_hit(self, req: Request, hit: CacheHit) -> None:
-        """Tell admission how much deeper this admission's hit would have been had the state
-        pool still held its ghosts (`BlockPool.ghosts`)."""
-        assert self.admission is not None
-        pool = self.admission.pool
-
-        def lookup(key: CacheKey) -> int | None:
-            found = self.pool_for(key.group).lookup(key)
-            if found is None and self.pool_for(key.group) is pool and pool.is_ghost(key):
-                return NULL_BLOCK  # a stand-in: the joint hit only reads its position
-            return found
-
-        ghost = find_joint_hit(
-            self.attention, self.ssm, req.hashes, req.num_tokens, self.bounds, lookup
-        )
-        if ghost.resume_point > hit.resume_point:
-            self.admission.record_ghost_hit(ghost.resume_point - hit.resume_point)
 
     def stats(self) -> CacheStats:
         st = self._stats

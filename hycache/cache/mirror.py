@@ -33,7 +33,6 @@ Any object that is missing, corrupt or of the wrong size makes the whole fetch a
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -132,19 +131,6 @@ class StoreHit:
     seen: CacheHit | None = None
 
 
-def _weakly(method: Callable[[BlockEvent], None]) -> Callable[[BlockEvent], None]:
-    """`method` (bound) called through a weak reference to its object: a pool holding the
-    mirror's callback does not keep the mirror (and the tensors its block IO reads) alive."""
-    ref = weakref.WeakMethod(method)
-
-    def call(event: BlockEvent) -> None:
-        target = ref()
-        if target is not None:
-            target(event)
-
-    return call
-
-
 class StoreMirror:
     def __init__(
         self,
@@ -170,7 +156,7 @@ class StoreMirror:
         self._staged: list[tuple[BlockPool, int]] = []
         self._loading = False
         for pool in pools:  # weakly: the pools live with the cache, the mirror with its owner
-            pool.subscribe(_weakly(self._on_event))
+            pool.subscribe(self._on_event, weak=True)
 
     def _lookup(self, key: CacheKey) -> int | None:
         return self.pool_for(key.group).lookup(key)

@@ -13,52 +13,20 @@ running block is never keyed. States that are not checkpoints live only in R and
 once (retention). Keys are published in `commit`, after the forward that wrote them, so a
 request scheduled in the same step cannot hit them (architecture §4.7).
 
-Decode snapshots (`limit`): a decoding request holds one more block S. Whenever a sampling step
-verifies a unit boundary, the runner copies the exact state at that position into S (from the
-verification's per-position states under speculative decoding). S is keyed only when the
+Decode snapshots (`limit`): a decoding request holds one more block S, into which the runner
+copies the exact state whenever a sampling step verifies a unit boundary. S is keyed when the
 request releases its blocks, at the last position it holds, so the next chat turn resumes
-there: one extra state page per finished request, cached, and evicted before any other cached
-page (only a continuation of the conversation can use it).
-
-A checkpoint goes to the cache the step it is written; the attention blocks of its prefix only
-when the request lets go. So when a request lets go, the states it keyed that are still cached
-are refreshed (`BlockPool.refresh`): they age with those blocks, not from their write
-(aged from their write, LRU evicted them first and left the prefix's attention blocks cached
-but unusable: docs/admission.md, "The default against the split arms"). Those of a kind
-rarely hit go to the low-priority queue instead (`DEMOTE_RATIO`, `BlockPool.demote`), weighed
-by what a hit saves (the drop scheme's junction: a unit); and when a kind falls below that bar,
-the states of it that released requests left among the cached blocks are demoted then.
+there. Where released states go in the eviction order: `hycache.cache.retention.aging`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup, ReuseStats
-from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
+from hycache.cache.block_pool import BlockPool, CacheKey, KeyLookup
+from hycache.cache.boundaries import Boundaries, StateKind
+from hycache.cache.retention.aging import ReleaseAging
 from hycache.hashing import PrefixHashes
-
-# A released state whose kind is hit less than this fraction as often as attention blocks
-# (`BlockPool.reuse`) goes to the low-priority queue rather than back among the cached blocks:
-# on a conversation trace, tail checkpoints and the drop scheme's extra states (chance < 0.1
-# against 0.34) held a quarter of the pool, and LRU evicted older prefixes before them.
-DEMOTE_RATIO = 0.5
-
-
-def demote_bar(reuse: ReuseStats) -> float:
-    """A released state goes to the low-priority queue when its kind's chance, weighed by what
-    a hit saves per token of its prefix, is below this: `DEMOTE_RATIO` times the attention
-    blocks' chance (`BlockPool.reuse`)."""
-    return DEMOTE_RATIO * reuse.chance(ATTENTION_KIND)
-
-
-def rare_kind(reuse: ReuseStats, kind: str) -> bool:
-    """Whether state `kind` is hit less often than the demotion bar (`demote_bar`): its released
-    states are demoted, and under pressure admission keeps none of it
-    (`hycache.cache.admission`). A kind never resolved sits at the prior: not rare."""
-    return (
-        kind != ATTENTION_KIND and kind in reuse.resolved and reuse.chance(kind) < demote_bar(reuse)
-    )
 
 
 def find_ssm_hit(
@@ -107,12 +75,9 @@ class SSMManager:
     kind = "ssm"
 
     def __init__(self, group: int, pool: BlockPool, bounds: Boundaries) -> None:
-        self.group = group
-        self.pool = pool
-        self.bounds = bounds
+        self.group, self.pool, self.bounds = group, pool, bounds
         self._states: dict[str, _State] = {}
-        self._rare: frozenset[str] = frozenset()  # the kinds below the demotion bar, last seen
-        self._refreshed: dict[int, CacheKey] = {}  # released states left among the cached
+        self.aging = ReleaseAging(pool)  # where its states go when a request lets go
 
     def find_hit(
         self, hashes: PrefixHashes, limit: int, lookup: KeyLookup | None = None
@@ -120,19 +85,13 @@ class SSMManager:
         return find_ssm_hit(hashes, lookup or self.pool.lookup, self.group, self.bounds.unit, limit)
 
     def blocks_needed(
-        self,
-        request_id: str,
-        hit_block: int | None,
-        checkpoint: bool,
-        snapshot: bool = False,
-        num_writes: int = 0,
+        self, request_id: str, hit_block: int | None, checkpoint: bool, snapshot: bool = False
     ) -> int:
         st = self._states.get(request_id)
-        need = num_writes
+        need = 0
         if st is None and hit_block is not None and self.pool.ref_cnt[hit_block] == 0:
             need += 1
-        running = st.running if st else None
-        if checkpoint or running is None:
+        if checkpoint or st is None or st.running is None:
             need += 1
         if snapshot and (st is None or st.snapshot is None):
             need += 1
@@ -206,9 +165,10 @@ class SSMManager:
             st.src, st.src_held = dst, False
         st.pending_dst = None
 
-    def free(self, request_id: str, hashes: PrefixHashes) -> None:
+    def free(self, request_id: str, hashes: PrefixHashes, protect: bool = False) -> None:
         """Release the request's blocks; a committed decode snapshot is keyed first (when its
-        key exists: the tokens it covers are known), so it stays cached."""
+        key exists: the tokens it covers are known), so it stays cached. `protect`: a reused
+        path's blocks and states join the protected queue (`BlockPool.free`)."""
         st = self._states.pop(request_id, None)
         if st is None:
             return
@@ -219,7 +179,7 @@ class SSMManager:
                 key = CacheKey(self.group, hashes.at(pos))
                 self.pool.add_key(st.snapshot, key, pos, StateKind.SNAPSHOT)
             # speculative: only a continuation of this conversation can use it
-            self.pool.free([st.snapshot], low_priority=True)
+            self.pool.free([st.snapshot], low_priority=True, protect=protect)
         if st.pending_dst is not None and st.pending_dst != st.running:
             blocks.append(st.pending_dst)
         blocks.extend(block for _, block in st.pending_writes)  # planned, never written
@@ -227,55 +187,8 @@ class SSMManager:
             blocks.append(st.src)
         if st.running is not None:
             blocks.append(st.running)
-        self.pool.free(blocks)
-        low, rest = self._age_at_release(st.kept)
-        self.pool.demote(low)
-        self.pool.refresh(rest)
-        self._refreshed.update((b, self.pool.keys[b][0][0]) for b in rest)
-        self._demote_newly_rare()
-
-    def _rare_kinds(self) -> frozenset[str]:
-        """The state kinds whose chance is below the demotion bar."""
-        reuse = self.pool.reuse
-        return frozenset(k for k in reuse.resolved if rare_kind(reuse, k))
-
-    def _demote_newly_rare(self) -> None:
-        """A kind that has just fallen below the demotion bar: demote the states of it that
-        released requests left among the cached blocks. Before the pool first evicts no kind
-        is resolved, every kind sits at the prior and every release refreshes its states;
-        demoted only at their next release, they held a quarter of the pool for a whole
-        turnover on the bench's trace (docs/admission.md). A live request's states are left
-        for its release (a preempted request resumes from them)."""
-        rare = self._rare_kinds()
-        new = rare - self._rare
-        self._rare = rare
-        pool = self.pool
-        # pruned only when used, or when it outgrows the pool (not at every release)
-        if not new and len(self._refreshed) <= pool.num_blocks:
-            return
-        live = {b: k for b, k in self._refreshed.items() if pool.lookup(k) == b}
-        self._refreshed = live
-        if new:
-            pool.demote(b for b in pool.lru_blocks_of(new) if b in live)
-
-    def _age_at_release(self, kept: list[tuple[int, CacheKey]]) -> tuple[list[int], list[int]]:
-        """The request's states still cached under the key it keyed (a block evicted and
-        reused since carries another), in eviction order (the kinds least likely to be hit
-        first, then the highest position first, as a request's attention blocks are freed):
-        those whose kind's chance times the share of its prefix a hit saves
-        (`BlockPool.saving`: a unit of the drop scheme's junction) is below the demotion bar
-        (for `BlockPool.demote`), and the others (for `BlockPool.refresh`)."""
-        pool = self.pool
-        live = {b: key for b, key in kept if pool.lookup(key) == b}
-        pos = {b: p for b in live for k, p in pool.keys[b] if k == live[b]}
-        # the chance of a hit weighed by what it saves per token of the prefix it covers
-        chance = {
-            b: pool.reuse.chance(pool.kind[b]) * pool.saving(pool.kind[b], pos[b]) / pos[b]
-            for b in live
-        }
-        order = sorted(live, key=lambda b: (chance[b], -pos[b], b))
-        bar = demote_bar(pool.reuse)
-        return [b for b in order if chance[b] < bar], [b for b in order if chance[b] >= bar]
+        self.pool.free(blocks, False, protect)
+        self.aging.release(st.kept, protect)
 
     def request_ids(self) -> list[str]:
         """The requests holding state here, in the order they were admitted."""
@@ -295,7 +208,6 @@ class SSMManager:
         if st.pending_dst is not None and st.pending_snapshot:  # the planned step writes it
             return False
         self.pool.free([st.snapshot])
-        self.pool.reuse.record(StateKind.SNAPSHOT, hit=False)  # given up, never hit
         st.snapshot, st.snapshot_pos = None, 0
         return True
 

@@ -182,7 +182,7 @@ FLAGS: dict[str, dict[str, Any]] = {
         "action": argparse.BooleanOptionalAction,
         "default": None,
         "help": "lru: evict a cached block hit at least once only after every block never "
-        "reused (up to half the pool): a shared prefix outlives a flood of one-off prompts "
+        "reused (up to 1/16 of the pool): a shared prefix outlives a flood of one-off prompts "
         "(off by default: docs/admission.md, 'Hints and floods')",
     },
     "--no-prefix-caching": {

@@ -47,9 +47,8 @@ def chunk_end(
 
 # A final chunk is cut for packing only when it is at most this many times the free tokens.
 # The cut costs its request one step (about the decodes' memory time) and saves at most that
-# step's slack: worth it on a short chunk, not on a long one (bench_admission, multi-turn at
-# the whole pool, `limit` output tok/s: 4,712 with 2, 4,806 with 4; without a bound the
-# system-prompt workload's 6,416-token suffixes were cut too, TTFT p50 1.27 -> 1.83 s).
+# step's slack: worth it on a short chunk, not on a long one; without a bound the
+# system-prompt workload's long suffixes were cut too (docs/admission.md, "Step packing").
 PACK_RATIO = 4
 
 
@@ -82,7 +81,7 @@ def packing_cap(
 ) -> int:
     """How long a request's final prefill chunk (`chunk` tokens after `context_len`) runs in
     `step`: cut at the tokens `oracle` says hide under the step's memory time, floored to the
-    `unit` grid (a cut between unit positions left the trace's hit rate 0.007 lower), when
+    `unit` grid (a cut between unit positions lost hit rate: docs/admission.md), when
     `step` carries a decoding request and the chunk is longer, but at most `PACK_RATIO` times
     as long (the rest runs in the next step, which the decodes take anyway); else `chunk`."""
     if oracle is None or chunk <= 1 or all(s.is_prefill for s in step):

@@ -1,4 +1,4 @@
-"""Admission (hycache.cache.admission): a state takes a page only while its kind's observed
+"""Admission (hycache.cache.retention): a state takes a page only while its kind's observed
 chance of a hit, times what a hit saves, beats what the page displaces."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hycache.cache.admission import ADMIT_EXPLORE, Admission
 from hycache.cache.block_pool import BlockPool, CacheKey
 from hycache.cache.boundaries import ATTENTION_KIND, Boundaries, StateKind
 from hycache.cache.manager import CacheManager
+from hycache.cache.retention.ghosts import Ghosts
+from hycache.cache.retention.policy import AdmissionPolicy, KeepEverything
+from hycache.cache.retention.rule import ADMIT_EXPLORE, Admission
 from hycache.config import CacheKnobs, GroupKind, Policy
 from hycache.sched.executor import run_to_completion
 from hycache.sched.scheduler import Scheduler
@@ -211,19 +213,20 @@ def test_a_snapshot_hit_more_often_than_what_the_lru_evicts_outlives_it() -> Non
 
 def test_the_pool_remembers_what_it_evicted_last_as_ghosts() -> None:
     pool = BlockPool(33)  # ghost depth 2
-    assert pool.ghost_depth == 2
+    ghosts = Ghosts(pool)
+    assert ghosts.depth == 2
     _cached(pool, 4, StateKind.TAIL)
     pool.allocate(pool.num_free - 3)  # the unkeyed ones: nothing evicted
     second, third = _cached(pool, 8, StateKind.TAIL), _cached(pool, 12, StateKind.TAIL)
-    assert pool.num_evicted == 0 and not pool.ghosts
+    assert pool.num_evicted == 0 and not ghosts.keys
     pool.allocate(1)  # evicts `first`
-    assert pool.num_evicted == 1 and pool.is_ghost(key(4))
+    assert pool.num_evicted == 1 and key(4) in ghosts
     pool.allocate(2)  # evicts the other two: `first` is now 3 evictions deep
     assert pool.num_evicted == 3
-    assert [pool.is_ghost(key(p)) for p in (4, 8, 12)] == [False, True, True]
+    assert [key(p) in ghosts for p in (4, 8, 12)] == [False, True, True]
     (b,) = [x for x in range(1, 33) if pool.ref_cnt[x]][:1]
     pool.add_key(b, key(12), 12, StateKind.TAIL)  # cached again: no longer a ghost
-    assert not pool.is_ghost(key(12))
+    assert key(12) not in ghosts
     assert not pool.keys[second] and not pool.keys[third]
 
 
@@ -359,8 +362,9 @@ def test_admission_stops_keeping_tail_checkpoints_nobody_resends() -> None:
     """Under pressure, tails (never hit here) lose their pages to what is hit; without
     admission every one is kept."""
     on, off = _run(True, 7, 30), _run(False, 7, 30)
-    assert on.cache.admission is not None and off.cache.admission is None
-    assert on.cache.admission.refused[StateKind.TAIL] > 0
+    assert isinstance(on.cache.retention, AdmissionPolicy)
+    assert isinstance(off.cache.retention, KeepEverything)
+    assert on.cache.retention.rule.refused[StateKind.TAIL] > 0
     tails_on = on.cache.state_pool.reuse.resolved[StateKind.TAIL]
     tails_off = off.cache.state_pool.reuse.resolved[StateKind.TAIL]
     assert tails_on < tails_off
@@ -411,7 +415,8 @@ def test_an_admission_the_ghosts_would_have_served_deeper_is_recorded() -> None:
     and admission learns what one more page would have saved."""
     cfg = make_config(block_size=16, unit=4, policy="limit", num_blocks=24, k=2, max_model_len=64)
     cache = CacheManager(cfg.cache, cfg.speculative)
-    assert cache.admission is not None
+    assert isinstance(cache.retention, AdmissionPolicy)
+    rule = cache.retention.rule
     rng = random.Random(1)
     prompt = tokens(rng, 48)
     a = new_request(cfg, "a", prompt, max_tokens=1)
@@ -427,11 +432,16 @@ def test_an_admission_the_ghosts_would_have_served_deeper_is_recorded() -> None:
     while cache.lookup(again).resume_point == resumed.resume_point:
         taken += pool.allocate(1)
     pool.free(taken)
-    assert pool.num_evicted > 0 and cache.admission.ghost_saved == 0
+    assert pool.num_evicted > 0 and rule.ghost_saved == 0
     hit = cache.lookup(again)
     assert hit.resume_point < resumed.resume_point
     assert cache.allocate(again, hit.resume_point, again.num_tokens, 2, hit) is not None
-    assert cache.admission.ghost_saved == resumed.resume_point - hit.resume_point
+    assert rule.ghost_saved == resumed.resume_point - hit.resume_point
+
+
+def _pages_to_come(cache: CacheManager) -> int:
+    assert isinstance(cache.retention, AdmissionPolicy)
+    return cache.retention.ledger.pages_to_come(cache.num_waiting)
 
 
 def test_a_snapshot_at_the_prior_waits_for_room_the_requests_to_come_do_not_need() -> None:
@@ -451,10 +461,10 @@ def test_a_snapshot_at_the_prior_waits_for_room_the_requests_to_come_do_not_need
         a.num_computed_tokens = 16
         cache.commit(a)
         # a lacks 3 of the 4 blocks it ends with (50 tokens); 39 pages, 2 taken
-        assert cache.pages_to_come() == 1 + 3 + min(seqs, 7) * 5
+        assert _pages_to_come(cache) == 1 + 3 + min(seqs, 7) * 5
         alloc = cache.allocate(a, 16, 32, 2)  # the chunk that samples
         assert alloc is not None
         decisions[seqs] = alloc.states[0].snapshot is not None
     assert decisions == {0: True, 2: True, 8: False}
     cache.num_waiting = 100  # no more than max_num_seqs - 1 join a
-    assert cache.pages_to_come() == 1 + 1 + 7 * 5
+    assert _pages_to_come(cache) == 1 + 1 + 7 * 5

@@ -207,7 +207,7 @@ def test_a_reused_block_outlives_one_off_blocks_only_when_protected(protect: boo
 
 
 def test_the_protected_queue_is_bounded_and_hands_back_its_oldest() -> None:
-    pool = BlockPool(9, protect=True)  # at most 4 protected
+    pool = BlockPool(65, protect=True)  # at most 64 // PROTECTED_FRACTION = 4 protected
     *blocks, one_off = pool.allocate(7)
     for i, b in enumerate([*blocks, one_off]):
         pool.add_key(b, key(i), 4)
@@ -219,3 +219,28 @@ def test_the_protected_queue_is_bounded_and_hands_back_its_oldest() -> None:
     assert pool.protected_cap == 4
     order = [b for b in pool.allocate(pool.num_free) if b in (*blocks, one_off)]
     assert order == [*blocks[:2], one_off, *blocks[2:]]
+
+
+def test_a_reused_path_is_protected_whole_its_new_blocks_and_states_too() -> None:
+    """`free(..., protect=True)` (a request that resumed from a hit, `PROTECT_PATHS`): its
+    cached blocks join the protected queue though never hit, a decode snapshot too (not the
+    low-priority queue); `refresh(..., protect=True)` moves a released state there. Without
+    a protected queue (or unkeyed blocks) nothing changes."""
+    pool = BlockPool(65, protect=True)
+    new, snap, state, one_off = pool.allocate(4)
+    for i, b in enumerate((new, snap, state, one_off)):
+        pool.add_key(b, key(i), 4)
+    pool.free([state, one_off])  # a checkpoint freed the step it is written; a one-off
+    pool.free([new], protect=True)
+    pool.free([snap], low_priority=True, protect=True)
+    pool.refresh([state], protect=True)
+    pool.check_integrity()
+    assert pool.peek_victim() == one_off
+    order = [b for b in pool.allocate(pool.num_free) if b in (new, snap, state, one_off)]
+    assert order == [one_off, new, snap, state]
+    plain = BlockPool(65)
+    (b,) = plain.allocate(1)
+    plain.add_key(b, key(9), 4)
+    plain.free([b], protect=True)  # no protected queue: the ordinary LRU
+    plain.check_integrity()
+    assert plain.peek_victim() == b

@@ -293,15 +293,17 @@ def _snapshot_cache(**kw: object) -> CacheManager:
 
 
 def test_snapshot_admission_follows_the_observed_reuse() -> None:
-    from hycache.cache.admission import ADMIT_EXPLORE
     from hycache.cache.boundaries import ATTENTION_KIND, StateKind
+    from hycache.cache.retention.policy import AdmissionPolicy
+    from hycache.cache.retention.rule import ADMIT_EXPLORE
     from hycache.request import Request, SamplingParams
 
     snap = StateKind.SNAPSHOT
     for eviction in ("lru", "flop-aware"):
         cache = _snapshot_cache(eviction=eviction)
-        pool, admission = cache.state_pool, cache.admission
-        assert admission is not None
+        pool, policy = cache.state_pool, cache.retention
+        assert isinstance(policy, AdmissionPolicy)
+        admission = policy.rule
         assert pool.reuse.chance(snap) == 0.5  # the prior
         # nothing evicted yet: nothing is displaced, every snapshot is admitted
         assert all(admission.admit(snap, 8) for _ in range(20))
@@ -312,7 +314,7 @@ def test_snapshot_admission_follows_the_observed_reuse() -> None:
         pool.evicted[(0, False, False)] += 1
         # the ghosts priced a page over its life at 4 tokens (one per 31 free pages ahead)
         pool.num_evicted = pool.num_free
-        admission.record_ghost_hit(4 * pool.ghost_depth)
+        admission.record_ghost_hit(4 * admission.ghost_depth)
         assert admission.page_value(snap) == 4
         pool.reuse.resolved[snap] = 40
         decisions = [admission.admit(snap, 8) for _ in range(4 * ADMIT_EXPLORE)]

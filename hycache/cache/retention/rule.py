@@ -1,8 +1,8 @@
-"""Admission: an SSM state is kept only while it is worth the page it takes.
+"""The admission rule: an SSM state is kept only while it is worth the page it takes.
 
 A state written inside a forward costs no pass, but it still costs a page, and in a full pool
 every page taken evicts a cached entry. So before a state page is taken (a checkpoint written
-inside a chunk or at its end, a decode snapshot) the manager asks `Admission.admit`:
+inside a chunk or at its end, a decode snapshot) the retention policy asks `Admission.admit`:
 
     worth(kind, n)  = chance(kind) * saved       the state about to be kept, at position n:
                                                  `saved` is n, or u for the drop scheme's
@@ -30,15 +30,15 @@ What refusing saves (`displaced`):
 * a decode snapshot, held until its request finishes: one page of cache for that long
   (`page_value`). The victim it would be compared with goes at the next allocation anyway,
   so refusing the snapshot rarely saves it; what it saves is a page over the snapshot's
-  life, priced by the pool's ghosts (`BlockPool.ghosts`, the keys of the blocks it evicted
-  last): every admission whose hit the ghosts would have made deeper adds the difference
+  life, priced by the pool's ghosts (`Ghosts`, the keys of the blocks it evicted last):
+  every admission whose hit the ghosts would have made deeper adds the difference
   (`record_ghost_hit`), and
 
       page value = ghost savings / (ghost depth * evictions)   tokens per page per eviction
                  * (free pages + evictions a snapshot saw while held, on average)
 
   And while no more pages are free than the running requests and those yet to join them
-  still take (`reserve` = `CacheManager.pages_to_come`; cached pages count as free, a held
+  still take (`reserve` = `SnapshotLedger.pages_to_come`; cached pages count as free, a held
   page would push them out), a snapshot is kept only if snapshots are hit more often than
   not (`HELD_CHANCE`): on a chat its page is the next turn's hit; where no request continues
   another (one system prompt, distinct questions) the first wave's snapshots, admitted at
@@ -48,35 +48,35 @@ What refusing saves (`displaced`):
 Junction and replay states (`ALWAYS_KEPT`) are kept whatever cached entry they displace (never
 a page the running requests need): they are what a `-split` arm's stops keep, so `limit`
 keeps everything `limit-split` does. Pricing every kind by the ghosts instead (no kind kept
-unconditionally) lost on the fresh trace (seed 80: token hit rate 0.2461 against 0.2562; the
-ghosts see too little of a trace's long reuse distances to price its pages), and comparing
-them with the victim without the exception lost too (0.2413): docs/admission.md.
+unconditionally) lost on the fresh traces, whose long reuse distances the ghosts see too
+little of, and so did comparing them with the victim without the exception (docs/admission.md).
 
-Under pressure a prompt state of a kind the pool rates rare (`ssm.rare_kind`: hit less than
-half as often as attention blocks, the kinds whose released states are demoted to the
-low-priority queue) is refused outright, explored ones too (`refuses_rare`; not junction and
-replay states, nor snapshots, which have their rules above). Compared with the victim alone,
-such a state was kept whenever it lay deeper than a cheap LRU head, and in a quarter pool
-(a few cached pages, a horizon of seconds) each one pushed out the next request's hit (the
-trace at 1/4, seed 78: units below the tail, chance 0.036, 384 admitted; docs/admission.md).
+Under pressure a prompt state of a kind the pool rates rare (`rare_kind`: hit less than
+`DEMOTE_RATIO` times as often as attention blocks, the kinds whose released states are demoted
+to the low-priority queue, `hycache.cache.retention.aging`) is refused outright, explored ones
+too (`refuses_rare`; not junction and replay states, nor snapshots, which have their rules
+above). Compared with the victim alone, such a state was kept whenever it lay deeper than a
+cheap LRU head, and in a quarter pool (a few cached pages, a horizon of seconds) each one
+pushed out the next request's hit (docs/admission.md, "Rare kinds refused under pressure").
 The bar follows the attention blocks' chance, so a kind that is hit again as often as they
 are is admitted again.
 
 A refused kind is still admitted once in `explore` refusals (a per-kind counter, no
 randomness; never a page the running requests need), so that its estimate keeps following
-the workload. The manager also gives a held snapshot page back (`CacheManager._release`)
-when a page is short and the snapshot is worth less than a page, or when a running request
-would otherwise be preempted; a snapshot given back counts as one never hit.
+the workload. The snapshot ledger also gives a held snapshot page back
+(`SnapshotLedger.make_room`) when a page is short and the snapshot is worth less than a page,
+or when a running request would otherwise be preempted; a snapshot given back counts as one
+never hit.
 
 The `flop-aware` eviction score weighs each entry by the same `chance(kind)` (`BlockPool`):
 recency + alpha * chance(kind) * FLOPs saved / bytes (`hycache.cache.eviction`); under LRU
 the decode snapshots' low-priority queue goes first only while its head is worth no more
 (chance times position) than the LRU head.
 
-Only states whose keeping costs no stop are gated (`CacheManager`): with internal checkpoints
-under `limit`, every prompt state (no prefill stop is made for any state), and decode
-snapshots. A stop the scheduler makes (`lookahead`'s vLLM split, a `-split` arm's stops) keeps
-its state: a stop promises a checkpoint.
+Only states whose keeping costs no stop are gated (`AdmissionPolicy.gates_prompt_states`):
+with internal checkpoints under `limit`, every prompt state (no prefill stop is made for any
+state), and decode snapshots. A stop the scheduler makes (`lookahead`'s vLLM split, a `-split`
+arm's stops) keeps its state: a stop promises a checkpoint.
 """
 
 from __future__ import annotations
@@ -85,11 +85,8 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from hycache.cache.block_pool import BlockPool, CacheKey
-from hycache.cache.boundaries import StateKind
-from hycache.cache.ssm import rare_kind
-from hycache.hashing import Hash
-from hycache.request import Request
+from hycache.cache.block_pool import BlockPool, ReuseStats
+from hycache.cache.boundaries import ATTENTION_KIND, StateKind
 
 ALWAYS_KEPT = frozenset({StateKind.JUNCTION, StateKind.REPLAY})
 # the most prefix-hint states (`StateKind.HINT`) one request may keep, each a page per SSM
@@ -101,6 +98,29 @@ MAX_HINT_STATES = 4
 HINT_POOL_FRACTION = 16
 ADMIT_EXPLORE = 8  # a refused kind is still admitted once in this many refusals
 HELD_CHANCE = 0.5  # a snapshot taking a page the running requests need must beat this chance
+# A released state whose kind is hit less than this fraction as often as attention blocks
+# (`BlockPool.reuse`) goes to the low-priority queue rather than back among the cached blocks
+# (`hycache.cache.retention.aging`); under pressure admission keeps none of its kind: on a
+# conversation trace, tail checkpoints and the drop scheme's extra states held a quarter of the
+# pool, and LRU evicted older prefixes before them (docs/admission.md).
+DEMOTE_RATIO = 0.5
+GHOST_FRACTION = 16  # the ghost list remembers the last 1/16 of the pool's blocks evicted
+
+
+def demote_bar(reuse: ReuseStats) -> float:
+    """A released state goes to the low-priority queue when its kind's chance, weighed by what
+    a hit saves per token of its prefix, is below this: `DEMOTE_RATIO` times the attention
+    blocks' chance (`BlockPool.reuse`). Pure."""
+    return DEMOTE_RATIO * reuse.chance(ATTENTION_KIND)
+
+
+def rare_kind(reuse: ReuseStats, kind: str) -> bool:
+    """Whether state `kind` is hit less often than the demotion bar (`demote_bar`): its released
+    states are demoted, and under pressure admission keeps none of it. A kind never resolved
+    sits at the prior: not rare. Pure."""
+    return (
+        kind != ATTENTION_KIND and kind in reuse.resolved and reuse.chance(kind) < demote_bar(reuse)
+    )
 
 
 class Admission:
@@ -111,12 +131,15 @@ class Admission:
         pool: BlockPool,
         explore: int = ADMIT_EXPLORE,
         saving: Callable[[str, int], int] = lambda kind, position: position,
+        ghost_depth: int | None = None,
     ) -> None:
         """`saving(kind, position)`: what a hit on a cached entry saves, in tokens
-        (`Boundaries.hit_saving`; by default its position)."""
+        (`Boundaries.hit_saving`; by default its position). `ghost_depth`: the evicted blocks
+        the pool's ghosts remember (default 1/`GHOST_FRACTION` of the pool)."""
         if explore < 1:
             raise ValueError(f"explore: must be >= 1, got {explore}")
         self.pool = pool
+        self.ghost_depth = ghost_depth or max(1, (pool.num_blocks - 1) // GHOST_FRACTION)
         self.saving = saving
         self.explore = explore
         self.refused: Counter[str] = Counter()  # per kind, refusals so far (explored ones too)
@@ -127,12 +150,12 @@ class Admission:
 
     def record_ghost_hit(self, saved: int) -> None:
         """An admission's hit was `saved` tokens short of what it would have been had the
-        pool still held its ghosts (`BlockPool.ghosts`)."""
+        pool still held its ghosts (`Ghosts`). Adds to the page value."""
         self.ghost_saved += saved
 
     def record_hold(self, evictions: int) -> None:
         """A decode snapshot's request finished; the pool evicted `evictions` entries while
-        it held the page."""
+        it held the page. Lengthens the life `page_value` gives a snapshot's page."""
         self.held += 1
         self.held_evictions += evictions
 
@@ -152,7 +175,7 @@ class Admission:
         pool = self.pool
         if not pool.num_evicted:
             return 0.0
-        per_eviction = self.ghost_saved / (pool.ghost_depth * pool.num_evicted)
+        per_eviction = self.ghost_saved / (self.ghost_depth * pool.num_evicted)
         life = float(pool.num_free)
         if kind == StateKind.SNAPSHOT and self.held:
             life += self.held_evictions / self.held
@@ -174,9 +197,9 @@ class Admission:
         return self.entry_worth(victim)
 
     def refuses_rare(self, kind: str) -> bool:
-        """A prompt state of a kind the pool rates rare (`ssm.rare_kind`: the kinds whose
-        released states are demoted) while the pool is under pressure: refused, explored
-        ones too (see the module docstring)."""
+        """A prompt state of a kind the pool rates rare (`rare_kind`: the kinds whose released
+        states are demoted) while the pool is under pressure: refused, explored ones too (see
+        the module docstring). Pure."""
         return (
             self.pool.under_pressure
             and kind not in ALWAYS_KEPT
@@ -187,7 +210,8 @@ class Admission:
     def admit(self, kind: str, saved: int, reserve: int = 0) -> bool:
         """Whether a state of `kind` whose hit saves `saved` tokens takes a page now;
         `reserve`: the free pages the running requests are about to need (one each; for a
-        decode snapshot, all they and those to join them still take: `pages_to_come`)."""
+        decode snapshot, all they and those to join them still take: `pages_to_come`).
+        Counts the decision per kind (`admitted`, `refused`: the exploration counter)."""
         if self.refuses_rare(kind):
             self.refused[kind] += 1
             return False
@@ -201,52 +225,3 @@ class Admission:
             self.admitted[kind] += 1
             return True
         return False
-
-
-class HintBound:
-    """What client prefix hints may hold (issue 47): at most `MAX_HINT_STATES` hint states per
-    request, and per cache salt (`PrefixHashes.extra`; unsalted requests share b"") at most
-    1/`HINT_POOL_FRACTION` of the state pool's pages in hint states, counting those of its
-    live requests and those still cached. Admission still prices each one (`Admission.admit`);
-    this bounds what a tenant takes before their chance is observed, and whatever it is."""
-
-    def __init__(self, pool: BlockPool, ssm_groups: tuple[int, ...]) -> None:
-        self.pool = pool
-        self.group = ssm_groups[0]  # a hint state is cached in every SSM group: count one
-        pages = (pool.num_blocks - 1) // HINT_POOL_FRACTION
-        self.per_salt = max(1, pages // len(ssm_groups))  # states (a page per SSM group each)
-        self._requests: dict[str, set[int]] = {}  # live request -> its hint positions kept
-        # salt -> hint state key -> the request that kept it (arrival order)
-        self._salts: dict[bytes, dict[Hash, str]] = {}
-
-    def room(self, req: Request, position: int) -> bool:
-        """Whether `req` may keep a hint state at `position`: it already holds it, or both
-        the request and its salt are under their bound."""
-        held = self._requests.get(req.request_id, ())
-        if position in held:
-            return True
-        return len(held) < MAX_HINT_STATES and self.held(req.hashes.extra) < self.per_salt
-
-    def held(self, salt: bytes) -> int:
-        """The hint states `salt` holds: its live requests' and those still cached (others
-        are dropped from the count)."""
-        states = self._salts.get(salt)
-        if not states:
-            return 0
-        pool, g = self.pool, self.group
-        live = {
-            h: r
-            for h, r in states.items()
-            if r in self._requests or pool.lookup(CacheKey(g, h)) is not None
-        }
-        self._salts[salt] = live
-        return len(live)
-
-    def record(self, req: Request, position: int) -> None:
-        """`req` keeps a hint state at `position`."""
-        self._requests.setdefault(req.request_id, set()).add(position)
-        self._salts.setdefault(req.hashes.extra, {})[req.hashes.at(position)] = req.request_id
-
-    def free(self, rid: str) -> None:
-        """The request has let go: its hint states count for its salt while cached."""
-        self._requests.pop(rid, None)

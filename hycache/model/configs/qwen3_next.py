@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hycache.model.configs.base import HybridConfig, attention_shape, parse_rope
+from hycache.model.configs.base import HybridConfig, parse_rope
 from hycache.model.configs.fields import required
 
 _LAYER_KINDS = ("linear_attention", "full_attention")
@@ -112,10 +112,8 @@ class Qwen3NextConfig(HybridConfig):
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> HybridConfig:
         d = cls._text_part(d)
-        cls._check_model_type(d)
+        shape = cls._hf_read_shape(d)
         req = required(d)
-        hidden_size = int(req("hidden_size"))
-        num_heads, kv_heads, head_dim = attention_shape(d, hidden_size)
         num_layers = int(req("num_hidden_layers"))
         layer_types = d.get("layer_types")
         if layer_types is None:  # transformers' default: every 4th layer full attention
@@ -134,13 +132,9 @@ class Qwen3NextConfig(HybridConfig):
         rope_theta, partial = parse_rope(d, default_partial=0.25)
         attn = tuple(i for i, t in enumerate(layer_types) if t == "full_attention")
         return cls(
-            vocab_size=int(req("vocab_size")),
-            hidden_size=hidden_size,
+            **shape,
             intermediate_size=int(d.get("intermediate_size") or 0) or 1,
             num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
             attn_layer_indices=attn,
             mamba_layers=tuple(i for i in range(num_layers) if i not in attn),
             mamba_n_heads=int(d.get("linear_num_value_heads", 32)),

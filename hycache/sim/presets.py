@@ -158,14 +158,15 @@ def _layers(r: FieldReader, num_layers: int) -> LayerCounts:
     return layers
 
 
+def _positive_ints(r: FieldReader, *keys: str) -> dict[str, int]:
+    """The required positive integer fields `keys` of a section, read in that order."""
+    return {k: r.get_int(k, minimum=1) for k in keys}
+
+
 def _attention(r: FieldReader) -> AttentionSpec:
     ar = r.sub("attention")
     assert ar is not None
-    attention = AttentionSpec(
-        num_heads=ar.get_int("num_heads", minimum=1),
-        num_kv_heads=ar.get_int("num_kv_heads", minimum=1),
-        head_dim=ar.get_int("head_dim", minimum=1),
-    )
+    attention = AttentionSpec(**_positive_ints(ar, "num_heads", "num_kv_heads", "head_dim"))
     if attention.num_heads % attention.num_kv_heads:
         raise ar.fail("num_kv_heads", "must divide attention.num_heads")
     ar.finish()
@@ -176,12 +177,7 @@ def _mamba(r: FieldReader) -> MambaSpec:
     mr = r.sub("mamba")
     assert mr is not None
     mamba = MambaSpec(
-        num_heads=mr.get_int("num_heads", minimum=1),
-        head_dim=mr.get_int("head_dim", minimum=1),
-        d_state=mr.get_int("d_state", minimum=1),
-        n_groups=mr.get_int("n_groups", minimum=1),
-        d_conv=mr.get_int("d_conv", minimum=1),
-        expand=mr.get_int("expand", minimum=1),
+        **_positive_ints(mr, "num_heads", "head_dim", "d_state", "n_groups", "d_conv", "expand"),
         chunk_size=mr.get_int("chunk_size", required=False, minimum=1) or 256,
     )
     if mamba.num_heads % mamba.n_groups:

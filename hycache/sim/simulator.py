@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -293,6 +293,7 @@ class _Pending:
             self._turns.append(turn)
 
 
+@dataclass
 class Simulator:
     """Runs a workload through `instances` simulated engines (one by default).
 
@@ -300,32 +301,25 @@ class Simulator:
     each instance mirroring its own device cache into it. `routing`: how requests are spread
     over the instances (`hycache.sim.cluster.Router`)."""
 
-    def __init__(
-        self,
-        config: HycacheConfig,
-        *,
-        cost: CostModel | None = None,
-        dry_step_s: float = 0.01,
-        seed: int = 0,
-        vocab_size: int = 32000,
-        tier: TierConfig | None = None,
-        instances: int = 1,
-        routing: str = "round-robin",
-        accepted: Mapping[str, Mapping[int, int]] | None = None,
-    ) -> None:
-        if instances < 1:
-            raise ValueError(f"instances: must be >= 1, got {instances}")
-        if routing not in ROUTINGS:
-            raise ValueError(f"routing: expected one of {', '.join(ROUTINGS)}, got {routing!r}")
-        self.config = config
-        self.cost = cost
-        self.dry_step_s = dry_step_s
-        self.seed = seed
-        self.vocab_size = vocab_size
-        self.tier = tier
-        self.num_instances = instances
-        self.accepted = accepted  # drafts accepted, replayed (`DryRunExecutor`); else drawn
-        self.routing = routing
+    config: HycacheConfig
+    _: KW_ONLY
+    cost: CostModel | None = None
+    dry_step_s: float = 0.01
+    seed: int = 0
+    vocab_size: int = 32000
+    tier: TierConfig | None = None
+    instances: int = 1
+    routing: str = "round-robin"
+    # drafts accepted, replayed (`DryRunExecutor`); None: drawn
+    accepted: Mapping[str, Mapping[int, int]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"instances: must be >= 1, got {self.instances}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(
+                f"routing: expected one of {', '.join(ROUTINGS)}, got {self.routing!r}"
+            )
 
     def run(
         self,
@@ -393,7 +387,7 @@ class Simulator:
                 link=link,
                 accepted=self.accepted,
             )
-            for i in range(self.num_instances)
+            for i in range(self.instances)
         ]
 
     def _finished(

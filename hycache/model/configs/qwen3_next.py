@@ -33,6 +33,16 @@ _LAYER_KINDS = ("linear_attention", "full_attention")
 GDN_CHUNK_SIZE = 64  # the chunk length of the chunked gated delta rule (FLA's and transformers')
 
 
+class _Alias:
+    """A read-only attribute that is another field under a second name."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __get__(self, config: object, owner: type | None = None) -> Any:
+        return self if config is None else getattr(config, self.field)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Qwen3NextConfig(HybridConfig):
     """Qwen3-Next: GDN + gated full attention, a sparse MoE (softmax top-k of `num_experts`,
@@ -63,21 +73,11 @@ class Qwen3NextConfig(HybridConfig):
     mlp_only_layers: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ GDN names
-    @property
-    def linear_num_value_heads(self) -> int:
-        return self.mamba_n_heads
-
-    @property
-    def linear_num_key_heads(self) -> int:
-        return self.mamba_n_groups
-
-    @property
-    def linear_key_head_dim(self) -> int:
-        return self.mamba_d_state
-
-    @property
-    def linear_value_head_dim(self) -> int:
-        return self.mamba_d_head
+    # the Gated DeltaNet's names for the recurrent mixer's fields (read-only)
+    linear_num_value_heads = _Alias("mamba_n_heads")
+    linear_num_key_heads = _Alias("mamba_n_groups")
+    linear_key_head_dim = _Alias("mamba_d_state")
+    linear_value_head_dim = _Alias("mamba_d_head")
 
     def is_moe_layer(self, layer: int) -> bool:
         return (

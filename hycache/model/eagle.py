@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from hycache.model.configs.base import HybridConfig
-from hycache.model.hybrid import HybridForCausalLM
+from hycache.model.hybrid import ConfigBuilt, HybridForCausalLM
 from hycache.model.layers import MLP, Attention, AttentionPlan, RMSNorm, rope_cos_sin
 from hycache.model.paged import PagedKVCache, StepBatch
 from hycache.model.weights import load_checked, read_safetensors
@@ -48,29 +48,16 @@ class EagleDecoderLayer(nn.Module):
         self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
 
-class DraftHead(nn.Module):
+class DraftHead(ConfigBuilt):
     """What every drafter (`EagleHead`, `model.mtp.MtpHead`) shares: one decoder layer behind
     an `fc` projection, with a one-layer paged KV cache of its own, run by one `forward`; a
     drafter says what `fc` reads (`fc_input`), what it returns (`output`) and its logits
     (`draft_logits`)."""
 
-    config: HybridConfig
     fc: nn.Linear
     layers: nn.ModuleList
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
-
-    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """An empty one-layer KV cache for the draft attention, in this head's dtype/device."""
-        return PagedKVCache.for_model(
-            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=1
-        )
+    placed_by = "fc"
+    kv_layers = 1  # the draft attention's
 
     def fc_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """What `fc` projects: the token embeddings and the hidden states side by side."""
@@ -140,40 +127,8 @@ class EagleHead(DraftHead):
         self.layers = nn.ModuleList([EagleDecoderLayer(target_config)])
 
     # ------------------------------------------------------------------ construction
-    @classmethod
-    def empty(
-        cls,
-        target_config: HybridConfig,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        *,
-        fc_bias: bool = True,
-    ) -> EagleHead:
-        with torch.device("meta"):
-            head = cls(target_config, fc_bias=fc_bias)
-        return head.to_empty(device=device).to(dtype=dtype).eval()
-
-    @classmethod
-    def random(
-        cls,
-        target_config: HybridConfig,
-        seed: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        *,
-        fc_bias: bool = True,
-    ) -> EagleHead:
-        """Random weights; the same seed gives bit-identical weights."""
-        head = cls.empty(target_config, torch.float32, "cpu", fc_bias=fc_bias)
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, param in head.named_parameters():
-                if "norm" in name:
-                    param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
-                else:
-                    param.copy_(0.02 * torch.randn(param.shape, generator=gen))
-        return head.to(device=device, dtype=dtype).eval()
-
+    # `empty(target_config, dtype, device, fc_bias=...)` and `random(target_config, seed,
+    # dtype, device, fc_bias=...)`: ConfigBuilt's
     @classmethod
     def load(
         cls,

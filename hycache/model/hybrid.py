@@ -105,12 +105,32 @@ class DecoderNames:
 
 
 class ConfigBuilt(nn.Module):
-    """A module built from one config (`cls(config)`): `empty` and seeded `random`
-    construction, shared by the models and the MTP drafter."""
+    """A module built from one config (`cls(config)`), the models' and the drafters' base:
+    `empty` and seeded `random` construction, its dtype and device, and a paged KV cache for
+    its attention layers."""
 
+    config: HybridConfig
     # submodules of these types are kept in the compute dtype (`layers.compute_dtype`) of the
     # module's dtype instead of in the dtype itself
     compute_dtype_modules: ClassVar[tuple[type[nn.Module], ...]] = ()
+    # the submodule whose weight's dtype and device are the module's
+    placed_by: ClassVar[str]
+    # the attention layers of its KV cache (None: every attention layer of the config)
+    kv_layers: ClassVar[int | None] = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(self, self.placed_by).weight.dtype  # type: ignore[no-any-return]
+
+    @property
+    def device(self) -> torch.device:
+        return getattr(self, self.placed_by).weight.device  # type: ignore[no-any-return]
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty KV cache for this module's attention layers, in its dtype and device."""
+        return PagedKVCache.for_model(
+            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=self.kv_layers
+        )
 
     @classmethod
     def empty(
@@ -118,9 +138,11 @@ class ConfigBuilt(nn.Module):
         config: HybridConfig,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        **kw: Any,
     ) -> Self:
-        """Uninitialised weights (no RNG use); fill them with `load_state_dict`."""
-        module = empty_module(lambda: cls(config), dtype, device)  # type: ignore[call-arg]
+        """Uninitialised weights (no RNG use) of `cls(config, **kw)`; fill them with
+        `load_state_dict`."""
+        module = empty_module(lambda: cls(config, **kw), dtype, device)  # type: ignore[call-arg]
         for sub in module.modules():
             if isinstance(sub, cls.compute_dtype_modules):
                 sub.to(compute_dtype(dtype))
@@ -133,9 +155,10 @@ class ConfigBuilt(nn.Module):
         seed: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        **kw: Any,
     ) -> Self:
         """Random weights (`randomised`'s rules); the same seed gives bit-identical weights."""
-        return randomised(cls.empty(config, torch.float32, "cpu"), seed, dtype, device)
+        return randomised(cls.empty(config, torch.float32, "cpu", **kw), seed, dtype, device)
 
 
 class HybridForCausalLM(ConfigBuilt):
@@ -149,6 +172,7 @@ class HybridForCausalLM(ConfigBuilt):
 
     # the checkpoint's names for the decoder's parts
     decoder_names: ClassVar[DecoderNames] = DecoderNames()
+    placed_by = "embed_tokens"
 
     config_class: ClassVar[type[HybridConfig]] = HybridConfig
     # (regex, replacement) pairs mapping other spellings of checkpoint tensor names onto ours
@@ -216,18 +240,6 @@ class HybridForCausalLM(ConfigBuilt):
         for pattern, repl in cls.checkpoint_renames:
             key = re.sub(pattern, repl, key)
         return key
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
-
-    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """An empty KV cache for this model's attention layers, in its dtype and device."""
-        return PagedKVCache.for_model(self.config, num_blocks, block_size, self.dtype, self.device)
 
     def make_state_cache(self, num_slots: int) -> StateCache:
         """An empty state cache for this model's Mamba layers, in its dtype and device."""

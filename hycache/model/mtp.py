@@ -25,7 +25,7 @@ from torch import nn
 
 from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.eagle import DraftHead
-from hycache.model.hybrid import ConfigBuilt, HybridForCausalLM
+from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.qwen3_next import Qwen3NextDecoderLayer, ZeroCentredRMSNorm
 from hycache.model.weights import load_checked
 
@@ -34,7 +34,7 @@ __all__ = ["MTP_PREFIX", "MtpHead", "checkpoint_mtp_tensors"]
 MTP_PREFIX = "mtp."
 
 
-class MtpHead(DraftHead, ConfigBuilt):
+class MtpHead(DraftHead):
     """A checkpoint's one MTP layer, run as the speculative drafter."""
 
     def __init__(self, target_config: Qwen3NextConfig) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 
 class Policy(StrEnum):
@@ -33,15 +33,22 @@ POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in Policy)
 ENGINE_SHAPES: tuple[str, ...] = ("system", "family", "none")
 
 
-def parse_policy(value: str | Policy) -> Policy:
-    if isinstance(value, Policy):
+E = TypeVar("E", bound=StrEnum)
+
+
+def _parse_choice(kind: type[E], value: str | E, what: str) -> E:
+    """`value` as a member of `kind`; ValueError listing the choices when it is none."""
+    if isinstance(value, kind):
         return value
     try:
-        return Policy(value)
+        return kind(value)
     except ValueError:
-        raise ValueError(
-            f"policy: unknown policy {value!r}; choose one of {', '.join(POLICY_NAMES)}"
-        ) from None
+        names = ", ".join(m.value for m in kind)
+        raise ValueError(f"{what}: unknown {what} {value!r}; choose one of {names}") from None
+
+
+def parse_policy(value: str | Policy) -> Policy:
+    return _parse_choice(Policy, value, "policy")
 
 
 def parse_retention(value: str | int) -> str | int:
@@ -79,14 +86,7 @@ DEFAULT_EVICTION_ALPHA = 0.05
 
 
 def parse_eviction(value: str | Eviction) -> Eviction:
-    if isinstance(value, Eviction):
-        return value
-    try:
-        return Eviction(value)
-    except ValueError:
-        raise ValueError(
-            f"eviction: unknown eviction {value!r}; choose one of {', '.join(EVICTION_NAMES)}"
-        ) from None
+    return _parse_choice(Eviction, value, "eviction")
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,17 @@ def make_config(
     return HycacheConfig(cache, spec, SchedulerConfig(budget, max_num_seqs))
 
 
+def tiny_family_simulate(families: int) -> list[str]:
+    """`hycache simulate`'s arguments for a small family workload on the tiny model (3
+    requests a family, B = 16, u = 4, 300 blocks): the CLI tests of the simulator's options."""
+    return [
+        "simulate", "--workload", "family", "--model", "tiny", "--block-size", "16",
+        "--prefix-match-unit", "4", "--families", str(families), "--requests-per-family", "3",
+        "--shared-prefix-tokens", "30:60", "--suffix-tokens", "3:10", "--output-tokens", "2:4",
+        "--num-blocks", "300",
+    ]  # fmt: skip
+
+
 def tokens(rng: random.Random, n: int, vocab: int = 30000) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]
 
@@ -330,6 +341,34 @@ WORKED = [
     "57600",
 ]
 
+
+# a tiny Nemotron-H geometry, as transformers writes its config: the model tests' base
+# (tests/model/archs.py) and the simulator tests' MoE variant (`NEMOTRON_MOE`)
+NEMOTRON_TINY = {
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "n_groups": 2,
+    "ssm_state_size": 8,
+}
+
+# a Nemotron-3 style config: MoE `E` blocks among Mamba2, attention and MLP layers
+NEMOTRON_MOE = {
+    "model_type": "nemotron_h",
+    **NEMOTRON_TINY,
+    "layers_block_type": ["mamba", "moe", "attention", "mlp", "moe", "mamba", "moe"],
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24,
+    "moe_shared_expert_intermediate_size": 40,
+    "n_group": 2,
+    "topk_group": 1,
+}
 
 BAMBA_9B = {  # the geometry of ibm-ai-platform/Bamba-9B's config.json
     "model_type": "bamba",

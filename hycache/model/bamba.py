@@ -13,11 +13,10 @@ Re-exports the config, mixer and cache types so callers can import everything fr
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from hycache.model.configs.bamba import BambaConfig
-from hycache.model.hybrid import DecoderNames, HybridForCausalLM, HybridStep
-from hycache.model.layers import MLP, Attention, RMSNorm
+from hycache.model.hybrid import DecoderNames, HybridForCausalLM, HybridStep, MambaOrAttentionLayer
+from hycache.model.layers import MLP, RMSNorm
 from hycache.model.mamba2 import GatedRMSNorm, Mamba2Mixer, MambaPlan
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch
 
@@ -34,23 +33,18 @@ __all__ = [
 ]
 
 
-class BambaDecoderLayer(nn.Module):
+class BambaDecoderLayer(MambaOrAttentionLayer):
     """RMSNorm -> (Mamba2 mixer | attention) -> residual -> RMSNorm -> SwiGLU MLP -> residual."""
 
     def __init__(self, config: BambaConfig, layer_idx: int) -> None:
         super().__init__()
-        self.is_attention = config.is_attention_layer(layer_idx)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.feed_forward = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
-        if self.is_attention:
-            self.self_attn = Attention.for_config(config)
-        else:
-            self.mamba = Mamba2Mixer(config)
+        self._add_mixer(config, layer_idx)
 
     def forward(self, hidden: torch.Tensor, step: HybridStep, i: int) -> torch.Tensor:
-        mixer = self.self_attn if self.is_attention else self.mamba
-        hidden = hidden + step.mix(i, mixer, self.input_layernorm(hidden))
+        hidden = hidden + self._mix(step, i, self.input_layernorm(hidden))
         return hidden + self.feed_forward(self.pre_ff_layernorm(hidden))
 
 

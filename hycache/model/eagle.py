@@ -29,10 +29,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 from hycache.model.configs.base import HybridConfig
-from hycache.model.hybrid import HybridForCausalLM
+from hycache.model.hybrid import ConfigBuilt, HybridForCausalLM
 from hycache.model.layers import MLP, Attention, AttentionPlan, RMSNorm, rope_cos_sin
 from hycache.model.paged import PagedKVCache, StepBatch
-from hycache.model.weights import check_state_dict, read_safetensors
+from hycache.model.weights import load_checked, read_safetensors
 
 __all__ = ["EagleHead"]
 
@@ -48,26 +48,72 @@ class EagleDecoderLayer(nn.Module):
         self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
 
-class DraftHead(nn.Module):
+class DraftHead(ConfigBuilt):
     """What every drafter (`EagleHead`, `model.mtp.MtpHead`) shares: one decoder layer behind
-    an `fc` projection, with a one-layer paged KV cache of its own."""
+    an `fc` projection, with a one-layer paged KV cache of its own, run by one `forward`; a
+    drafter says what `fc` reads (`fc_input`), what it returns (`output`) and its logits
+    (`draft_logits`)."""
 
-    config: HybridConfig
     fc: nn.Linear
+    layers: nn.ModuleList
+    placed_by = "fc"
+    kv_layers = 1  # the draft attention's
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+    def fc_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """What `fc` projects: the token embeddings and the hidden states side by side."""
+        return torch.cat([emb, hidden], dim=-1)
 
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        """The head's output from its decoder layer's (EAGLE: as it is)."""
+        return x
 
-    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """An empty one-layer KV cache for the draft attention, in this head's dtype/device."""
-        return PagedKVCache.for_model(
-            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=1
-        )
+    @torch.no_grad()
+    def forward(
+        self,
+        batch: StepBatch,
+        hidden: torch.Tensor,
+        kv: PagedKVCache,
+        target: HybridForCausalLM,
+        *,
+        compute_logits: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft step.
+
+        Args:
+            batch: the tokens t+1 (`input_ids`) at their positions, with the draft KV's block
+                tables; state fields are ignored.
+            hidden: (N, hidden_size) the target's final hidden state at t (or, when chaining,
+                the hidden this head returned for the previous draft token).
+            kv: this head's one-layer KV cache; the new tokens' K/V are written into it.
+            target: the target model, for its embedding (and final norm and LM head).
+            compute_logits: set False to skip the LM head.
+
+        Returns:
+            (draft hidden (N, hidden_size), logits (N, vocab) or None).
+        """
+        batch.validate(need_states=False)
+        if hidden.shape != (batch.num_tokens, self.config.hidden_size):
+            raise ValueError(
+                f"hidden must be ({batch.num_tokens}, {self.config.hidden_size}), "
+                f"got {tuple(hidden.shape)}"
+            )
+        device, dtype = self.device, self.dtype
+        emb = target.embed(batch.input_ids.to(device)).to(dtype)  # (N, hidden_size)
+        x = self.fc(self.fc_input(emb, hidden.to(device=device, dtype=dtype)))  # (N, H)
+        plan = AttentionPlan.build(batch, kv, device)
+        cos = sin = None
+        if self.config.use_rope:
+            cos, sin = rope_cos_sin(
+                plan.positions, self.config.rotary_dim, self.config.rope_theta, dtype
+            )  # (N, rotary_dim) each
+        layer = self.layers[0]
+        x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, plan, kv, 0)
+        x = self.output(x + layer.mlp(layer.post_attention_layernorm(x)))  # (N, hidden_size)
+        return x, self.draft_logits(x, target) if compute_logits else None
+
+    def draft_logits(self, x: torch.Tensor, target: HybridForCausalLM) -> torch.Tensor:
+        """Logits of this head's output (N, hidden_size) -> (N, vocab)."""
+        raise NotImplementedError
 
 
 class EagleHead(DraftHead):
@@ -81,40 +127,8 @@ class EagleHead(DraftHead):
         self.layers = nn.ModuleList([EagleDecoderLayer(target_config)])
 
     # ------------------------------------------------------------------ construction
-    @classmethod
-    def empty(
-        cls,
-        target_config: HybridConfig,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        *,
-        fc_bias: bool = True,
-    ) -> EagleHead:
-        with torch.device("meta"):
-            head = cls(target_config, fc_bias=fc_bias)
-        return head.to_empty(device=device).to(dtype=dtype).eval()
-
-    @classmethod
-    def random(
-        cls,
-        target_config: HybridConfig,
-        seed: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        *,
-        fc_bias: bool = True,
-    ) -> EagleHead:
-        """Random weights; the same seed gives bit-identical weights."""
-        head = cls.empty(target_config, torch.float32, "cpu", fc_bias=fc_bias)
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, param in head.named_parameters():
-                if "norm" in name:
-                    param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
-                else:
-                    param.copy_(0.02 * torch.randn(param.shape, generator=gen))
-        return head.to(device=device, dtype=dtype).eval()
-
+    # `empty(target_config, dtype, device, fc_bias=...)` and `random(target_config, seed,
+    # dtype, device, fc_bias=...)`: ConfigBuilt's
     @classmethod
     def load(
         cls,
@@ -139,12 +153,7 @@ class EagleHead(DraftHead):
             raise FileNotFoundError(f"{p} does not exist")
         tensors = read_safetensors(files)
         head = cls.empty(target_config, dtype, device, fc_bias="fc.bias" in tensors)
-        expected = {k: v.shape for k, v in head.state_dict().items()}
-        check_state_dict(expected, {k: t.shape for k, t in tensors.items()}, what=f"EAGLE head {p}")
-        with torch.no_grad():
-            state = head.state_dict()
-            for key, t in tensors.items():
-                state[key].copy_(t.to(device=state[key].device, dtype=state[key].dtype))
+        load_checked(head, tensors, what=f"EAGLE head {p}")
         return head
 
     def save(self, path: str | Path) -> None:
@@ -153,50 +162,6 @@ class EagleHead(DraftHead):
         save_file(state, str(path), metadata={"format": "pt"})
 
     # ------------------------------------------------------------------ forward
-    @torch.no_grad()
-    def forward(
-        self,
-        batch: StepBatch,
-        hidden: torch.Tensor,
-        kv: PagedKVCache,
-        target: HybridForCausalLM,
-        *,
-        compute_logits: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One draft step.
-
-        Args:
-            batch: the tokens t+1 (`input_ids`) at their positions, with the draft KV's block
-                tables; state fields are ignored.
-            hidden: (N, hidden_size) the target's final hidden state at t (or, when chaining,
-                the hidden this head returned for the previous draft token).
-            kv: this head's one-layer KV cache; the new tokens' K/V are written into it.
-            target: the target model, for its embedding, final norm and LM head.
-            compute_logits: set False to skip the LM head.
-
-        Returns:
-            (draft hidden (N, hidden_size), logits (N, vocab) or None).
-        """
-        batch.validate(need_states=False)
-        if hidden.shape != (batch.num_tokens, self.config.hidden_size):
-            raise ValueError(
-                f"hidden must be ({batch.num_tokens}, {self.config.hidden_size}), "
-                f"got {tuple(hidden.shape)}"
-            )
-        device, dtype = self.device, self.dtype
-        emb = target.embed(batch.input_ids.to(device)).to(dtype)  # (N, hidden_size)
-        x = self.fc(torch.cat([emb, hidden.to(device=device, dtype=dtype)], dim=-1))  # (N, H)
-        plan = AttentionPlan.build(batch, kv, device)
-        cos = sin = None
-        if self.config.use_rope:
-            cos, sin = rope_cos_sin(
-                plan.positions, self.config.rotary_dim, self.config.rope_theta, dtype
-            )  # (N, rotary_dim) each
-        layer = self.layers[0]
-        x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, plan, kv, 0)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))  # (N, hidden_size)
-        return x, self.draft_logits(x, target) if compute_logits else None
-
     def draft_logits(self, x: torch.Tensor, target: HybridForCausalLM) -> torch.Tensor:
         """Logits of a draft hidden state (this head's output): the target's final norm and
         LM head."""

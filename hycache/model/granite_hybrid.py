@@ -19,9 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hycache.model.configs.granite_hybrid import GraniteHybridConfig
-from hycache.model.hybrid import HybridForCausalLM, HybridStep
-from hycache.model.layers import Attention, RMSNorm, compute_dtype
-from hycache.model.mamba2 import Mamba2Mixer
+from hycache.model.hybrid import HybridForCausalLM, HybridStep, MambaOrAttentionLayer
+from hycache.model.layers import RMSNorm, compute_dtype
 from hycache.model.moe import dispatch_to_experts
 
 __all__ = [
@@ -83,12 +82,11 @@ class GraniteMoE(nn.Module):
         return dispatch_to_experts(x, top_idx, weights, swiglu)
 
 
-class GraniteDecoderLayer(nn.Module):
+class GraniteDecoderLayer(MambaOrAttentionLayer):
     """RMSNorm -> mixer -> scaled residual -> RMSNorm -> (MoE +) shared MLP -> scaled residual."""
 
     def __init__(self, config: GraniteHybridConfig, layer_idx: int) -> None:
         super().__init__()
-        self.is_attention = config.is_attention_layer(layer_idx)
         self.residual_multiplier = config.residual_multiplier
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -101,14 +99,10 @@ class GraniteDecoderLayer(nn.Module):
                 config.num_experts_per_tok,
             )
         self.shared_mlp = GraniteSharedMLP(config.hidden_size, config.intermediate_size)
-        if self.is_attention:
-            self.self_attn = Attention.for_config(config)
-        else:
-            self.mamba = Mamba2Mixer(config)
+        self._add_mixer(config, layer_idx)
 
     def forward(self, hidden: torch.Tensor, step: HybridStep, i: int) -> torch.Tensor:
-        mixer = self.self_attn if self.is_attention else self.mamba
-        mixed = step.mix(i, mixer, self.input_layernorm(hidden))  # (N, hidden_size)
+        mixed = self._mix(step, i, self.input_layernorm(hidden))  # (N, hidden_size)
         hidden = hidden + mixed * self.residual_multiplier
         x = self.post_attention_layernorm(hidden)
         ff = self.shared_mlp(x)

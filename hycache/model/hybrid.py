@@ -31,12 +31,18 @@ from torch import nn
 
 from hycache.model.configs.base import HybridConfig
 from hycache.model.layers import Attention, AttentionPlan, RMSNorm, compute_dtype, rope_cos_sin
-from hycache.model.mamba2 import MambaPlan
+from hycache.model.mamba2 import Mamba2Mixer, MambaPlan
 from hycache.model.paged import PagedKVCache, StateCache, StepBatch
 
 M = TypeVar("M", bound=nn.Module)
 
-__all__ = ["DecoderNames", "HybridForCausalLM", "HybridStep"]
+__all__ = [
+    "ConfigBuilt",
+    "DecoderNames",
+    "HybridForCausalLM",
+    "HybridStep",
+    "MambaOrAttentionLayer",
+]
 
 
 @dataclass
@@ -68,6 +74,25 @@ class HybridStep:
         return mixer(x, self.mamba_plan, self.states, self.state_layer_of[layer])
 
 
+class MambaOrAttentionLayer(nn.Module):
+    """A decoder layer whose token mixer is attention (`self_attn`) or Mamba2 (`mamba`) by
+    the config's layer placement (Bamba's and Granite's layers). The mixer is added last, by
+    `_add_mixer`, so the parameters keep the checkpoint's order."""
+
+    is_attention: bool
+
+    def _add_mixer(self, config: HybridConfig, layer_idx: int) -> None:
+        self.is_attention = config.is_attention_layer(layer_idx)
+        if self.is_attention:
+            self.self_attn = Attention.for_config(config)
+        else:
+            self.mamba = Mamba2Mixer(config)
+
+    def _mix(self, step: HybridStep, i: int, x: torch.Tensor) -> torch.Tensor:
+        """This layer's mixer on x (N, hidden), through `step.mix`."""
+        return step.mix(i, self.self_attn if self.is_attention else self.mamba, x)
+
+
 @dataclass(frozen=True)
 class DecoderNames:
     """Where an architecture's checkpoints keep the decoder: the prefix of its tensors and
@@ -79,7 +104,64 @@ class DecoderNames:
     norm: str = "norm"
 
 
-class HybridForCausalLM(nn.Module):
+class ConfigBuilt(nn.Module):
+    """A module built from one config (`cls(config)`), the models' and the drafters' base:
+    `empty` and seeded `random` construction, its dtype and device, and a paged KV cache for
+    its attention layers."""
+
+    config: HybridConfig
+    # submodules of these types are kept in the compute dtype (`layers.compute_dtype`) of the
+    # module's dtype instead of in the dtype itself
+    compute_dtype_modules: ClassVar[tuple[type[nn.Module], ...]] = ()
+    # the submodule whose weight's dtype and device are the module's
+    placed_by: ClassVar[str]
+    # the attention layers of its KV cache (None: every attention layer of the config)
+    kv_layers: ClassVar[int | None] = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(self, self.placed_by).weight.dtype  # type: ignore[no-any-return]
+
+    @property
+    def device(self) -> torch.device:
+        return getattr(self, self.placed_by).weight.device  # type: ignore[no-any-return]
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty KV cache for this module's attention layers, in its dtype and device."""
+        return PagedKVCache.for_model(
+            self.config, num_blocks, block_size, self.dtype, self.device, num_layers=self.kv_layers
+        )
+
+    @classmethod
+    def empty(
+        cls,
+        config: HybridConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        **kw: Any,
+    ) -> Self:
+        """Uninitialised weights (no RNG use) of `cls(config, **kw)`; fill them with
+        `load_state_dict`."""
+        module = empty_module(lambda: cls(config, **kw), dtype, device)  # type: ignore[call-arg]
+        for sub in module.modules():
+            if isinstance(sub, cls.compute_dtype_modules):
+                sub.to(compute_dtype(dtype))
+        return module
+
+    @classmethod
+    def random(
+        cls,
+        config: HybridConfig,
+        seed: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        **kw: Any,
+    ) -> Self:
+        """Random weights (`randomised`'s rules); the same seed gives bit-identical weights."""
+        return randomised(cls.empty(config, torch.float32, "cpu", **kw), seed, dtype, device)
+
+
+class HybridForCausalLM(ConfigBuilt):
     """Decoder + LM head of a hybrid model, run one paged `StepBatch` at a time.
 
     Subclasses build the decoder in `__init__` with `self._add_decoder(layer, norm)` (the
@@ -90,6 +172,7 @@ class HybridForCausalLM(nn.Module):
 
     # the checkpoint's names for the decoder's parts
     decoder_names: ClassVar[DecoderNames] = DecoderNames()
+    placed_by = "embed_tokens"
 
     config_class: ClassVar[type[HybridConfig]] = HybridConfig
     # (regex, replacement) pairs mapping other spellings of checkpoint tensor names onto ours
@@ -157,40 +240,6 @@ class HybridForCausalLM(nn.Module):
         for pattern, repl in cls.checkpoint_renames:
             key = re.sub(pattern, repl, key)
         return key
-
-    # ------------------------------------------------------------------ construction
-    @classmethod
-    def empty(
-        cls,
-        config: HybridConfig,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> Self:
-        """A model with uninitialised weights (no RNG use); fill it with `load_state_dict`."""
-        return empty_module(lambda: cls(config), dtype, device)
-
-    @classmethod
-    def random(
-        cls,
-        config: HybridConfig,
-        seed: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> Self:
-        """A model with random weights; the same seed gives bit-identical weights."""
-        return randomised(cls.empty(config, torch.float32, "cpu"), seed, dtype, device)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
-
-    def make_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """An empty KV cache for this model's attention layers, in its dtype and device."""
-        return PagedKVCache.for_model(self.config, num_blocks, block_size, self.dtype, self.device)
 
     def make_state_cache(self, num_slots: int) -> StateCache:
         """An empty state cache for this model's Mamba layers, in its dtype and device."""

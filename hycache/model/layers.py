@@ -330,14 +330,26 @@ class Attention(nn.Module):
         """x: (N, hidden) -> (N, hidden). Writes the new K/V into `kv` layer `kv_layer` first.
         cos, sin: (N, rotary_dim) from `rope_cos_sin`, or None for no positional encoding."""
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # (N, heads, head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
+        q, k, v, gate = self.project(x)
         if cos is not None and sin is not None:
             q = apply_rope(q, cos, sin)  # (N, heads, head_dim)
             k = apply_rope(k, cos, sin)  # (N, kv_heads, head_dim)
         out = self.attend(q, k, v, plan, kv, kv_layer)  # (N, heads, head_dim)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        out = out.reshape(n, self.num_heads * self.head_dim)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(n, self.num_heads * self.head_dim))
+        return self.o_proj(out)
+
+    def project(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """x (N, hidden) -> q (N, heads, head_dim), k, v (N, kv_heads, head_dim) and an
+        output gate (N, heads, head_dim), or None for an ungated attention."""
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        return q, k, v, None
 
     def attend(
         self,

@@ -29,7 +29,7 @@ from hycache.model.qwen3_next import (
     Qwen35ForCausalLM,
     Qwen35MoeForCausalLM,
 )
-from hycache.model.weights import check_state_dict, read_checkpoint, read_json_object
+from hycache.model.weights import load_checked, read_checkpoint, read_json_object
 
 try:  # optional at import time; listed in the project dependencies
     from tokenizers import Tokenizer
@@ -91,22 +91,12 @@ def load_model(
     tensors = _rename_tensors(cls, tensors)
 
     model = cls.empty(config, dtype, device)
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    optional = frozenset()
+    optional: frozenset[str] = frozenset()
     if config.tie_word_embeddings:
         # A tied checkpoint may still carry a copy of the head; it is ignored.
         optional = frozenset({"lm_head.weight"})
         tensors.pop("lm_head.weight", None)
-    check_state_dict(
-        expected,
-        {k: t.shape for k, t in tensors.items()},
-        what=f"checkpoint {path}",
-        optional=optional,
-    )
-    with torch.no_grad():
-        state = model.state_dict()
-        for key, t in tensors.items():
-            state[key].copy_(t.to(device=state[key].device, dtype=state[key].dtype))
+    load_checked(model, tensors, what=f"checkpoint {path}", optional=optional)
 
     tokenizer = None
     tok_path = path / "tokenizer.json"

@@ -25,11 +25,9 @@ from torch import nn
 
 from hycache.model.configs.qwen3_next import Qwen3NextConfig
 from hycache.model.eagle import DraftHead
-from hycache.model.hybrid import HybridForCausalLM, empty_module, randomised
-from hycache.model.layers import AttentionPlan, rope_cos_sin
-from hycache.model.paged import PagedKVCache, StepBatch
+from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.qwen3_next import Qwen3NextDecoderLayer, ZeroCentredRMSNorm
-from hycache.model.weights import check_state_dict
+from hycache.model.weights import load_checked
 
 __all__ = ["MTP_PREFIX", "MtpHead", "checkpoint_mtp_tensors"]
 
@@ -56,26 +54,8 @@ class MtpHead(DraftHead):
         self.norm = ZeroCentredRMSNorm(h, eps)
 
     # ------------------------------------------------------------------ construction
-    @classmethod
-    def empty(
-        cls,
-        target_config: Qwen3NextConfig,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> MtpHead:
-        return empty_module(lambda: cls(target_config), dtype, device)
-
-    @classmethod
-    def random(
-        cls,
-        target_config: Qwen3NextConfig,
-        seed: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> MtpHead:
-        """Random weights (the target's init rules); the same seed gives the same weights."""
-        return randomised(cls.empty(target_config, torch.float32, "cpu"), seed, dtype, device)
-
+    # `empty(target_config, ...)` and `random(target_config, seed, ...)`: ConfigBuilt's (the
+    # target's init rules)
     @classmethod
     def from_tensors(
         cls,
@@ -89,12 +69,7 @@ class MtpHead(DraftHead):
         """From the `mtp.*` tensors (prefix stripped); ValueError naming missing, unexpected or
         misshaped ones."""
         head = cls.empty(target_config, dtype, device)
-        expected = {k: v.shape for k, v in head.state_dict().items()}
-        check_state_dict(expected, {k: t.shape for k, t in tensors.items()}, what=what)
-        with torch.no_grad():
-            state = head.state_dict()
-            for key, t in tensors.items():
-                state[key].copy_(t.to(device=state[key].device, dtype=state[key].dtype))
+        load_checked(head, tensors, what=what)
         return head
 
     def mtp_tensors(self) -> dict[str, torch.Tensor]:
@@ -102,32 +77,12 @@ class MtpHead(DraftHead):
         return {MTP_PREFIX + k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
 
     # ------------------------------------------------------------------ forward
-    @torch.no_grad()
-    def forward(
-        self,
-        batch: StepBatch,
-        hidden: torch.Tensor,
-        kv: PagedKVCache,
-        target: HybridForCausalLM,
-        *,
-        compute_logits: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One draft step, as `EagleHead.forward`: tokens t+1 of `batch` with the target's
-        final hidden state at t (or this head's previous output) -> (normed hidden (N, H),
-        logits or None)."""
-        batch.validate(need_states=False)
-        device, dtype = self.device, self.dtype
-        emb = self.pre_fc_norm_embedding(target.embed(batch.input_ids.to(device)).to(dtype))
-        prev = self.pre_fc_norm_hidden(hidden.to(device=device, dtype=dtype))
-        x = self.fc(torch.cat([emb, prev], dim=-1))  # (N, hidden)
-        plan = AttentionPlan.build(batch, kv, device)
-        cfg = self.config
-        cos, sin = rope_cos_sin(plan.positions, cfg.rotary_dim, cfg.rope_theta, dtype)
-        layer = self.layers[0]
-        assert layer.self_attn is not None
-        x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, plan, kv, 0)
-        x = self.norm(x + layer.mlp(layer.post_attention_layernorm(x)))  # (N, hidden)
-        return x, self.draft_logits(x, target) if compute_logits else None
+    # `forward`: DraftHead's, with the inputs of `fc` normed and the output normed
+    def fc_input(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], dim=-1)
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
 
     def draft_logits(self, x: torch.Tensor, target: HybridForCausalLM) -> torch.Tensor:
         """Logits of this head's (already normed) output through the target's LM head."""

@@ -18,16 +18,13 @@ float64 model) whatever the model dtype, as transformers keeps it.
 
 from __future__ import annotations
 
-from typing import Self
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hycache.model.configs.base import HybridConfig
 from hycache.model.configs.nemotron_h import NemotronHConfig
 from hycache.model.hybrid import DecoderNames, HybridForCausalLM, HybridStep
-from hycache.model.layers import Attention, RMSNorm, compute_dtype
+from hycache.model.layers import Attention, RMSNorm
 from hycache.model.mamba2 import Mamba2Mixer
 from hycache.model.moe import dispatch_to_experts
 
@@ -158,24 +155,11 @@ class NemotronHForCausalLM(HybridForCausalLM):
     decoder_names = DecoderNames("backbone", embedding="embeddings", norm="norm_f")
     checkpoint_renames = ((r"^model\.", "backbone."),)
     checkpoint_ignored = (*HybridForCausalLM.checkpoint_ignored, r"^mtp\.")
+    # expert choice compares nearby scores, so, as in transformers, the MoE routers run in
+    # float32 (float64 for a float64 model), not in the model's reduced precision
+    compute_dtype_modules = (NemotronHRouter,)
 
     def __init__(self, config: NemotronHConfig) -> None:
         super().__init__(config)
         norm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_compute_dtype=True)
         self._add_decoder(NemotronHBlock, norm)
-
-    @classmethod
-    def empty(
-        cls,
-        config: HybridConfig,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> Self:
-        """As `HybridForCausalLM.empty`, with the MoE routers in float32 (float64 for a float64
-        model): expert choice is a comparison of nearby scores, so, as in transformers, it is
-        not made in the model's reduced precision."""
-        model = super().empty(config, dtype, device)
-        for module in model.modules():
-            if isinstance(module, NemotronHRouter):
-                module.to(compute_dtype(dtype))
-        return model

@@ -21,9 +21,8 @@ from torch import nn
 from hycache.model.configs.qwen3_next import Qwen3NextConfig, Qwen35Config, Qwen35MoeConfig
 from hycache.model.gdn import GatedDeltaNet
 from hycache.model.hybrid import HybridForCausalLM, HybridStep
-from hycache.model.layers import MLP, Attention, AttentionPlan, apply_rope, compute_dtype
+from hycache.model.layers import MLP, Attention, compute_dtype
 from hycache.model.moe import dispatch_to_experts
-from hycache.model.paged import PagedKVCache
 
 __all__ = [
     "GatedAttention",
@@ -67,26 +66,15 @@ class GatedAttention(Attention):
         self.q_norm = ZeroCentredRMSNorm(hd, config.rms_norm_eps)
         self.k_norm = ZeroCentredRMSNorm(hd, config.rms_norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
-        plan: AttentionPlan,
-        kv: PagedKVCache,
-        kv_layer: int,
-    ) -> torch.Tensor:
-        """x: (N, hidden) -> (N, hidden), as `Attention.forward`."""
+    def project(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """As `Attention.project`: q and its gate from one projection, q and k normed."""
         n, h, hd = x.shape[0], self.num_heads, self.head_dim
         q, gate = self.q_proj(x).view(n, h, 2 * hd).chunk(2, dim=-1)  # (N, heads, hd) each
-        q = self.q_norm(q)
         k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, hd))  # (N, kv_heads, hd)
         v = self.v_proj(x).view(n, self.num_kv_heads, hd)  # (N, kv_heads, hd)
-        if cos is not None and sin is not None:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = self.attend(q, k, v, plan, kv, kv_layer)  # (N, heads, hd)
-        out = out.reshape(n, h * hd) * torch.sigmoid(gate.reshape(n, h * hd))
-        return self.o_proj(out)
+        return self.q_norm(q), k, v, gate
 
 
 class TopKRouter(nn.Module):

@@ -20,6 +20,7 @@ state h at chunk boundaries. It is exact up to rounding, for any chunk size.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -49,18 +50,11 @@ def segment_decay(a: torch.Tensor) -> torch.Tensor:
     return out.exp_().tril_()  # exp(0) = 1 above the diagonal, cleared
 
 
-def ssd_chunked(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    chunk_size: int,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked SSD scan over a whole sequence: `ssd_chunked_states` with no state asked for
-    inside the sequence. Returns y and the final state."""
-    y, final, _ = ssd_chunked_states(x, dt, A, B, C, chunk_size, initial_state)
+def ssd_chunked(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked SSD scan over a whole sequence: `ssd_chunked_states(x, dt, A, B, C, chunk_size,
+    initial_state=None)` with no state asked for inside the sequence. Returns y and the final
+    state."""
+    y, final, _ = ssd_chunked_states(*args)
     return y, final
 
 

@@ -42,6 +42,24 @@ def check_state_dict(
         raise ValueError(f"{what}: " + "; ".join(problems))
 
 
+def load_checked(
+    module: torch.nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    what: str,
+    optional: frozenset[str] = frozenset(),
+) -> None:
+    """Copy `tensors` into `module`'s state dict (cast to each parameter's dtype and device)
+    after `check_state_dict` has found every name and shape right."""
+    expected = {k: v.shape for k, v in module.state_dict().items()}
+    found = {k: t.shape for k, t in tensors.items()}
+    check_state_dict(expected, found, what=what, optional=optional)
+    with torch.no_grad():
+        state = module.state_dict()
+        for key, t in tensors.items():
+            state[key].copy_(t.to(device=state[key].device, dtype=state[key].dtype))
+
+
 def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     """All tensors of the given files (CPU). Raises ValueError on a tensor present twice or
     stored in an unsupported dtype."""

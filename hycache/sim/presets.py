@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hycache.model.configs.fields import FieldReader
 from hycache.sim.model_spec import (
@@ -140,72 +140,68 @@ def _calibration(r: FieldReader) -> dict[str, Any] | None:
     return out or None
 
 
-def _layers(r: FieldReader, num_layers: int) -> LayerCounts:
-    lr = r.sub("layers")
-    assert lr is not None
-    layers = LayerCounts(
+S = TypeVar("S")
+
+
+def _optional_section(r: FieldReader, key: str, read: Callable[[FieldReader], S]) -> S | None:
+    """Section `key` of `r` as `read` builds and checks it (a field `read` does not ask for
+    is an error), or None when it is absent or null."""
+    sr = r.sub(key, required=False)
+    if sr is None:
+        return None
+    out = read(sr)
+    sr.finish()
+    return out
+
+
+def _section(r: FieldReader, key: str, read: Callable[[FieldReader], S]) -> S:
+    """As `_optional_section`, for a section that must be there."""
+    r.get(key, required=True)  # "is missing" when it is not
+    out = _optional_section(r, key, read)
+    assert out is not None
+    return out
+
+
+def _positive_ints(r: FieldReader, *keys: str) -> dict[str, int]:
+    """The required positive integer fields `keys` of a section, read in that order."""
+    return {k: r.get_int(k, minimum=1) for k in keys}
+
+
+def _layers(lr: FieldReader) -> LayerCounts:
+    return LayerCounts(
         attention=lr.get_int("attention"),
         mamba=lr.get_int("mamba"),
         mlp_only=lr.get_int("mlp_only", required=False) or 0,
         moe_only=lr.get_int("moe_only", required=False) or 0,
     )
-    lr.finish()
-    if layers.total != num_layers:
-        raise r.fail(
-            "layers",
-            f"counts sum to {layers.total} but num_layers is {num_layers}",
-        )
-    return layers
 
 
-def _attention(r: FieldReader) -> AttentionSpec:
-    ar = r.sub("attention")
-    assert ar is not None
-    attention = AttentionSpec(
-        num_heads=ar.get_int("num_heads", minimum=1),
-        num_kv_heads=ar.get_int("num_kv_heads", minimum=1),
-        head_dim=ar.get_int("head_dim", minimum=1),
-    )
+def _attention(ar: FieldReader) -> AttentionSpec:
+    attention = AttentionSpec(**_positive_ints(ar, "num_heads", "num_kv_heads", "head_dim"))
     if attention.num_heads % attention.num_kv_heads:
         raise ar.fail("num_kv_heads", "must divide attention.num_heads")
-    ar.finish()
     return attention
 
 
-def _mamba(r: FieldReader) -> MambaSpec:
-    mr = r.sub("mamba")
-    assert mr is not None
+def _mamba(mr: FieldReader) -> MambaSpec:
     mamba = MambaSpec(
-        num_heads=mr.get_int("num_heads", minimum=1),
-        head_dim=mr.get_int("head_dim", minimum=1),
-        d_state=mr.get_int("d_state", minimum=1),
-        n_groups=mr.get_int("n_groups", minimum=1),
-        d_conv=mr.get_int("d_conv", minimum=1),
-        expand=mr.get_int("expand", minimum=1),
+        **_positive_ints(mr, "num_heads", "head_dim", "d_state", "n_groups", "d_conv", "expand"),
         chunk_size=mr.get_int("chunk_size", required=False, minimum=1) or 256,
     )
     if mamba.num_heads % mamba.n_groups:
         raise mr.fail("n_groups", "must divide mamba.num_heads")
-    mr.finish()
     return mamba
 
 
-def _mlp(r: FieldReader) -> MlpSpec:
-    pr = r.sub("mlp")
-    assert pr is not None
-    mlp = MlpSpec(
+def _mlp(pr: FieldReader) -> MlpSpec:
+    return MlpSpec(
         intermediate_size=pr.get_int("intermediate_size", minimum=1),
         gated=pr.get_bool("gated"),
         num_blocks=pr.get_int("num_blocks"),
     )
-    pr.finish()
-    return mlp
 
 
-def _moe(r: FieldReader) -> MoeSpec | None:
-    er = r.sub("moe", required=False)
-    if er is None:
-        return None
+def _moe(er: FieldReader) -> MoeSpec:
     moe = MoeSpec(
         num_blocks=er.get_int("num_blocks"),
         num_experts=er.get_int("num_experts", minimum=1),
@@ -218,33 +214,23 @@ def _moe(r: FieldReader) -> MoeSpec | None:
     )
     if moe.experts_per_token > moe.num_experts:
         raise er.fail("experts_per_token", "must not exceed moe.num_experts")
-    er.finish()
     return moe
 
 
-def _drafter(r: FieldReader) -> DrafterSpec:
-    dr = r.sub("drafter", required=False)
-    if dr is None:
-        return DrafterSpec()
-    drafter = DrafterSpec(
+def _drafter(dr: FieldReader) -> DrafterSpec:
+    return DrafterSpec(
         num_layers=dr.get_int("num_layers", required=False, minimum=1) or 1,
         intermediate_size=dr.get_int("intermediate_size", required=False, minimum=1),
         params=dr.get_int("params", required=False),
     )
-    dr.finish()
-    return drafter
 
 
-def _params(r: FieldReader) -> ParamCounts | None:
-    pc = r.sub("params", required=False)
-    if pc is None:
-        return None
+def _params(pc: FieldReader) -> ParamCounts:
     params = ParamCounts(
         total=pc.get_int("total", minimum=1), active=pc.get_int("active", minimum=1)
     )
     if params.active > params.total:
         raise pc.fail("active", "must not exceed params.total")
-    pc.finish()
     return params
 
 
@@ -270,9 +256,13 @@ def _model_from_dict(data: Any, where: str) -> ModelSpec:
     hidden = r.get_int("hidden_size", minimum=1)
     vocab = r.get_int("vocab_size", minimum=1)
     num_layers = r.get_int("num_layers", minimum=1)
-    layers = _layers(r, num_layers)
-    attention, mamba, mlp, moe = _attention(r), _mamba(r), _mlp(r), _moe(r)
-    drafter, params = _drafter(r), _params(r)
+    layers = _section(r, "layers", _layers)
+    if layers.total != num_layers:
+        raise r.fail("layers", f"counts sum to {layers.total} but num_layers is {num_layers}")
+    attention, mamba = _section(r, "attention", _attention), _section(r, "mamba", _mamba)
+    mlp, moe = _section(r, "mlp", _mlp), _optional_section(r, "moe", _moe)
+    drafter = _optional_section(r, "drafter", _drafter) or DrafterSpec()
+    params = _optional_section(r, "params", _params)
     indices = _attention_indices(r, layers)
     spec = ModelSpec(
         name=name,

@@ -18,8 +18,8 @@ store they all share. One instance without a store is the plain simulator, step 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -226,16 +226,25 @@ class _Item:
 
 
 class _Pending:
-    """What waits to be admitted, in order: the request stream, then sessions' turns.
+    """What waits to be admitted, in order: the request stream, then sessions' turns; how
+    many are released and not finished (at most `limit`), and the order they were admitted
+    in (`order`: key -> admission index, the last one if a key repeats).
 
     The stream is read one request ahead (its arrival decides when it is admitted) and its
     prompt only at admission, so a lazy stream (e.g. `hycache.sim.trace.TraceRequest`s)
     has the prompts of the requests in flight in memory, not the whole trace's."""
 
-    def __init__(self, requests: Iterable[RequestSpec], turns: Iterable[_Item]) -> None:
+    def __init__(
+        self, requests: Iterable[RequestSpec], turns: Iterable[_Item], limit: int, sequential: bool
+    ) -> None:
         self._stream = iter(requests)
         self._next: _Item | None = None
         self._turns: deque[_Item] = deque(turns)
+        self.limit = limit
+        self.sequential = sequential  # one at a time, arrival times ignored
+        self.released = 0
+        self.order: dict[int | str, int] = {}
+        self._admitted = 0
         self._advance()
 
     def _advance(self) -> None:
@@ -248,20 +257,43 @@ class _Pending:
     def __bool__(self) -> bool:
         return self._next is not None or bool(self._turns)
 
-    def peek(self) -> _Item:
+    def _peek(self) -> _Item | None:
+        """The next item, when the limit lets one more be released."""
+        if not self or self.released >= self.limit:
+            return None
         return self._next if self._next is not None else self._turns[0]
 
-    def pop(self) -> _Item:
-        item = self._next
+    def release(self, now: float) -> _Item | None:
+        """The next item if it may be released at `now` (counted in flight), else None."""
+        item = self._peek()
         if item is None:
-            return self._turns.popleft()
-        self._advance()
+            return None
+        if not self.sequential and item.arrival_s is not None and item.arrival_s > now:
+            return None
+        if self._next is None:
+            self._turns.popleft()
+        else:
+            self._advance()
+        self.order[item.key] = self._admitted
+        self._admitted += 1
+        self.released += 1
         return item
 
-    def append(self, item: _Item) -> None:
-        self._turns.append(item)
+    def next_arrival(self) -> float:
+        """When the next item arrives (open loop), or infinity when none is waiting for it."""
+        item = self._peek()
+        if item is None or self.sequential or item.arrival_s is None:
+            return float("inf")
+        return item.arrival_s
+
+    def finished(self, turn: _Item | None) -> None:
+        """One released item finished; its session's next turn, if any, joins the queue."""
+        self.released -= 1
+        if turn is not None:
+            self._turns.append(turn)
 
 
+@dataclass
 class Simulator:
     """Runs a workload through `instances` simulated engines (one by default).
 
@@ -269,32 +301,25 @@ class Simulator:
     each instance mirroring its own device cache into it. `routing`: how requests are spread
     over the instances (`hycache.sim.cluster.Router`)."""
 
-    def __init__(
-        self,
-        config: HycacheConfig,
-        *,
-        cost: CostModel | None = None,
-        dry_step_s: float = 0.01,
-        seed: int = 0,
-        vocab_size: int = 32000,
-        tier: TierConfig | None = None,
-        instances: int = 1,
-        routing: str = "round-robin",
-        accepted: Mapping[str, Mapping[int, int]] | None = None,
-    ) -> None:
-        if instances < 1:
-            raise ValueError(f"instances: must be >= 1, got {instances}")
-        if routing not in ROUTINGS:
-            raise ValueError(f"routing: expected one of {', '.join(ROUTINGS)}, got {routing!r}")
-        self.config = config
-        self.cost = cost
-        self.dry_step_s = dry_step_s
-        self.seed = seed
-        self.vocab_size = vocab_size
-        self.tier = tier
-        self.num_instances = instances
-        self.accepted = accepted  # drafts accepted, replayed (`DryRunExecutor`); else drawn
-        self.routing = routing
+    config: HycacheConfig
+    _: KW_ONLY
+    cost: CostModel | None = None
+    dry_step_s: float = 0.01
+    seed: int = 0
+    vocab_size: int = 32000
+    tier: TierConfig | None = None
+    instances: int = 1
+    routing: str = "round-robin"
+    # drafts accepted, replayed (`DryRunExecutor`); None: drawn
+    accepted: Mapping[str, Mapping[int, int]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"instances: must be >= 1, got {self.instances}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(
+                f"routing: expected one of {', '.join(ROUTINGS)}, got {self.routing!r}"
+            )
 
     def run(
         self,
@@ -314,13 +339,46 @@ class Simulator:
         come first, then the lowest instance. An instance's step is atomic: requests routed to
         it while it runs wait for its next step, and what finished in it is recorded (and frees
         a closed-loop slot) when the cluster's time reaches its end."""
-        cfg = self.config
         store = SimHostStore(self.tier.capacity_bytes) if self.tier is not None else None
+        insts = self._instances(store)
+        router = Router(self.routing, insts)
+        turns = (self._first_turn(s) for s in sessions)
+        pending = _Pending(requests, turns, 1 if sequential else (concurrency or 10**9), sequential)
+        now = 0.0
+        records: list[RequestRecord] = []
+        while True:
+            while (item := pending.release(now)) is not None:
+                req = self._request(insts[0].sched, item)
+                routed = router.pick(req)
+                routed.instance.route(item, req, now, routed.predicted_hit)
+            nxt = pending.next_arrival()
+            inst = min((i for i in insts if i.busy()), key=lambda i: i.clock, default=None)
+            if inst is None or nxt < inst.clock:
+                if nxt == float("inf"):
+                    assert not pending, "requests left that nothing will release"
+                    break
+                now = nxt
+                continue
+            now = max(now, inst.clock)
+            if inst.done:
+                for rec, turn in self._finished(inst, store is not None, len(insts) > 1):
+                    records.append(rec)
+                    if on_finish:
+                        on_finish(rec)
+                    pending.finished(turn)
+                continue
+            inst.admit()
+            if inst.sched.has_unfinished():
+                inst.step()
+        records.sort(key=lambda r: pending.order[r.id])
+        return self._result(records, insts, store)
+
+    def _instances(self, store: SimHostStore | None) -> list[Instance]:
         link = self.tier.link if self.tier is not None else None
-        insts = [
+        return [
             Instance(
                 i,
-                cfg,
+                self.config,
                 cost=self.cost,
                 dry_step_s=self.dry_step_s,
                 seed=self.seed,
@@ -329,79 +387,25 @@ class Simulator:
                 link=link,
                 accepted=self.accepted,
             )
-            for i in range(self.num_instances)
+            for i in range(self.instances)
         ]
-        router = Router(self.routing, insts)
-        pending = _Pending(
-            requests,
-            (
-                _Item(
-                    f"s{s.session_id}t0",
-                    s.user_messages[0],
-                    s.output_tokens[0],
-                    None,
-                    s,
-                    prefix_hints=s.prefix_hints,
-                )
-                for s in sessions
-            ),
-        )
-        limit = 1 if sequential else (concurrency or 10**9)
-        inf = float("inf")
-        now = 0.0
-        released = 0  # requests released and not finished
-        records: list[RequestRecord] = []
-        order: dict[int | str, int] = {}  # key -> admission index (the last one, if a key repeats)
-        admitted = 0
-        while True:
-            while pending and released < limit:
-                item = pending.peek()
-                if not sequential and item.arrival_s is not None and item.arrival_s > now:
-                    break
-                pending.pop()
-                order[item.key] = admitted
-                admitted += 1
-                released += 1
-                req = self._request(insts[0].sched, item)
-                routed = router.pick(req)
-                routed.instance.route(item, req, now, routed.predicted_hit)
-            nxt = inf
-            if pending and released < limit:
-                item = pending.peek()
-                if not sequential and item.arrival_s is not None:
-                    nxt = item.arrival_s
-            inst = min((i for i in insts if i.busy()), key=lambda i: i.clock, default=None)
-            if inst is None or nxt < inst.clock:
-                if nxt == inf:
-                    assert not pending, "requests left that nothing will release"
-                    break
-                now = nxt
-                continue
-            now = max(now, inst.clock)
-            if inst.done:
-                done, inst.done = inst.done, []
-                for req in done:
-                    released -= 1
-                    item, arrived, predicted = inst.in_flight.pop(req.request_id)
-                    first = inst.first_token.pop(req.request_id)
-                    rec = self._record(item, req, arrived, first, inst.clock)
-                    rec.predicted_hit_tokens = predicted
-                    if store is not None:
-                        rec.store_hit_tokens = req.first_outcome.store_hit_tokens
-                    if len(insts) > 1:
-                        rec.instance = inst.index
-                    records.append(rec)
-                    if on_finish:
-                        on_finish(rec)
-                    turn = self._next_turn(item, req)
-                    if turn is not None:
-                        pending.append(turn)
-                continue
-            inst.admit()
-            if inst.sched.has_unfinished():
-                inst.step()
-        records.sort(key=lambda r: order[r.id])
-        return self._result(records, insts, store)
+
+    def _finished(
+        self, inst: Instance, stored: bool, several: bool
+    ) -> Iterator[tuple[RequestRecord, _Item | None]]:
+        """The records of what finished in `inst`'s last step (at its clock), each with its
+        session's next turn (None when there is none)."""
+        done, inst.done = inst.done, []
+        for req in done:
+            item, arrived, predicted = inst.in_flight.pop(req.request_id)
+            first = inst.first_token.pop(req.request_id)
+            rec = self._record(item, req, arrived, first, inst.clock)
+            rec.predicted_hit_tokens = predicted
+            if stored:
+                rec.store_hit_tokens = req.first_outcome.store_hit_tokens
+            if several:
+                rec.instance = inst.index
+            yield rec, self._next_turn(item, req)
 
     @staticmethod
     def _result(
@@ -467,6 +471,17 @@ class Simulator:
             first_token_s=first,
             finish_s=now,
             preemptions=req.num_preemptions,
+        )
+
+    @staticmethod
+    def _first_turn(s: SessionSpec) -> _Item:
+        return _Item(
+            f"s{s.session_id}t0",
+            s.user_messages[0],
+            s.output_tokens[0],
+            None,
+            s,
+            prefix_hints=s.prefix_hints,
         )
 
     @staticmethod

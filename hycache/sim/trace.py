@@ -248,11 +248,21 @@ def lazy_mooncake_trace(
     The whole file is validated first (a :class:`TraceFormatError` names the bad line before
     any request is returned); sorting by timestamp needs every line anyway.
     """
-    if not 1 <= vocab <= MAX_VOCAB or seed < 0:
-        raise ValueError(f"need 1 <= vocab <= {MAX_VOCAB} and seed >= 0")
+    _check_expansion(vocab, seed)
     records = read_mooncake_records(path, block_tokens)
     if limit is not None:
         records = records[: max(limit, 0)]
+    return _requests(records, block_tokens, vocab, seed)
+
+
+def _check_expansion(vocab: int, seed: int) -> None:
+    if not 1 <= vocab <= MAX_VOCAB or seed < 0:
+        raise ValueError(f"need 1 <= vocab <= {MAX_VOCAB} and seed >= 0")
+
+
+def _requests(
+    records: Sequence[TraceRecord], block_tokens: int, vocab: int, seed: int
+) -> list[TraceRequest]:
     return [
         TraceRequest(
             request_id=r.request_id,
@@ -296,23 +306,8 @@ def requests_from_records(
     validated and expanded exactly like a trace file, in arrival order."""
     parsed = [_parse(r, "<records>", i + 1, i, block_tokens) for i, r in enumerate(records)]
     parsed.sort(key=lambda r: r.timestamp_ms)
-    return list(_expand(parsed, block_tokens, vocab, seed))
-
-
-def _expand(
-    records: Sequence[TraceRecord], block_tokens: int, vocab: int, seed: int
-) -> Iterator[RequestSpec]:
-    if not 1 <= vocab <= MAX_VOCAB or seed < 0:
-        raise ValueError(f"need 1 <= vocab <= {MAX_VOCAB} and seed >= 0")
-    for r in records:
-        prompt = hash_block_tokens(r.hash_ids, block_tokens, vocab, seed)[: r.input_length]
-        prompt.setflags(write=False)
-        yield RequestSpec(
-            request_id=r.request_id,
-            prompt_token_ids=prompt,
-            max_tokens=r.output_length,
-            arrival_s=r.timestamp_ms / 1000.0,
-        )
+    _check_expansion(vocab, seed)
+    return [r.expand() for r in _requests(parsed, block_tokens, vocab, seed)]
 
 
 def read_mooncake_trace(

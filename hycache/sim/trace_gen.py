@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -175,100 +175,128 @@ def generate_mooncake_like(
         raise ValueError(f"turn_gap_s must be > 0, got {turn_gap_s}")
     rng = np.random.default_rng(seed)
     n = num_requests
-    if turn_gap_s is not None:
-        max_open_sessions = max(max_open_sessions, 2048)
-
-    def ready(now_ms: float) -> float:
-        if turn_gap_s is None:
-            return 0.0
-        return now_ms + float(rng.lognormal(math.log(turn_gap_s * 1000.0), 0.5))
-
     gaps = rng.exponential(1000.0 / arrival_rate, n)
     times_ms = np.rint(np.cumsum(gaps) - (gaps[0] if n else 0.0)).astype(np.int64)
     inputs = _lognormal_ints(rng, n, input_median, input_sigma, 1, max_input_tokens)
     outputs = _lognormal_ints(rng, n, output_median, output_sigma, 1, max_output_tokens)
-
-    next_id = 0
-
-    def fresh(count: int) -> list[int]:
-        nonlocal next_id
-        ids = list(range(next_id, next_id + count))
-        next_id += count
-        return ids
-
+    convs = _Conversations(
+        rng,
+        block_tokens,
+        turn_gap_s,
+        max(max_open_sessions, 2048) if turn_gap_s is not None else max_open_sessions,
+        mean_turns,
+    )
     sys_tokens = _lognormal_ints(
         rng, num_system_prompts, system_prompt_median_tokens, 0.6, block_tokens, max_input_tokens
     )
-    sys_blocks = sys_tokens // block_tokens
-    system_prompts = [fresh(int(b)) for b in sys_blocks]
-    zipf = 1.0 / np.arange(1, num_system_prompts + 1)
-    zipf /= zipf.sum()
-
-    sessions: list[_Session] = []
-    seen: set[int] = set()
-    hit_sum = 0.0
-    tok_sum = 0.0
-    p_continue = 0.75  # share of reuses that continue a conversation (vs. a system prompt)
+    convs.add_system_prompts(sys_tokens // block_tokens)
     records: list[dict[str, Any]] = []
-
     for i in range(n):
         length = int(inputs[i])
-        need = -(-length // block_tokens)
-        full = length // block_tokens
         # Integral control: the token deficit against the target sets the odds of reusing.
-        deficit = target_hit_ceiling * tok_sum - hit_sum
+        deficit = target_hit_ceiling * convs.tok_sum - convs.hit_sum
         p_reuse = float(np.clip(0.5 + deficit / (20.0 * input_median), 0.0, 1.0))
-        ids: list[int] | None = None
-        continued = False
-        if rng.random() < p_reuse:
-            want_session = rng.random() < p_continue
-            if want_session:
-                eligible = [
-                    s
-                    for s in sessions
-                    if s.length // block_tokens > 0
-                    and s.length < length
-                    and s.ready_ms <= times_ms[i]
-                ]
-                if eligible:
-                    # The next turn of a conversation is a little longer than the last one:
-                    # pick among the few longest conversations that still fit under this prompt.
-                    eligible.sort(key=lambda c: c.length, reverse=True)
-                    s = eligible[int(rng.integers(min(len(eligible), 4)))]
-                    prefix = s.ids[: s.length // block_tokens]
-                    ids = prefix + fresh(need - len(prefix))
-                    s.ids, s.length = ids, length
-                    s.ready_ms = ready(float(times_ms[i]))
-                    continued = True
-                    s.turns_left -= 1
-                    if s.turns_left <= 0:
-                        sessions.remove(s)
-            if ids is None and full > 0 and num_system_prompts > 0:
-                k = int(rng.choice(num_system_prompts, p=zipf))
-                prefix = system_prompts[k][:full]
-                ids = prefix + fresh(need - len(prefix))
-        if ids is None:
-            ids = fresh(need)
-        if not continued:
-            # A new conversation (fresh or behind a system prompt) may be continued later.
-            turns = int(rng.geometric(1.0 / max(mean_turns, 1.0)))
-            if turns > 1:
-                sessions.append(_Session(ids, length, turns - 1, ready(float(times_ms[i]))))
-                if len(sessions) > max_open_sessions:
-                    sessions.pop(0)
-
-        hit_sum += min(_leading_seen(ids, seen) * block_tokens, length)
-        tok_sum += length
-        seen.update(ids)
         records.append(
             {
                 "timestamp": int(times_ms[i]),
                 "input_length": length,
                 "output_length": int(outputs[i]),
-                "hash_ids": ids,
+                "hash_ids": convs.prompt(length, float(times_ms[i]), p_reuse),
             }
         )
     return records
+
+
+_P_CONTINUE = 0.75  # share of reuses that continue a conversation (vs. a system prompt)
+
+
+@dataclass
+class _Conversations:
+    """The generator's running state: the open conversations, the shared system prompts
+    (Zipf popularity), the next fresh block id and the hit ceiling so far (`hit_sum` of
+    `tok_sum` tokens). Every draw comes from the one `rng`, in request order."""
+
+    rng: np.random.Generator
+    block_tokens: int
+    turn_gap_s: float | None
+    max_open: int
+    mean_turns: float
+    next_id: int = 0
+    sessions: list[_Session] = field(default_factory=list)
+    system_prompts: list[list[int]] = field(default_factory=list)
+    zipf: np.ndarray = field(default_factory=lambda: np.ones(0))
+    seen: set[int] = field(default_factory=set)
+    hit_sum: float = 0.0
+    tok_sum: float = 0.0
+
+    def fresh(self, count: int) -> list[int]:
+        ids = list(range(self.next_id, self.next_id + count))
+        self.next_id += count
+        return ids
+
+    def add_system_prompts(self, blocks: np.ndarray) -> None:
+        self.system_prompts = [self.fresh(int(b)) for b in blocks]
+        zipf = 1.0 / np.arange(1, len(blocks) + 1)
+        zipf /= zipf.sum()
+        self.zipf = zipf
+
+    def ready(self, now_ms: float) -> float:
+        """When a conversation's next turn may come, after one at `now_ms`."""
+        if self.turn_gap_s is None:
+            return 0.0
+        return now_ms + float(self.rng.lognormal(math.log(self.turn_gap_s * 1000.0), 0.5))
+
+    def prompt(self, length: int, now_ms: float, p_reuse: float) -> list[int]:
+        """The hash ids of a `length`-token prompt arriving at `now_ms`: with odds `p_reuse`
+        behind an open conversation or a system prompt, else fresh; counted in the ceiling."""
+        need = -(-length // self.block_tokens)
+        full = length // self.block_tokens
+        ids: list[int] | None = None
+        continued = False
+        if self.rng.random() < p_reuse:
+            if self.rng.random() < _P_CONTINUE:
+                ids = self._next_turn(length, need, now_ms)
+                continued = ids is not None
+            if ids is None and full > 0 and self.system_prompts:
+                k = int(self.rng.choice(len(self.system_prompts), p=self.zipf))
+                prefix = self.system_prompts[k][:full]
+                ids = prefix + self.fresh(need - len(prefix))
+        if ids is None:
+            ids = self.fresh(need)
+        if not continued:
+            # A new conversation (fresh or behind a system prompt) may be continued later.
+            turns = int(self.rng.geometric(1.0 / max(self.mean_turns, 1.0)))
+            if turns > 1:
+                self.sessions.append(_Session(ids, length, turns - 1, self.ready(now_ms)))
+                if len(self.sessions) > self.max_open:
+                    self.sessions.pop(0)
+        self.hit_sum += min(_leading_seen(ids, self.seen) * self.block_tokens, length)
+        self.tok_sum += length
+        self.seen.update(ids)
+        return ids
+
+    def _next_turn(self, length: int, need: int, now_ms: float) -> list[int] | None:
+        """The prompt as the next turn of an open conversation, or None when none fits."""
+        b = self.block_tokens
+        eligible = [
+            s
+            for s in self.sessions
+            if s.length // b > 0 and s.length < length and s.ready_ms <= now_ms
+        ]
+        if not eligible:
+            return None
+        # The next turn of a conversation is a little longer than the last one: pick among
+        # the few longest conversations that still fit under this prompt.
+        eligible.sort(key=lambda c: c.length, reverse=True)
+        s = eligible[int(self.rng.integers(min(len(eligible), 4)))]
+        prefix = s.ids[: s.length // b]
+        ids = prefix + self.fresh(need - len(prefix))
+        s.ids, s.length = ids, length
+        s.ready_ms = self.ready(now_ms)
+        s.turns_left -= 1
+        if s.turns_left <= 0:
+            self.sessions.remove(s)
+        return ids
 
 
 def trace_gen(
@@ -281,12 +309,9 @@ def trace_gen(
 ) -> dict[str, Any]:
     """Generate a Mooncake-like trace, write it to ``out_path``, return its statistics."""
     records = generate_mooncake_like(
-        num_requests=num_requests,
-        seed=seed,
-        block_tokens=block_tokens,
-        turn_gap_s=turn_gap_s,
+        num_requests, seed, block_tokens, turn_gap_s=turn_gap_s,
         num_system_prompts=num_system_prompts,
-    )
+    )  # fmt: skip
     write_trace(records, out_path)
     stats: dict[str, Any] = dict(trace_stats(records, block_tokens))
     stats["path"] = str(out_path)

@@ -21,8 +21,8 @@ downloaded. Trace files live in :mod:`hycache.sim.trace`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -365,8 +365,21 @@ class Workload:
         return longest
 
 
+class _RequestShape:
+    """A request workload's shape: its fields are, in order, the leading arguments of its
+    generator (`_draw_requests`), which `build` calls with the seed and the vocabulary."""
+
+    _draw_requests: Callable[..., list[RequestSpec]]
+
+    def build(
+        self, seed: int, prefix_hint: bool = False, vocab: int = DEFAULT_VOCAB
+    ) -> list[RequestSpec]:
+        shape = [getattr(self, f.name) for f in fields(self)]
+        return self._draw_requests(*shape, seed, vocab, prefix_hint=prefix_hint)
+
+
 @dataclass(frozen=True)
-class SystemPromptShape:
+class SystemPromptShape(_RequestShape):
     """The seed's shape (architecture §4): a 57,600-token system prompt and a 6,416-token suffix
     (T = 64,016); 256 output tokens is the seed's simulated default."""
 
@@ -375,22 +388,11 @@ class SystemPromptShape:
     suffix_tokens: IntOrRange = 6_416
     output_tokens: IntOrRange = 256
 
-    def build(
-        self, seed: int, prefix_hint: bool = False, vocab: int = DEFAULT_VOCAB
-    ) -> list[RequestSpec]:
-        return system_prompt_workload(
-            self.num_requests,
-            self.shared_prefix_tokens,
-            self.suffix_tokens,
-            self.output_tokens,
-            seed,
-            vocab,
-            prefix_hint=prefix_hint,
-        )
+    _draw_requests = staticmethod(system_prompt_workload)
 
 
 @dataclass(frozen=True)
-class FamilyShape:
+class FamilyShape(_RequestShape):
     """Defaults of the random family workload, and why.
 
     * shared prefix 2,000-40,000 tokens: from an assistant's system prompt with a few tool
@@ -410,19 +412,7 @@ class FamilyShape:
     suffix_tokens: IntOrRange = (128, 2_048)
     output_tokens: IntOrRange = (64, 640)
 
-    def build(
-        self, seed: int, prefix_hint: bool = False, vocab: int = DEFAULT_VOCAB
-    ) -> list[RequestSpec]:
-        return family_workload(
-            self.families,
-            self.requests_per_family,
-            self.shared_prefix_tokens,
-            self.suffix_tokens,
-            self.output_tokens,
-            seed,
-            vocab,
-            prefix_hint=prefix_hint,
-        )
+    _draw_requests = staticmethod(family_workload)
 
 
 @dataclass(frozen=True)

@@ -60,30 +60,18 @@ def trace_rows(n: int) -> list[dict | str]:
     ]
 
 
+def simulate_trace(trace: Path, out: Path, *extra: str) -> int:
+    """`hycache simulate` on a trace file (256-token trace blocks, B = 64, u = 16), quiet,
+    its JSON to `out`."""
+    args = ["simulate", "--trace", str(trace), "--trace-block-tokens", "256", "--block-size"]
+    args += ["64", "--prefix-match-unit", "16", "--json", str(out), "--quiet"]
+    return main([*args, *extra])
+
+
 def test_simulate_dry_run_writes_one_line_per_request_and_a_summary(tmp_path: Path) -> None:
     trace, out = tmp_path / "t.jsonl", tmp_path / "out.jsonl"
     write_trace(trace, trace_rows(6))
-    rc = main(
-        [
-            "simulate",
-            "--trace",
-            str(trace),
-            "--trace-block-tokens",
-            "256",
-            "--block-size",
-            "64",
-            "--prefix-match-unit",
-            "16",
-            "--cost-model",
-            "none",
-            "--policy",
-            "junction",
-            "--json",
-            str(out),
-            "--quiet",
-        ]
-    )
-    assert rc == 0
+    assert simulate_trace(trace, out, "--cost-model", "none", "--policy", "junction") == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["id"] for x in lines[:-1]] == list(range(6))
     keys = {
@@ -123,29 +111,8 @@ def test_simulate_bad_line_names_it_and_leaves_no_output(
 def test_simulate_compare_json_object(tmp_path: Path) -> None:
     trace, out = tmp_path / "t.jsonl", tmp_path / "out.json"
     write_trace(trace, trace_rows(5))
-    rc = main(
-        [
-            "simulate",
-            "--trace",
-            str(trace),
-            "--block-size",
-            "64",
-            "--prefix-match-unit",
-            "16",
-            "--trace-block-tokens",
-            "256",
-            "--compare",
-            "replay,junction",
-            "--json",
-            str(out),
-            "--quiet",
-            "--model",
-            "tiny",
-            "--gpu",
-            "h100",
-        ]
-    )
-    assert rc == 0
+    extra = ("--compare", "replay,junction", "--model", "tiny", "--gpu", "h100")
+    assert simulate_trace(trace, out, *extra) == 0
     doc = json.loads(out.read_text())
     assert set(doc["policies"]) == {"replay", "junction"}
     assert doc["policies"]["junction"]["output_tokens_per_s"] > 0
@@ -212,51 +179,20 @@ def test_simulate_system_prompt_and_multi_turn_with_a_plot(tmp_path: Path) -> No
         "--quiet",
     ]
     out, png = tmp_path / "sp.json", tmp_path / "sp.png"
-    rc = main(
-        [
-            "simulate",
-            "--workload",
-            "system-prompt",
-            "--shared-prefix-tokens",
-            "3000",
-            "--suffix-tokens",
-            "300",
-            "--output-tokens",
-            "8",
-            "--num-requests",
-            "20",
-            "--concurrency",
-            "4",
-            "--json",
-            str(out),
-            "--plot",
-            str(png),
-            *common,
-        ]
-    )
+    rc = main([
+        "simulate", "--workload", "system-prompt", "--shared-prefix-tokens", "3000",
+        "--suffix-tokens", "300", "--output-tokens", "8", "--num-requests", "20",
+        "--concurrency", "4", "--json", str(out), "--plot", str(png), *common,
+    ])  # fmt: skip
     assert rc == 0
     pol = json.loads(out.read_text())["policies"]
     assert pol["junction"]["hit_tokens"] > pol["replay"]["hit_tokens"]
     assert png.stat().st_size > 5_000
     out2 = tmp_path / "mt.jsonl"
-    rc = main(
-        [
-            "simulate",
-            "--workload",
-            "multi-turn",
-            "--sessions",
-            "3",
-            "--turns",
-            "3",
-            "--user-tokens",
-            "200",
-            "--output-tokens",
-            "20",
-            "--json",
-            str(out2),
-            *common,
-        ]
-    )
+    rc = main([
+        "simulate", "--workload", "multi-turn", "--sessions", "3", "--turns", "3",
+        "--user-tokens", "200", "--output-tokens", "20", "--json", str(out2), *common,
+    ])  # fmt: skip
     assert rc == 0
     lines = [json.loads(x) for x in out2.read_text().splitlines()]
     per_policy = [x for x in lines if "summary" not in x and x["policy"] == "junction"]
@@ -296,30 +232,11 @@ def test_explain_accepts_lookahead_and_limit(capsys: pytest.CaptureFixture[str])
 def test_simulate_compare_all_arms_on_the_family_workload(tmp_path: Path) -> None:
     out = tmp_path / "fam.json"
     arms = "eagle-off,replay,junction,lookahead,limit"
-    rc = main(
-        [
-            "simulate",
-            "--workload",
-            "family",
-            "--families",
-            "4",
-            "--requests-per-family",
-            "3:5",
-            "--shared-prefix-tokens",
-            "300:3000",
-            "--suffix-tokens",
-            "20:200",
-            "--output-tokens",
-            "4:12",
-            "--concurrency",
-            "4",
-            "--compare",
-            arms,
-            "--json",
-            str(out),
-            *SMALL,
-        ]
-    )
+    rc = main([
+        "simulate", "--workload", "family", "--families", "4", "--requests-per-family", "3:5",
+        "--shared-prefix-tokens", "300:3000", "--suffix-tokens", "20:200", "--output-tokens",
+        "4:12", "--concurrency", "4", "--compare", arms, "--json", str(out), *SMALL,
+    ])  # fmt: skip
     assert rc == 0
     doc = json.loads(out.read_text())
     pol = doc["policies"]
@@ -334,29 +251,11 @@ def test_simulate_compare_all_arms_on_the_family_workload(tmp_path: Path) -> Non
 
 def test_simulate_multi_turn_uses_the_system_prompt_and_hint(tmp_path: Path) -> None:
     out = tmp_path / "mt.jsonl"
-    rc = main(
-        [
-            "simulate",
-            "--workload",
-            "multi-turn",
-            "--sessions",
-            "4",
-            "--turns",
-            "2:3",
-            "--system-prompt-tokens",
-            "700",
-            "--user-tokens",
-            "20:100",
-            "--output-tokens",
-            "5:20",
-            "--prefix-hint",
-            "--compare",
-            "lookahead,limit",
-            "--json",
-            str(out),
-            *SMALL,
-        ]
-    )
+    rc = main([
+        "simulate", "--workload", "multi-turn", "--sessions", "4", "--turns", "2:3",
+        "--system-prompt-tokens", "700", "--user-tokens", "20:100", "--output-tokens", "5:20",
+        "--prefix-hint", "--compare", "lookahead,limit", "--json", str(out), *SMALL,
+    ])  # fmt: skip
     assert rc == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     first = {

@@ -18,6 +18,7 @@ from hycache.model.granite_hybrid import GraniteHybridForCausalLM
 from hycache.model.hybrid import HybridForCausalLM
 from hycache.model.nemotron_h import NemotronHForCausalLM
 from hycache.model.qwen3_next import Qwen3NextForCausalLM
+from tests.helpers import NEMOTRON_TINY
 
 from .utils import perturb_hf
 
@@ -127,17 +128,8 @@ def bamba_hf_model(overrides: dict[str, Any], seed: int) -> Any:
 
 
 NEMOTRON_BASE: dict[str, Any] = {
-    "vocab_size": NEMOTRON_VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 48,
+    **NEMOTRON_TINY,
     "layers_block_type": ["mamba", "mlp", "attention", "mlp", "mamba"],
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "mamba_num_heads": 4,
-    "mamba_head_dim": 16,
-    "n_groups": 2,
-    "ssm_state_size": 8,
     "chunk_size": 8,
     "initializer_range": 0.2,
     "tie_word_embeddings": False,

@@ -69,6 +69,18 @@ def _prefilled(
     return kv, states, tables
 
 
+def _copies(
+    model: BambaForCausalLM, kv: PagedKVCache, states: StateCache
+) -> tuple[PagedKVCache, StateCache]:
+    """Copies of `_prefilled`'s caches: a reference step runs on them beside the one tested."""
+    kv2 = PagedKVCache.for_model(model.config, 40, 4, F64)
+    kv2.kv.copy_(kv.kv)
+    states2 = StateCache(model.config, 12, F64)
+    states2.conv.copy_(states.conv)
+    states2.ssm.copy_(states.ssm)
+    return kv2, states2
+
+
 @pytest.mark.parametrize(
     ("slots", "in_place"),
     [
@@ -90,11 +102,7 @@ def test_in_place_decode_equals_gathered(
     for s, r in zip(slots, ref_slots, strict=True):
         if s != r:
             states.copy_slot(r, s)
-    kv_ref = PagedKVCache.for_model(model.config, 40, 4, F64)
-    kv_ref.kv.copy_(kv.kv)
-    ref_states = StateCache(model.config, 12, F64)
-    ref_states.conv.copy_(states.conv)
-    ref_states.ssm.copy_(states.ssm)
+    kv_ref, ref_states = _copies(model, kv, states)
 
     batch = _decode_batch(prompts, tables, slots)
     plan = MambaPlan.build(batch, torch.device("cpu"))
@@ -112,11 +120,7 @@ def test_in_place_decode_alongside_other_requests(model: BambaForCausalLM) -> No
     what separate steps give."""
     prompts = [_tokens(n, 40 + n) for n in (9, 14, 19)]
     kv, states, tables = _prefilled(model, prompts, [1, 2, 3])
-    kv_ref = PagedKVCache.for_model(model.config, 40, 4, F64)
-    kv_ref.kv.copy_(kv.kv)
-    ref_states = StateCache(model.config, 12, F64)
-    ref_states.conv.copy_(states.conv)
-    ref_states.ssm.copy_(states.ssm)
+    kv_ref, ref_states = _copies(model, kv, states)
     fresh = _tokens(11, 99)  # a prefill chunk from zeros
     verify = [prompts[2][-1], 5, 6, 7]  # a verify step, writing after 1 and after 4 tokens
     n0, n1, n2 = (len(p) - 1 for p in prompts)
@@ -184,11 +188,7 @@ def test_decode_attention_equals_per_request_path(
     prompts = [_tokens(n, 3 * n) for n in lengths]
     slots = [0, 1, 2]
     kv, states, tables = _prefilled(model, prompts, slots)
-    kv2 = PagedKVCache.for_model(model.config, 40, 4, F64)
-    kv2.kv.copy_(kv.kv)
-    states2 = StateCache(model.config, 12, F64)
-    states2.conv.copy_(states.conv)
-    states2.ssm.copy_(states.ssm)
+    kv2, states2 = _copies(model, kv, states)
     batch = _decode_batch(prompts, tables, slots)
     plan = layers.AttentionPlan.build(batch, kv, torch.device("cpu"))
     assert plan.decode is not None

@@ -42,6 +42,14 @@ def _tokens(n: int, seed: int, vocab: int = 97) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]
 
 
+def _paged(
+    model: HybridForCausalLM, num_blocks: int, table_seed: int, block_size: int = 16, **kw: int
+) -> tuple[PagedKVCache, StateCache, list[int]]:
+    """Empty caches of `num_blocks` blocks and a shuffled block table over all of them."""
+    kv, states = fresh_caches(model, num_blocks=num_blocks, block_size=block_size, **kw)
+    return kv, states, shuffled_blocks(num_blocks, table_seed)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_chunked_prefill_equals_whole(model: HybridForCausalLM, seed: int) -> None:
     tokens = _tokens(90, seed)
@@ -49,8 +57,7 @@ def test_chunked_prefill_equals_whole(model: HybridForCausalLM, seed: int) -> No
     rng = random.Random(seed)
     chunks = random_chunks(len(tokens), rng, 40)
     assert len(chunks) > 1
-    kv, states = fresh_caches(model, num_blocks=32, block_size=16)
-    table = shuffled_blocks(32, seed)
+    kv, states, table = _paged(model, 32, seed)
     chunked = model.compute_logits(prefill(model, tokens, chunks, table, kv, states, slot=3))
     assert whole.dtype == F64
     torch.testing.assert_close(chunked, whole, rtol=0, atol=ATOL)
@@ -60,8 +67,7 @@ def test_token_by_token_equals_whole(model: HybridForCausalLM) -> None:
     """Decode path (batched recurrence step, padded attention) == prefill path."""
     tokens = _tokens(40, 11)
     whole = full_hidden(model, tokens)
-    kv, states = fresh_caches(model, num_blocks=8, block_size=16)
-    table = shuffled_blocks(8, 5)
+    kv, states, table = _paged(model, 8, 5)
     stepwise = prefill(model, tokens, [1] * 40, table, kv, states, slot=0)
     torch.testing.assert_close(stepwise, whole, rtol=0, atol=ATOL)
 
@@ -69,8 +75,7 @@ def test_token_by_token_equals_whole(model: HybridForCausalLM) -> None:
 def test_resume_from_intermediate_state_write(model: HybridForCausalLM) -> None:
     tokens = _tokens(70, 3)
     whole = full_hidden(model, tokens)
-    kv, states = fresh_caches(model, num_blocks=16, block_size=16)
-    table = shuffled_blocks(16, 1)
+    kv, states, table = _paged(model, 16, 1)
     # One step over the first 50 tokens that also snapshots the state after 29 of them.
     step(model, tokens[:50], 0, table, kv, states, src=-1, writes=[(29, 5), (50, 6)])
     # Resume from the snapshot: recompute tokens 29.. from slot 5 (KV of 0..28 is in place).
@@ -87,8 +92,7 @@ def test_verify_step_writes_every_offset(model: HybridForCausalLM) -> None:
     """A speculative verify step asks for the state after every offset; each equals the state
     obtained by feeding exactly that many tokens."""
     prompt, draft = _tokens(20, 4), _tokens(5, 5)
-    kv, states = fresh_caches(model, num_blocks=8, block_size=4, num_slots=16)
-    table = shuffled_blocks(8, 2)
+    kv, states, table = _paged(model, 8, 2, block_size=4, num_slots=16)
     prefill(model, prompt, [20], table, kv, states, slot=0)
     step(model, draft, 20, table, kv, states, src=0, writes=[(k, 10 + k) for k in range(1, 6)])
     for k in range(1, 6):

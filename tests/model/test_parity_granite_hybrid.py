@@ -19,12 +19,7 @@ from hycache.model.loader import load_model
 from hycache.model.paged import StepBatch
 
 from .archs import GRANITE, GRANITE_BASE, GRANITE_CASES, granite_hf_model
-from .utils import (
-    hf_logits,
-    paged_greedy,
-    random_prompt,
-    save_hf,
-)
+from .utils import hf_logits, paged_greedy, random_prompt, save_hf
 
 transformers = pytest.importorskip("transformers")
 

@@ -20,13 +20,7 @@ from hycache.model.loader import load_config, load_model
 from hycache.model.nemotron_h import NemotronHForCausalLM
 
 from .archs import NEMOTRON_BASE, NEMOTRON_CASES, NEMOTRON_H, nemotron_hf_model
-from .utils import (
-    hf_generate,
-    hf_logits,
-    paged_greedy,
-    random_prompt,
-    save_hf,
-)
+from .utils import cli_generate, hf_generate, hf_logits, paged_greedy, random_prompt, save_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,17 +60,9 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 def test_cli_generate_matches_transformers(
     saved: tuple[Any, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hycache.cli.main import main
-
     hf, path = saved
     prompt = random_prompt(PROMPT_LEN, 30, VOCAB)
-    ids = ",".join(map(str, prompt.tolist()))
-    args = ["generate", "--model", str(path), "--prompt-token-ids", ids]
-    args += ["--max-tokens", str(NEW_TOKENS), "--ignore-eos", "--json"]
-    args += ["--max-model-len", "256", "--num-blocks", "64"]
-    assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["token_ids"] == hf_generate(hf, prompt, NEW_TOKENS)
+    assert cli_generate(path, prompt, NEW_TOKENS, capsys) == hf_generate(hf, prompt, NEW_TOKENS)
 
 
 # ------------------------------------------------------------------------------ config

@@ -18,11 +18,7 @@ import pytest
 from hycache.model.loader import load_config
 
 from .archs import QWEN3_NEXT, QWEN_ARCHS, qwen_hf_model
-from .utils import (
-    hf_generate,
-    random_prompt,
-    save_hf,
-)
+from .utils import cli_generate, hf_generate, random_prompt, save_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -46,15 +42,7 @@ def test_config_round_trips(arch: str, seed: int, tmp_path: Path) -> None:
 def test_cli_generate_matches_transformers(
     arch: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hycache.cli.main import main
-
     hf = hf_model(arch, 7)
     path = save_hf(hf, tmp_path / arch)
     prompt = random_prompt(PROMPT_LEN, 30, VOCAB)
-    ids = ",".join(map(str, prompt.tolist()))
-    args = ["generate", "--model", str(path), "--prompt-token-ids", ids]
-    args += ["--max-tokens", str(NEW_TOKENS), "--ignore-eos", "--json"]
-    args += ["--max-model-len", "256", "--num-blocks", "64"]
-    assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["token_ids"] == hf_generate(hf, prompt, NEW_TOKENS)
+    assert cli_generate(path, prompt, NEW_TOKENS, capsys) == hf_generate(hf, prompt, NEW_TOKENS)

@@ -4,6 +4,7 @@ checkpoints written with `save_pretrained`, greedy references, engine-level chec
 
 from __future__ import annotations
 
+import json
 import random
 import warnings
 from pathlib import Path
@@ -205,6 +206,19 @@ def hf_generate(hf: Any, prompt: torch.Tensor, n: int) -> list[int]:
         warnings.simplefilter("ignore")
         gen = hf.generate(prompt[None], max_new_tokens=n, do_sample=False)
     return gen[0, prompt.shape[0] :].tolist()
+
+
+def cli_generate(path: Path, prompt: torch.Tensor, n: int, capsys: Any) -> list[int]:
+    """The `n` greedy tokens `hycache generate --model path` prints for `prompt` (`capsys`:
+    pytest's capture of stdout)."""
+    from hycache.cli.main import main
+
+    ids = ",".join(map(str, prompt.tolist()))
+    args = ["generate", "--model", str(path), "--prompt-token-ids", ids]
+    args += ["--max-tokens", str(n), "--ignore-eos", "--json"]
+    args += ["--max-model-len", "256", "--num-blocks", "64"]
+    assert main(args) == 0
+    return list(json.loads(capsys.readouterr().out)["token_ids"])
 
 
 def paged_greedy(

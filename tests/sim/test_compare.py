@@ -7,14 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from hycache.config import (
-    CacheConfig,
-    CacheKnobs,
-    HycacheConfig,
-    Policy,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
+from hycache.config import Policy
 from hycache.sim.compare import (
     ARM_NAMES,
     ARMS,
@@ -36,12 +29,9 @@ from hycache.sim.compare import (
 from hycache.sim.costmodel import CostModel, SeqWork, StepWork
 from hycache.sim.presets import load_gpu, load_model_spec
 from hycache.sim.workloads import multi_turn_workload, system_prompt_workload
+from tests.helpers import make_config
 
-CFG = HycacheConfig(
-    CacheConfig(CacheKnobs(block_size=16, prefix_match_unit=4), num_blocks=400, max_model_len=128),
-    SpeculativeConfig(num_speculative_tokens=2),
-    SchedulerConfig(64, 4),
-)
+CFG = make_config(policy="limit", k=2, num_blocks=400, max_model_len=128, budget=64, max_num_seqs=4)
 
 
 def tiny_cost() -> CostModel:

@@ -15,31 +15,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hycache.cli.main import main
-from hycache.config import (
-    CacheConfig,
-    CacheKnobs,
-    HycacheConfig,
-    Policy,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
+from hycache.config import HycacheConfig, Policy
 from hycache.sim.cluster import ROUTINGS
 from hycache.sim.simulator import RequestRecord, SimResult, Simulator
 from hycache.sim.workloads import RequestSpec, family_workload
+from tests.helpers import make_config, tiny_family_simulate
 
 B, U = 16, 4
 
 
 def config(policy: Policy, num_blocks: int = 400, drafts: int = 2) -> HycacheConfig:
-    return HycacheConfig(
-        CacheConfig(
-            CacheKnobs(block_size=B, prefix_match_unit=U, policy=policy),
-            num_blocks=num_blocks,
-            max_model_len=160,
-        ),
-        SpeculativeConfig(num_speculative_tokens=drafts),
-        SchedulerConfig(64, 4),
-    )
+    return make_config(
+        block_size=B, unit=U, policy=policy, k=drafts, num_blocks=num_blocks, max_model_len=160,
+        budget=64, max_num_seqs=4,
+    )  # fmt: skip
 
 
 def families(seed: int, n: int = 6) -> list[RequestSpec]:
@@ -146,38 +135,9 @@ def test_one_instance_is_one_engine_whatever_the_router(sequential: bool) -> Non
 def test_cli_simulate_attention_only(tmp_path: Path) -> None:
     out = tmp_path / "fleet.json"
     args = [
-        "simulate",
-        "--workload",
-        "family",
-        "--model",
-        "tiny",
-        "--block-size",
-        "16",
-        "--prefix-match-unit",
-        "4",
-        "--families",
-        "3",
-        "--requests-per-family",
-        "3",
-        "--shared-prefix-tokens",
-        "30:60",
-        "--suffix-tokens",
-        "3:10",
-        "--output-tokens",
-        "2:4",
-        "--num-blocks",
-        "300",
-        "--policy",
-        "replay",
-        "--instances",
-        "2",
-        "--routing",
-        "attention-only",
-        "--sequential",
-        "--quiet",
-        "--json",
-        str(out),
-    ]
+        *tiny_family_simulate(3), "--policy", "replay", "--instances", "2",
+        "--routing", "attention-only", "--sequential", "--quiet", "--json", str(out),
+    ]  # fmt: skip
     assert main(args) == 0
     doc = json.loads(out.read_text())
     assert doc["inputs"]["routing"] == "attention-only"

@@ -13,8 +13,7 @@ from hycache.engine.build import attention_block_bytes, state_bytes
 from hycache.model.configs import config_from_hf_dict
 from hycache.sim.model_spec import model_spec_from_hf
 from hycache.sim.presets import load_model_spec
-from tests.helpers import BAMBA_9B
-from tests.sim.conftest import NEMOTRON_MOE
+from tests.helpers import BAMBA_9B, NEMOTRON_MOE
 
 PRESETS = Path(__file__).parents[2] / "hycache" / "sim" / "presets" / "models"
 

@@ -12,8 +12,7 @@ import pytest
 from hycache.sim.costmodel import CostModel
 from hycache.sim.model_spec import ModelSpec, model_spec_from_hf
 from hycache.sim.presets import list_presets, load_gpu, load_model_spec
-from tests.helpers import BAMBA_9B
-from tests.sim.conftest import NEMOTRON_MOE
+from tests.helpers import BAMBA_9B, NEMOTRON_MOE
 
 GRANITE_MOE = {
     "model_type": "granitemoehybrid",

@@ -26,6 +26,7 @@ from hycache.sim.tier import STORE_LINKS, SimBlockIO, SimHostStore, StoreLink, T
 from hycache.sim.workloads import RequestSpec, family_workload
 from hycache.store.codec import encode
 from hycache.store.host import HostStore
+from tests.helpers import tiny_family_simulate
 
 B, U = 16, 4
 
@@ -222,30 +223,7 @@ def test_bad_instances_and_routing() -> None:
 
 
 def test_cli_simulate_with_a_store_and_instances(tmp_path: Path) -> None:
-    args = [
-        "simulate",
-        "--workload",
-        "family",
-        "--model",
-        "tiny",
-        "--block-size",
-        "16",
-        "--prefix-match-unit",
-        "4",
-        "--families",
-        "2",
-        "--requests-per-family",
-        "3",
-        "--shared-prefix-tokens",
-        "30:60",
-        "--suffix-tokens",
-        "3:10",
-        "--output-tokens",
-        "2:4",
-        "--num-blocks",
-        "300",
-        "--quiet",
-    ]
+    args = [*tiny_family_simulate(2), "--quiet"]
     plain, tiered = tmp_path / "plain.json", tmp_path / "tiered.json"
     assert main([*args, "--json", str(plain)]) == 0
     extra = ["--kv-store-gb", "1", "--kv-store-link", "rdma", "--instances", "2"]

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +124,16 @@ def test_blank_lines_and_backward_timestamps(tmp_path: Path) -> None:
         (json.dumps(rec(0, 17, 1, [1, 2])), "needs 3 hash_ids at 8 tokens per block, got 2"),
     ],
 )
-def test_errors_name_the_line(tmp_path: Path, line: str, reason: str) -> None:
+@pytest.mark.parametrize("read", [read_mooncake_trace, lazy_mooncake_trace])
+def test_errors_name_the_line(
+    tmp_path: Path, line: str, reason: str, read: Callable[..., object]
+) -> None:
+    """Eager or lazy, the whole file is validated before a request is returned."""
     path = tmp_path / "t.jsonl"
     good = json.dumps(rec(0, 8, 1, [1]))
     path.write_text(f"{good}\n\n{good}\n{line}\n{good}\n")
     with pytest.raises(TraceFormatError) as e:
-        read_mooncake_trace(path, block_tokens=B)
+        read(path, block_tokens=B)
     assert e.value.line == 4
     assert f"{path}, line 4: " in str(e.value)
     assert reason in str(e.value)
@@ -240,15 +245,6 @@ def test_lazy_trace_keeps_hash_ids_and_expands_on_read(tmp_path: Path) -> None:
     assert len(lazy_mooncake_trace(path, block_tokens=B, limit=1)) == 1
     with pytest.raises(ValueError, match="vocab"):
         lazy_mooncake_trace(path, block_tokens=B, vocab=0)
-
-
-def test_lazy_trace_validates_every_line_before_returning(tmp_path: Path) -> None:
-    path = tmp_path / "t.jsonl"
-    good = json.dumps(rec(0, 8, 1, [1]))
-    path.write_text(f"{good}\n{good}\n{good}\n{{oops\n")
-    with pytest.raises(TraceFormatError) as e:
-        lazy_mooncake_trace(path, block_tokens=B)
-    assert e.value.line == 4
 
 
 def spaced_trace(path: Path, n: int, gap_ms: int) -> None:

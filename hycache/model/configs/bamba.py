@@ -12,8 +12,6 @@ from typing import Any, ClassVar
 
 from hycache.model.configs.base import (
     HybridConfig,
-    attention_shape,
-    mamba_head_dim,
     parse_rope,
 )
 from hycache.model.configs.fields import parse_pair, required
@@ -31,31 +29,20 @@ class BambaConfig(HybridConfig):
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> BambaConfig:
-        cls._check_model_type(d)
+        shape = cls._hf_read_shape(d)
         req = required(d)
-        hidden_size = int(req("hidden_size"))
-        num_heads, kv_heads, head_dim = attention_shape(d, hidden_size)
-        mamba_expand = int(d.get("mamba_expand", 2))
-        mamba_n_heads = int(req("mamba_n_heads"))
         rope_theta, partial = parse_rope(d, default_partial=0.5)
         return cls(
-            vocab_size=int(req("vocab_size")),
-            hidden_size=hidden_size,
+            **shape,
+            **cls._hf_read_mamba(
+                d,
+                shape["hidden_size"],
+                n_heads=int(req("mamba_n_heads")),
+                d_state=int(req("mamba_d_state")),
+            ),
             intermediate_size=int(req("intermediate_size")),
             num_hidden_layers=int(req("num_hidden_layers")),
-            num_attention_heads=num_heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
             attn_layer_indices=tuple(int(i) for i in d.get("attn_layer_indices") or ()),
-            mamba_n_heads=mamba_n_heads,
-            mamba_d_head=mamba_head_dim(d, hidden_size, mamba_n_heads, mamba_expand),
-            mamba_n_groups=int(d.get("mamba_n_groups", 1)),
-            mamba_d_state=int(req("mamba_d_state")),
-            mamba_d_conv=int(d.get("mamba_d_conv", 4)),
-            mamba_expand=mamba_expand,
-            mamba_chunk_size=int(d.get("mamba_chunk_size", 256)),
-            mamba_conv_bias=bool(d.get("mamba_conv_bias", True)),
-            mamba_proj_bias=bool(d.get("mamba_proj_bias", False)),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
             rope_theta=rope_theta,
             partial_rotary_factor=partial,

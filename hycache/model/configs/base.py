@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hycache.model.configs.fields import check_hf_field_types, first, pair_to_json
+from hycache.model.configs.fields import check_hf_field_types, first, pair_to_json, required
 
 _DEFAULT_ROPE_THETA = 10000.0
 
@@ -220,6 +220,44 @@ class HybridConfig:
                 f"config field model_type must be {cls.model_type!r}, got {model_type!r}"
             )
         check_hf_field_types(d)
+
+    @classmethod
+    def _hf_read_shape(
+        cls, d: Mapping[str, Any], head_dim_keys: tuple[str, ...] = ("head_dim",)
+    ) -> dict[str, Any]:
+        """After `_check_model_type`, the fields every architecture reads under the same
+        names: the vocabulary, the width and the attention shape (`attention_shape`)."""
+        cls._check_model_type(d)
+        req = required(d)
+        hidden_size = int(req("hidden_size"))
+        num_heads, kv_heads, head_dim = attention_shape(d, hidden_size, head_dim_keys)
+        return {
+            "vocab_size": int(req("vocab_size")),
+            "hidden_size": hidden_size,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+        }
+
+    @staticmethod
+    def _hf_read_mamba(
+        d: Mapping[str, Any], hidden_size: int, *, n_heads: int, d_state: int
+    ) -> dict[str, Any]:
+        """The `mamba_*` fields read back from the names `_hf_mamba` writes (Bamba's and
+        Granite's; their defaults for the heads and the state size differ, so they are read
+        by the caller)."""
+        expand = int(d.get("mamba_expand", 2))
+        return {
+            "mamba_n_heads": n_heads,
+            "mamba_d_head": mamba_head_dim(d, hidden_size, n_heads, expand),
+            "mamba_n_groups": int(d.get("mamba_n_groups", 1)),
+            "mamba_d_state": d_state,
+            "mamba_d_conv": int(d.get("mamba_d_conv", 4)),
+            "mamba_expand": expand,
+            "mamba_chunk_size": int(d.get("mamba_chunk_size", 256)),
+            "mamba_conv_bias": bool(d.get("mamba_conv_bias", True)),
+            "mamba_proj_bias": bool(d.get("mamba_proj_bias", False)),
+        }
 
     def _hf_common(self) -> dict[str, Any]:
         """Fields every architecture writes under the same name."""

@@ -12,8 +12,6 @@ from typing import Any, ClassVar
 
 from hycache.model.configs.base import (
     HybridConfig,
-    attention_shape,
-    mamba_head_dim,
     parse_rope,
 )
 from hycache.model.configs.fields import parse_pair, required
@@ -63,10 +61,8 @@ class GraniteHybridConfig(HybridConfig):
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> GraniteHybridConfig:
-        cls._check_model_type(d)
+        shape = cls._hf_read_shape(d)
         req = required(d)
-        hidden_size = int(req("hidden_size"))
-        num_heads, kv_heads, head_dim = attention_shape(d, hidden_size)
         num_layers = int(req("num_hidden_layers"))
         layer_types = d.get("layer_types") or d.get("layers_block_type") or ["mamba"] * num_layers
         if not isinstance(layer_types, list) or len(layer_types) != num_layers:
@@ -85,29 +81,20 @@ class GraniteHybridConfig(HybridConfig):
                 f"got {pos!r}"
             )
         rope_theta, _ = parse_rope(d, default_partial=1.0)
-        mamba_expand = int(d.get("mamba_expand", 2))
-        mamba_n_heads = int(d.get("mamba_n_heads", 128))
         experts = int(d.get("num_local_experts") or 0)
         return cls(
-            vocab_size=int(req("vocab_size")),
-            hidden_size=hidden_size,
+            **shape,
+            **cls._hf_read_mamba(
+                d,
+                shape["hidden_size"],
+                n_heads=int(d.get("mamba_n_heads", 128)),
+                d_state=int(d.get("mamba_d_state", 256)),
+            ),
             intermediate_size=int(d.get("shared_intermediate_size", 1024)),
             num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
             attn_layer_indices=tuple(
                 i for i, t in enumerate(layer_types) if _GRANITE_LAYERS[t] == "attention"
             ),
-            mamba_n_heads=mamba_n_heads,
-            mamba_d_head=mamba_head_dim(d, hidden_size, mamba_n_heads, mamba_expand),
-            mamba_n_groups=int(d.get("mamba_n_groups", 1)),
-            mamba_d_state=int(d.get("mamba_d_state", 256)),
-            mamba_d_conv=int(d.get("mamba_d_conv", 4)),
-            mamba_expand=mamba_expand,
-            mamba_chunk_size=int(d.get("mamba_chunk_size", 256)),
-            mamba_conv_bias=bool(d.get("mamba_conv_bias", True)),
-            mamba_proj_bias=bool(d.get("mamba_proj_bias", False)),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             use_rope=pos == "rope",
             rope_theta=rope_theta,

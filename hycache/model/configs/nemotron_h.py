@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hycache.model.configs.base import HybridConfig, attention_shape
+from hycache.model.configs.base import HybridConfig
 from hycache.model.configs.fields import first, required
 
 _NEMOTRON_BLOCKS = {
@@ -150,25 +150,17 @@ class NemotronHConfig(HybridConfig):
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> NemotronHConfig:
-        cls._check_model_type(d)
+        shape = cls._hf_read_shape(d, head_dim_keys=("head_dim", "attention_head_dim"))
         req = required(d)
         pattern = _nemotron_pattern(d)
         latent = d.get("moe_latent_size")
-        hidden_size = int(req("hidden_size"))
-        num_heads, kv_heads, head_dim = attention_shape(
-            d, hidden_size, head_dim_keys=("head_dim", "attention_head_dim")
-        )
         mamba_act = str(d.get("mamba_hidden_act", "silu"))
         # transformers' mixer clamps dt to (time_step_min, inf); `time_step_limit` is unused.
         dt_min = float(first(d, ("time_step_min", "mamba_dt_min"), 0.001))
         return cls(
-            vocab_size=int(req("vocab_size")),
-            hidden_size=hidden_size,
+            **shape,
             intermediate_size=int(req("intermediate_size")),
             num_hidden_layers=len(pattern),
-            num_attention_heads=num_heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
             attn_layer_indices=tuple(i for i, c in enumerate(pattern) if c == "*"),
             mamba_layers=tuple(i for i, c in enumerate(pattern) if c == "M"),
             mamba_n_heads=int(req("mamba_num_heads")),

@@ -26,11 +26,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hycache.model.configs.base import HybridConfig, attention_shape, parse_rope
+from hycache.model.configs.base import HybridConfig, parse_rope
 from hycache.model.configs.fields import required
 
 _LAYER_KINDS = ("linear_attention", "full_attention")
 GDN_CHUNK_SIZE = 64  # the chunk length of the chunked gated delta rule (FLA's and transformers')
+
+
+class _Alias:
+    """A read-only attribute that is another field under a second name."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __get__(self, config: object, owner: type | None = None) -> Any:
+        return self if config is None else getattr(config, self.field)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,21 +73,11 @@ class Qwen3NextConfig(HybridConfig):
     mlp_only_layers: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ GDN names
-    @property
-    def linear_num_value_heads(self) -> int:
-        return self.mamba_n_heads
-
-    @property
-    def linear_num_key_heads(self) -> int:
-        return self.mamba_n_groups
-
-    @property
-    def linear_key_head_dim(self) -> int:
-        return self.mamba_d_state
-
-    @property
-    def linear_value_head_dim(self) -> int:
-        return self.mamba_d_head
+    # the Gated DeltaNet's names for the recurrent mixer's fields (read-only)
+    linear_num_value_heads = _Alias("mamba_n_heads")
+    linear_num_key_heads = _Alias("mamba_n_groups")
+    linear_key_head_dim = _Alias("mamba_d_state")
+    linear_value_head_dim = _Alias("mamba_d_head")
 
     def is_moe_layer(self, layer: int) -> bool:
         return (
@@ -112,10 +112,8 @@ class Qwen3NextConfig(HybridConfig):
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> HybridConfig:
         d = cls._text_part(d)
-        cls._check_model_type(d)
+        shape = cls._hf_read_shape(d)
         req = required(d)
-        hidden_size = int(req("hidden_size"))
-        num_heads, kv_heads, head_dim = attention_shape(d, hidden_size)
         num_layers = int(req("num_hidden_layers"))
         layer_types = d.get("layer_types")
         if layer_types is None:  # transformers' default: every 4th layer full attention
@@ -134,13 +132,9 @@ class Qwen3NextConfig(HybridConfig):
         rope_theta, partial = parse_rope(d, default_partial=0.25)
         attn = tuple(i for i, t in enumerate(layer_types) if t == "full_attention")
         return cls(
-            vocab_size=int(req("vocab_size")),
-            hidden_size=hidden_size,
+            **shape,
             intermediate_size=int(d.get("intermediate_size") or 0) or 1,
             num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
             attn_layer_indices=attn,
             mamba_layers=tuple(i for i in range(num_layers) if i not in attn),
             mamba_n_heads=int(d.get("linear_num_value_heads", 32)),

@@ -261,6 +261,7 @@ SCHEDULER_ATTRS = (
     "kv_cache_manager.mamba_shared_prefix_checkpoint",
     "kv_cache_manager.coordinator.num_reprefillable_tokens",
     "requests",
+    "running",
     "max_num_scheduled_tokens",
 )
 # releases with lookahead keys

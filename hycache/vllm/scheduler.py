@@ -370,12 +370,17 @@ class _Limit:
 
     def _defers_capped(self, request: Request, start: int, num_new: int) -> bool:
         """Whether a request whose resume was capped at the block floor waits a step instead
-        of starting a chunk the budget cuts: the floor was taken for its one pass, and a cut
-        chunk from a block start ends on the grid and then at the tail, two passes more than
-        the one it waits for (vLLM does the same with a chunk shorter than a block)."""
+        of starting a chunk the budget cuts (a chunk that fits beside the batch's decodes):
+        the floor was taken for its one pass, and a cut chunk from a block start ends on the
+        grid and then at the tail, two passes more than the one it waits for (vLLM does the
+        same with a chunk shorter than a block)."""
         capped = getattr(request, CAPPED_ATTR, None)
         end = max(request.num_prompt_tokens, request.num_tokens - 1)
-        return capped is not None and start == capped and start + num_new < end
+        if capped is None or start != capped or start + num_new >= end:
+            return False
+        # only a chunk that fits beside the batch's decodes: one that never would is not held
+        decodes = len(self.running) * (1 + self.num_spec_tokens)  # type: ignore[attr-defined]
+        return end - start <= self.max_num_scheduled_tokens - decodes  # type: ignore[attr-defined]
 
     def _drops_vllm_tail(self, request: Request, start: int, end: int, num_new: int) -> bool:
         """Whether the chunk vLLM ended at the prompt's tail checkpoint (a chunk that cannot

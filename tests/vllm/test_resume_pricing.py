@@ -9,6 +9,7 @@ scheduler (`hycache.cache.stops.resume_pays`, `observed_chance`; issue 45):
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -95,3 +96,19 @@ def test_sightings_are_bounded_and_counted_once_per_request() -> None:
     assert len(s.hycache_sightings) == JUNCTIONS_REMEMBERED
     assert 0 not in s.hycache_sightings  # the oldest went
     assert list(s.hycache_sightings.values())[-1] == 1  # the observer, once
+
+
+def test_a_capped_request_waits_rather_than_start_a_cut_chunk() -> None:
+    """Capped at 57,408 (6,608 tokens to go): a budget that cuts the chunk makes it wait a
+    step; a whole chunk, an uncapped request, or a chunk that could never fit beside the
+    batch's decodes does not."""
+    s = ReferenceScheduler(SEED).scheduler
+    req = SimpleNamespace(num_prompt_tokens=64_016, num_tokens=64_016, hycache_capped=57_408)
+    assert s._defers_capped(req, 57_408, 4_416)
+    assert not s._defers_capped(req, 57_408, 6_608)
+    assert not s._defers_capped(
+        SimpleNamespace(**{**vars(req), "hycache_capped": None}), 57_408, 4_416
+    )
+    s.running.extend([object()] * 1_000)  # 2,000 decode tokens a step: 6,608 never fits
+    assert not s._defers_capped(req, 57_408, 4_416)
+    s.running.clear()

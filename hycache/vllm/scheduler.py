@@ -7,10 +7,14 @@ else:
     lookup (vLLM's coordinator)      every-unit attention keys (`managers.UnitKeyedAttention`)
                                      make the attention hit, hence vLLM's observed junction j
                                      (`shared_prefix_boundary`), the limit floor((P-1)/u)*u
-    _get_local_prefix_cache_hit  ──▶ the request's stops: `Boundaries.junction_stops(j)` (vLLM's
-                                     floor(j/B)*B, j on the unit grid, the block boundary after
-                                     it) and `Boundaries.hint_stops` for the prefix hints in
-                                     `SamplingParams.extra_args["prefix_hints"]`
+    _get_local_prefix_cache_hit  ──▶ the resume priced (`stops.resume_pays`: a mid-block hit
+                                     whose forced pass does not pay is capped at the block
+                                     floor, stock's point); the request's stops:
+                                     `Boundaries.junction_stops(j)` (vLLM's floor(j/B)*B, j on
+                                     the unit grid, the block boundary after it) and
+                                     `Boundaries.hint_stops` for the prefix hints in
+                                     `SamplingParams.extra_args["prefix_hints"]`; a sighting of
+                                     j counted (`stops.observed_chance` prices its stops)
     _mamba_block_aligned_split   ──▶ vLLM's split, then ended at the first of those stops
     Mamba manager                    keeps the state at each stop (`managers.StopKeepingMamba`)
 
@@ -277,7 +281,8 @@ class _Limit:
         """The other work a step carries, in tokens, as a request deciding its resume expects
         it: the batch's recent mean load per step while other requests are in it, none when
         it is alone (its own earlier steps are no one's wait)."""
-        others = any(rid != request.request_id for rid in self.requests)  # type: ignore[attr-defined]
+        live = self.requests  # type: ignore[attr-defined]
+        others = len(live) - (request.request_id in live)
         return round(self.hycache_load) if others else 0
 
     def _get_local_prefix_cache_hit(self, request: Request, *args: Any, **kwargs: Any) -> Any:
@@ -296,7 +301,8 @@ class _Limit:
         """Count `request` as one more sighting of the junction it observed (once per request:
         a preempted one looks up again), bounded to the newest `JUNCTIONS_REMEMBERED`
         prefixes; its stops there are priced with the count (`stops.observed_chance`)."""
-        u = self.hycache_bounds.unit if self.hycache_bounds else 1
+        assert self.hycache_bounds is not None
+        u = self.hycache_bounds.unit
         if junction <= hit or hasattr(request, SIGHTINGS_ATTR):
             return
         index = junction // u - 1

@@ -233,6 +233,7 @@ def run_arm(llm: Any, prompts: list[list[int]], family: list[int], spec: dict[st
         "ttft_p95_s": percentile(ttft, 95),
         "sibling_ttft_p50_s": statistics.median(siblings),
         "ttft_cpu_p50_s": statistics.median(ttft_cpu),
+        "ttft_s": ttft,
         "prefill_tokens": sum(len(p) - h for p, h in zip(prompts, hits, strict=True)),
         "forward_passes": passes,
     }
@@ -273,6 +274,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         )
         timed = {k: spread([r[k] for r in rs]) for k in TIMED}
         arms[arm] = {**counted, **timed, "per_repeat": {k: [r[k] for r in rs] for k in TIMED}}
+        # each request's TTFT, median over the repeats: which requests the p50 falls between
+        arms[arm]["ttft_per_request_s"] = [
+            statistics.median(ts) for ts in zip(*(r["ttft_s"] for r in rs), strict=True)
+        ]
     out: dict[str, Any] = {"arms": arms}
     if "plugin" in runs:
         ratios: dict[str, Any] = {}
@@ -282,6 +287,13 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for k in TIMED:
             ratios[k] = ratio_spread([r[k] for r in runs["plugin"]], [r[k] for r in runs["stock"]])
         out["ratios"] = ratios
+        out["ttft_per_request_ratio"] = [
+            p / s if s else None
+            for p, s in zip(
+                arms["plugin"]["ttft_per_request_s"], arms["stock"]["ttft_per_request_s"],
+                strict=True,
+            )
+        ]  # fmt: skip
     tokens = {json.dumps(r["token_ids"]) for rs in runs.values() for r in rs}
     out["identical_tokens"] = len(tokens) == 1
     return out
@@ -345,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plugin/stock {k}: {verdict(r)}")
         elif r is not None:
             print(f"plugin/stock {k}: {r:.3f}")
+    for arm, a in result["arms"].items():
+        per = ", ".join(f"{t * 1e3:.0f}" for t in a["ttft_per_request_s"])
+        print(f"{arm:8s} TTFT per request, ms (median over the repeats): {per}")
     same = result["identical_tokens"]
     print("identical greedy tokens in every arm and repeat:", same)
     return 0 if same else 1

@@ -16,6 +16,20 @@ request resumes from instead of the request's last kept state below it (`prev`):
 (each cost one pass: what resuming at `stop` instead of `prev` saves a later request whose
 chunk runs on to `end`, against what the split adds to this one).
 
+A resume has the same trade, borne by one request (`resume_pays`): inside vLLM a hit at a
+mid-block state `hit` makes the chunk stop at the next block boundary (the export slot is the
+block the state starts in), one more pass than a resume at the block floor, and that pass is
+one more step before the request's first token, a step that carries the batch's other work
+(`busy` tokens):
+
+    floor      hit        boundary              end
+      |---------|------------|------------------|
+      resume at hit: [hit, boundary) + [boundary, end), two steps
+      resume at floor: [floor, end), one step
+
+    the deeper resume pays  <=>  cost([floor, end)) - cost([hit, end))
+                                   >=  split at boundary + cost(busy tokens beside [boundary, end))
+
 `chance` is the expected number of later requests that resume there (admission's per-kind
 chance in hycache's own cache, a prior per kind in vLLM). The prices come from the caller (a
 `PassPricer`: the simulator's cost model, or a flat price a deployment configures), since the
@@ -78,6 +92,14 @@ PRIOR_CHANCE: dict[str, float] = {
 }
 
 
+def observed_chance(kind: str, sightings: int) -> float:
+    """`PRIOR_CHANCE` scaled by what was observed: `sightings` requests (this one included)
+    shared the stop's prefix without finding a state there, and as many more are expected
+    (one sighting: the prior). A system prompt that many siblings reuse pays where one
+    sibling's saving would not."""
+    return PRIOR_CHANCE[kind] * max(sightings, 1)
+
+
 def stop_pays(
     pricer: PassPricer,
     chance: float,
@@ -92,5 +114,27 @@ def stop_pays(
     chunk there adds (see the module docstring)."""
     if not start < stop < end:
         return True  # not inside the chunk: it costs no pass
+    return chance * _saved(pricer, prev, stop, end) >= pricer.split_cost(
+        start, stop - start, end - stop
+    )
+
+
+def resume_pays(
+    pricer: PassPricer, floor: int, hit: int, boundary: int, end: int, busy: int
+) -> bool:
+    """Whether resuming at `hit` instead of `floor` pays for the pass that splits the
+    request's prefill [hit, end) at `boundary` (see the module docstring): the prefill the
+    request saves, against the split plus the batch's other work (`busy` tokens) in the step
+    its first token then waits for. A resume that forces no split always pays."""
+    if not floor < hit < boundary < end:
+        return True
+    rest = end - boundary
+    wait = pricer.prefill_cost(boundary, rest + busy) - pricer.prefill_cost(boundary, rest)
+    split = pricer.split_cost(hit, boundary - hit, rest)
+    return _saved(pricer, floor, hit, end) >= split + max(wait, 0.0)
+
+
+def _saved(pricer: PassPricer, prev: int, stop: int, end: int) -> float:
+    """What prefilling [stop, end) instead of [prev, end) saves."""
     saved = pricer.prefill_cost(prev, end - prev) - pricer.prefill_cost(stop, end - stop)
-    return chance * max(saved, 0.0) >= pricer.split_cost(start, stop - start, end - stop)
+    return max(saved, 0.0)

@@ -81,6 +81,7 @@ PLUGIN: tuple[Internal, ...] = (
     Internal(SCHED, "Scheduler"),
     Internal(ASYNC, "AsyncScheduler"),
     Internal(SCHED, "Scheduler._get_local_prefix_cache_hit", ("request",)),
+    Internal(SCHED, "Scheduler.schedule"),
     Internal(
         SCHED,
         "Scheduler._mamba_block_aligned_split",
@@ -227,13 +228,20 @@ class Release:
     cpu_fixes: tuple[Internal, ...] = ()
 
 
+# a lookup capped below its hit (the plugin's priced resume: 0.33, 0.34; 0.32's takes no cap)
+CAPPED_LOOKUP = Internal(
+    SCHED, "Scheduler._get_local_prefix_cache_hit", ("request", "max_cache_hit_length")
+)
+
 RELEASES: dict[str, Release] = {
     "0.32": Release(
         PLUGIN + HARNESS, runner_output_has_index=True, lookahead_keys=False, cpu_fixes=CPU_FIXES
     ),
-    "0.33": Release(PLUGIN + HARNESS, runner_output_has_index=True),
+    "0.33": Release(PLUGIN + HARNESS + (CAPPED_LOOKUP,), runner_output_has_index=True),
     "0.34": Release(
-        PLUGIN + HARNESS + (Internal(SCHED, "Scheduler._reorder_waiting_by_cached_prefix"),),
+        PLUGIN
+        + HARNESS
+        + (CAPPED_LOOKUP, Internal(SCHED, "Scheduler._reorder_waiting_by_cached_prefix")),
         runner_output_has_index=False,
     ),
 }
@@ -252,6 +260,9 @@ SCHEDULER_ATTRS = (
     "use_eagle_block_drop",
     "kv_cache_manager.mamba_shared_prefix_checkpoint",
     "kv_cache_manager.coordinator.num_reprefillable_tokens",
+    "requests",
+    "running",
+    "max_num_scheduled_tokens",
 )
 # releases with lookahead keys
 LOOKAHEAD_SCHEDULER_ATTRS = ("num_hash_lookahead_tokens", "mamba_has_prefill_checkpoint_blocks")

@@ -7,10 +7,14 @@ else:
     lookup (vLLM's coordinator)      every-unit attention keys (`managers.UnitKeyedAttention`)
                                      make the attention hit, hence vLLM's observed junction j
                                      (`shared_prefix_boundary`), the limit floor((P-1)/u)*u
-    _get_local_prefix_cache_hit  ──▶ the request's stops: `Boundaries.junction_stops(j)` (vLLM's
-                                     floor(j/B)*B, j on the unit grid, the block boundary after
-                                     it) and `Boundaries.hint_stops` for the prefix hints in
-                                     `SamplingParams.extra_args["prefix_hints"]`
+    _get_local_prefix_cache_hit  ──▶ the resume priced (`stops.resume_pays`: a mid-block hit
+                                     whose forced pass does not pay is capped at the block
+                                     floor, stock's point); the request's stops:
+                                     `Boundaries.junction_stops(j)` (vLLM's floor(j/B)*B, j on
+                                     the unit grid, the block boundary after it) and
+                                     `Boundaries.hint_stops` for the prefix hints in
+                                     `SamplingParams.extra_args["prefix_hints"]`; a sighting of
+                                     j counted (`stops.observed_chance` prices its stops)
     _mamba_block_aligned_split   ──▶ vLLM's split, then ended at the first of those stops
     Mamba manager                    keeps the state at each stop (`managers.StopKeepingMamba`)
 
@@ -42,7 +46,14 @@ import reprlib
 from typing import TYPE_CHECKING, Any
 
 from hycache.cache.boundaries import MAX_PREFIX_HINTS, Boundaries, StateKind, floor_to
-from hycache.cache.stops import PRIOR_CHANCE, FlatPrice, PassPricer, stop_pays
+from hycache.cache.stops import (
+    PRIOR_CHANCE,
+    FlatPrice,
+    PassPricer,
+    observed_chance,
+    resume_pays,
+    stop_pays,
+)
 from hycache.config import Policy
 from hycache.vllm import compat, events, managers
 from hycache.vllm.managers import STOPS_ATTR, stops_of
@@ -55,12 +66,21 @@ logger = logging.getLogger("hycache.vllm")
 HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on the server)
 HINTS_ATTR = "hycache_hints"  # the parsed hints, set on each vLLM request
 HIT_ATTR = "hycache_hit"  # the request's last local hit, set on each vLLM request
+CAPPED_ATTR = "hycache_capped"  # the block floor a priced resume capped the request's hit at
+SIGHTINGS_ATTR = "hycache_sightings"  # requests that observed the request's junction so far
+# how many junction prefixes the scheduler counts sightings of (the newest; a forgotten one
+# starts again from one sighting, the prior)
+JUNCTIONS_REMEMBERED = 1 << 16
 PRICE_KEY = "hycache"  # VllmConfig.additional_config key: {"pass_cost": .., "token_cost": ..}
 # A pass priced as 96 prefill tokens when the deployment names no price: what an extra pass
 # adds to a 9B hybrid's prefill on an H200 in the simulator's cost model (Nemotron-H-8B,
 # Bamba-9B: 2-3 ms over a 0.03 ms token when the chunk it splits is long, up to the whole
 # 5-6 ms weight read when it leaves a short one; docs/vllm-plugin.md, "What a stop costs").
 DEFAULT_PRICE = FlatPrice(pass_cost=96.0, token_cost=1.0)
+# A step's load, averaged over about the last 1 / LOAD_WEIGHT steps (`_Limit.hycache_busy`):
+# what the step a later pass adds carries beside it, where arrivals come in bursts (a closed
+# loop's requests finish together) that one step's load would miss or overstate.
+LOAD_WEIGHT = 0.1
 LOGGED_HINTS = 4  # bad hints a warning quotes (it counts the others)
 MAX_LOGGED_ID = 128  # characters of a request id a warning quotes
 _REPR = reprlib.Repr()  # a bad hint's repr in the warning: a few items, 40 characters each
@@ -202,6 +222,8 @@ class _Limit:
     hycache_pricer: PassPricer  # what a pass and a token cost (`pass_price`; the harness may
     # set the simulator's cost model instead)
     hycache_vllm_base = "Scheduler"  # the vLLM class behaved as when inert (for the log line)
+    hycache_load: float  # tokens a step schedules, a moving average (`hycache_busy`)
+    hycache_sightings: dict[Any, int]  # junction prefix key -> requests that observed it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -220,6 +242,8 @@ class _Limit:
             return
         self.hycache_bounds = boundaries_for(self)
         self.hycache_pricer = pass_price(self)
+        self.hycache_load = 0.0
+        self.hycache_sightings = {}
         managers.install(self.kv_cache_manager)  # type: ignore[attr-defined]
         logger.info(
             "hycache.vllm.%s: limit on (vLLM %s; block_size %d, unit %d): keys on every unit, "
@@ -246,15 +270,78 @@ class _Limit:
         stops.update(s for s in bounds.hint_stops(hints, hit, t) if s not in below)
         return tuple(sorted(s for s in stops if s > hit))
 
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if self.hycache_bounds is not None:
+            load = out.total_num_scheduled_tokens
+            self.hycache_load += LOAD_WEIGHT * (load - self.hycache_load)
+        return out
+
+    def hycache_busy(self, request: Request) -> int:
+        """The other work a step carries, in tokens, as a request deciding its resume expects
+        it: the batch's recent mean load per step while other requests are in it, none when
+        it is alone (its own earlier steps are no one's wait)."""
+        live = self.requests  # type: ignore[attr-defined]
+        others = len(live) - (request.request_id in live)
+        return round(self.hycache_load) if others else 0
+
     def _get_local_prefix_cache_hit(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # the arguments pass through as given: vLLM 0.32 has no `max_cache_hit_length`, and an
         # inert scheduler must be exactly vLLM's there too
         out = super()._get_local_prefix_cache_hit(request, *args, **kwargs)  # type: ignore[misc]
         if self.hycache_bounds is not None:
+            out = self._priced_resume(request, out, *args, **kwargs)
             _, hit, junction, _ = out
             setattr(request, STOPS_ATTR, self.hycache_stops(request, hit, junction))
             setattr(request, HIT_ATTR, hit)
+            self._sight(request, hit, junction)
         return out
+
+    def _sight(self, request: Request, hit: int, junction: int) -> None:
+        """Count `request` as one more sighting of the junction it observed (once per request:
+        a preempted one looks up again), bounded to the newest `JUNCTIONS_REMEMBERED`
+        prefixes; its stops there are priced with the count (`stops.observed_chance`)."""
+        assert self.hycache_bounds is not None
+        u = self.hycache_bounds.unit
+        if junction <= hit or hasattr(request, SIGHTINGS_ATTR):
+            return
+        index = junction // u - 1
+        if not 0 <= index < len(request.block_hashes):
+            return
+        key = request.block_hashes[index]
+        seen = self.hycache_sightings.pop(key, 0) + 1
+        self.hycache_sightings[key] = seen  # newest last
+        if len(self.hycache_sightings) > JUNCTIONS_REMEMBERED:
+            del self.hycache_sightings[next(iter(self.hycache_sightings))]
+        setattr(request, SIGHTINGS_ATTR, seen)
+
+    def _priced_resume(self, request: Request, out: Any, *args: Any, **kwargs: Any) -> Any:
+        """The lookup `out`, or the same lookup capped at the block floor of its hit where the
+        mid-block hit makes vLLM split the prefill at the next block boundary (one more pass
+        than a resume at the floor: stock's point) and the tokens it saves do not pay for that
+        pass and the step it adds before the first token (`stops.resume_pays`, the batch's
+        load as `busy`). On 0.33 / 0.34 (0.32's lookup takes no cap)."""
+        _, hit, _, diverged = out
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        b, t = bounds.block_size, request.num_prompt_tokens
+        floor, end = floor_to(hit, b), max(t, request.num_tokens - 1)
+        setattr(request, CAPPED_ATTR, None)
+        if diverged or hit == floor or not compat.has_lookahead_keys():
+            return out
+        if end - floor > self.max_num_scheduled_tokens:  # type: ignore[attr-defined]
+            return out  # from the floor too the first chunk ends on the block grid
+        if compat.exports_prefill_checkpoint(self) and bounds.vllm_export(hit, end, t):
+            return out  # one forward exports the tail: vLLM makes no split
+        busy = self.hycache_busy(request)
+        if resume_pays(self.hycache_pricer, floor, hit, floor + b, end, busy):
+            return out
+        given = kwargs.get("max_cache_hit_length", args[0] if args else None)
+        cap = floor if given is None else min(given, floor)
+        blocks, capped, _, diverged = super()._get_local_prefix_cache_hit(request, cap)  # type: ignore[misc]
+        setattr(request, CAPPED_ATTR, capped)
+        # the junction the full lookup observed (0: none past its hit), not the cap's edge
+        return blocks, capped, out[2], diverged
 
     def _mamba_block_aligned_split(self, request: Request, *args: Any, **kwargs: Any) -> int:
         # passed through as given: an inert scheduler is exactly vLLM's, whatever it takes
@@ -271,6 +358,8 @@ class _Limit:
             + given.get("num_new_local_computed_tokens", 0)
             + given.get("num_external_computed_tokens", 0)
         )
+        if self._defers_capped(request, start, given.get("num_new_tokens", n)):
+            return 0
         stops = stops_of(request)
         end = start + n
         if self._drops_vllm_tail(request, start, end, given.get("num_new_tokens", n)):
@@ -280,9 +369,24 @@ class _Limit:
         prev = start
         for s in (s for s in stops if start < s < end):
             kind = StateKind.GRID if s % bounds.block_size == 0 else StateKind.JUNCTION
-            if stop_pays(self.hycache_pricer, PRIOR_CHANCE[kind], prev, s, start, end):
+            chance = observed_chance(kind, getattr(request, SIGHTINGS_ATTR, 1))
+            if stop_pays(self.hycache_pricer, chance, prev, s, start, end):
                 return s - start
         return end - start
+
+    def _defers_capped(self, request: Request, start: int, num_new: int) -> bool:
+        """Whether a request whose resume was capped at the block floor waits a step instead
+        of starting a chunk the budget cuts (a chunk that fits beside the batch's decodes):
+        the floor was taken for its one pass, and a cut chunk from a block start ends on the
+        grid and then at the tail, two passes more than the one it waits for (vLLM does the
+        same with a chunk shorter than a block)."""
+        capped = getattr(request, CAPPED_ATTR, None)
+        end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if capped is None or start != capped or start + num_new >= end:
+            return False
+        # only a chunk that fits beside the batch's decodes: one that never would is not held
+        decodes = len(self.running) * (1 + self.num_spec_tokens)  # type: ignore[attr-defined]
+        return end - start <= self.max_num_scheduled_tokens - decodes  # type: ignore[attr-defined]
 
     def _drops_vllm_tail(self, request: Request, start: int, end: int, num_new: int) -> bool:
         """Whether the chunk vLLM ended at the prompt's tail checkpoint (a chunk that cannot

@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hycache.cache.stops import FREE_PASSES, FlatPrice, stop_pays
+from hycache.cache.boundaries import StateKind
+from hycache.cache.stops import (
+    FREE_PASSES,
+    PRIOR_CHANCE,
+    FlatPrice,
+    observed_chance,
+    resume_pays,
+    stop_pays,
+)
 
 
 def test_flat_price_seed_shape() -> None:
@@ -46,3 +54,46 @@ def test_monotone_in_chance_and_price(
     if pays:
         assert stop_pays(FlatPrice(pass_cost / 2, 1.0), chance, prev, stop, prev, end)
         assert stop_pays(FlatPrice(pass_cost, 1.0), chance * 2, prev, stop, prev, end)
+
+
+def test_resume_seed_shape_idle_and_busy() -> None:
+    """B=4416, seed shape: a sibling resuming at 57,536 instead of the floor 57,408 saves 128
+    tokens for vLLM's split at 61,824: it pays alone (a pass = 96 tokens), not when the step
+    it adds carries another request's prefill (6,600 tokens), and a resume on the block grid
+    or one that forces no split always pays."""
+    price = FlatPrice(96.0, 1.0)
+    assert resume_pays(price, 57_408, 57_536, 61_824, 64_016, busy=0)
+    assert not resume_pays(price, 57_408, 57_536, 61_824, 64_016, busy=6_600)
+    assert resume_pays(price, 57_408, 57_408, 61_824, 64_016, busy=6_600)
+    assert resume_pays(price, 57_408, 57_536, 61_824, 61_000, busy=6_600)
+
+
+@given(
+    floor=st.integers(0, 10_000),
+    deeper=st.integers(1, 4_000),
+    rest=st.integers(1, 10_000),
+    busy=st.integers(0, 10_000),
+    pass_cost=st.floats(0, 1_000),
+)
+def test_resume_flat_price_is_saving_against_pass_and_wait(
+    floor: int, deeper: int, rest: int, busy: int, pass_cost: float
+) -> None:
+    hit, boundary = floor + deeper, floor + 4_096
+    if hit >= boundary:
+        return
+    end = boundary + rest
+    pays = resume_pays(FlatPrice(pass_cost, 1.0), floor, hit, boundary, end, busy)
+    assert pays == (deeper >= pass_cost + busy)
+    if pays:  # less load or a cheaper pass never turns a paying resume down
+        assert resume_pays(FlatPrice(pass_cost / 2, 1.0), floor, hit, boundary, end, busy // 2)
+
+
+def test_observed_chance_scales_the_prior() -> None:
+    assert observed_chance(StateKind.JUNCTION, 1) == PRIOR_CHANCE[StateKind.JUNCTION]
+    assert observed_chance(StateKind.JUNCTION, 0) == PRIOR_CHANCE[StateKind.JUNCTION]
+    assert observed_chance(StateKind.GRID, 6) == 6 * PRIOR_CHANCE[StateKind.GRID]
+    # a junction 256 tokens above the floor of a 576-token block, a pass worth 1,500 tokens:
+    # one sibling's saving does not pay, six sightings do
+    price = FlatPrice(1_500.0, 1.0)
+    assert not stop_pays(price, observed_chance(StateKind.JUNCTION, 1), 0, 256, 0, 576)
+    assert stop_pays(price, observed_chance(StateKind.JUNCTION, 6), 0, 256, 0, 576)

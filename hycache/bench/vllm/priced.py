@@ -230,6 +230,111 @@ def accepted(k: int, rate: float, n: int) -> int:
     return min(k, int((n + 1) * rate * k) - int(n * rate * k))
 
 
+class _ClosedLoop:
+    """One arm's closed loop (`run_arm`): requests admitted up to the concurrency, each step
+    vLLM schedules priced, answers and drafts fed back."""
+
+    def __init__(
+        self, bench: PricedBench, arm: str, workload: Any, concurrency: int, cost: CostModel,
+        num_blocks: int,
+    ) -> None:  # fmt: skip
+        self.ref = ReferenceScheduler(bench.setup(arm, num_blocks))
+        self.s, self.k = self.ref.scheduler, bench.num_speculative_tokens
+        if arm == "plugin" and bench.price == "model":
+            # the price a deployment configures for its GPU (`pass_cost`, `token_cost`), here
+            # exact: the cost model prices each stop at its context and chunk sizes
+            self.s.hycache_pricer = cost
+        self.bench, self.cost, self.concurrency = bench, cost, concurrency
+        self.result = ArmResult(arm, concurrency)
+        pending, self.chat = jobs_of(workload, bench.seed)
+        self.ready: deque[Job] = deque(pending)
+        self.rng = random.Random(bench.seed + 1)  # chat answers after the first turns
+        self.live: dict[str, tuple[Any, Job, float]] = {}  # id -> (vLLM request, job, arrival)
+        self.passes: dict[str, list[float]] = {}  # id -> priced seconds of its prefill passes
+        self.proposals: dict[str, int] = {}
+        self.first: set[str] = set()
+        self.hit: dict[str, int] = {}  # id -> computed tokens when first scheduled
+        self.serial = 0
+
+    def admit(self) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        while self.ready and len(self.live) < self.concurrency:
+            job = self.ready.popleft()
+            rid = f"q{self.serial}"
+            self.serial += 1
+            sp = SamplingParams(max_tokens=len(job.answer), ignore_eos=True)
+            req = Request(rid, job.prompt, sp, None, block_hasher=self.ref.hasher)
+            self.s.add_request(req)
+            self.live[rid] = (req, job, self.result.seconds)
+            self.passes[rid], self.proposals[rid] = [], 0
+
+    def step(self) -> None:
+        """One step: schedule, price what it computes, feed back the sampled tokens."""
+        out = self.s.schedule()
+        ids = list(out.num_scheduled_tokens)
+        if not ids:
+            raise RuntimeError(
+                f"{self.result.arm}: vLLM scheduled nothing with {len(self.live)} requests in"
+            )
+        seqs, sampled, prefilled = [], [], []
+        new = {r.req_id for r in out.scheduled_new_reqs}
+        for rid in ids:
+            req, job, _ = self.live[rid]
+            n = out.num_scheduled_tokens[rid]
+            drafts = out.scheduled_spec_decode_tokens.get(rid, [])
+            before = req.num_computed_tokens - n  # schedule() counted this step already
+            if rid in new and rid not in self.hit:
+                self.hit[rid] = before
+            # a prompt chunk (or a preempted request's replay); a decode step computes the
+            # last sampled token and the drafts
+            prefill = before < req.num_tokens - 1 or not req.num_output_tokens
+            seqs.append(SeqWork(n, before, 0 if prefill else len(drafts), prefill))
+            if prefill:
+                self.result.prefill_tokens += n
+                prefilled.append(rid)
+            done = req.num_computed_tokens - len(drafts) >= req.num_tokens
+            sampled.append(verify(job.answer, req.num_output_tokens, drafts) if done else [])
+        copies = len(getattr(out, "kv_cache_block_copies", None) or [])
+        step = self.cost.step_time(StepWork(tuple(seqs), num_block_copies=copies))
+        self.result.seconds += step
+        for rid in prefilled:
+            self.passes[rid].append(step)
+        self.s.update_from_output(out, compat.model_runner_output(ids, sampled))
+        self.feed_back(ids, sampled)
+
+    def feed_back(self, ids: list[str], sampled: list[list[int]]) -> None:
+        """Record first tokens and finished requests (queueing a chat's next turn), and
+        propose the next drafts."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        r = self.result
+        drafted_ids, drafted = [], []
+        for rid, toks in zip(ids, sampled, strict=True):
+            req, job, arrival = self.live[rid]
+            if toks and rid not in self.first:
+                self.first.add(rid)
+                r.ttft.append(r.seconds - arrival)
+            r.output_tokens += len(toks)
+            if req.is_finished():
+                del self.live[rid]
+                r.passes.append(len(self.passes[rid]))
+                r.pass_seconds.append(sum(self.passes[rid]))
+                r.hits.append(self.hit[rid])
+                r.preemptions += req.num_preemptions
+                if self.chat and job.session is not None and job.turn + 1 < job.session.num_turns:
+                    outputs = [*job.outputs, np.asarray(job.answer)]
+                    self.ready.append(_turn(job.session, job.turn + 1, outputs, self.rng))
+            elif toks and self.k:
+                good = accepted(self.k, self.bench.acceptance_rate, self.proposals[rid])
+                self.proposals[rid] += 1
+                drafted_ids.append(rid)
+                drafted.append(propose(job.answer, req.num_output_tokens, self.k, good))
+        if drafted_ids:
+            self.s.update_draft_token_ids(DraftTokenIds(drafted_ids, drafted))
+
+
 def run_arm(
     bench: PricedBench,
     arm: str,
@@ -240,88 +345,11 @@ def run_arm(
 ) -> ArmResult:
     """Run `workload` closed-loop at `concurrency` on one arm's vLLM scheduler, pricing every
     step it schedules."""
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.outputs import DraftTokenIds
-    from vllm.v1.request import Request
-
-    ref = ReferenceScheduler(bench.setup(arm, num_blocks))
-    s, k = ref.scheduler, bench.num_speculative_tokens
-    if arm == "plugin" and bench.price == "model":
-        # the price a deployment configures for its GPU (`pass_cost`, `token_cost`), here
-        # exact: the cost model prices each stop at its context and chunk sizes
-        s.hycache_pricer = cost
-    result = ArmResult(arm, concurrency)
-    pending, chat = jobs_of(workload, bench.seed)
-    ready: deque[Job] = deque(pending)
-    rng = random.Random(bench.seed + 1)  # chat answers after the first turns
-    live: dict[str, tuple[Any, Job, float]] = {}  # id -> (vLLM request, job, arrival)
-    passes: dict[str, list[float]] = {}  # id -> priced seconds of its prefill passes
-    proposals: dict[str, int] = {}
-    first: set[str] = set()
-    hit: dict[str, int] = {}  # id -> computed tokens when first scheduled
-    serial = 0
-    while ready or live:
-        while ready and len(live) < concurrency:
-            job = ready.popleft()
-            rid = f"q{serial}"
-            serial += 1
-            sp = SamplingParams(max_tokens=len(job.answer), ignore_eos=True)
-            req = Request(rid, job.prompt, sp, None, block_hasher=ref.hasher)
-            s.add_request(req)
-            live[rid] = (req, job, result.seconds)
-            passes[rid], proposals[rid] = [], 0
-        out = s.schedule()
-        ids = list(out.num_scheduled_tokens)
-        if not ids:
-            raise RuntimeError(f"{arm}: vLLM scheduled nothing with {len(live)} requests in")
-        seqs, sampled, prefilled = [], [], []
-        new = {r.req_id for r in out.scheduled_new_reqs}
-        for rid in ids:
-            req, job, _ = live[rid]
-            n = out.num_scheduled_tokens[rid]
-            drafts = out.scheduled_spec_decode_tokens.get(rid, [])
-            before = req.num_computed_tokens - n  # schedule() counted this step already
-            if rid in new and rid not in hit:
-                hit[rid] = before
-            # a prompt chunk (or a preempted request's replay); a decode step computes the
-            # last sampled token and the drafts
-            prefill = before < req.num_tokens - 1 or not req.num_output_tokens
-            seqs.append(SeqWork(n, before, 0 if prefill else len(drafts), prefill))
-            if prefill:
-                result.prefill_tokens += n
-                prefilled.append(rid)
-            done = req.num_computed_tokens - len(drafts) >= req.num_tokens
-            sampled.append(verify(job.answer, req.num_output_tokens, drafts) if done else [])
-        copies = len(getattr(out, "kv_cache_block_copies", None) or [])
-        step = cost.step_time(StepWork(tuple(seqs), num_block_copies=copies))
-        result.seconds += step
-        for rid in prefilled:
-            passes[rid].append(step)
-        s.update_from_output(out, compat.model_runner_output(ids, sampled))
-        drafted_ids, drafted = [], []
-        for rid, toks in zip(ids, sampled, strict=True):
-            req, job, arrival = live[rid]
-            if toks and rid not in first:
-                first.add(rid)
-                result.ttft.append(result.seconds - arrival)
-            result.output_tokens += len(toks)
-            if req.is_finished():
-                del live[rid]
-                result.passes.append(len(passes[rid]))
-                result.pass_seconds.append(sum(passes[rid]))
-                result.hits.append(hit[rid])
-                result.preemptions += req.num_preemptions
-                if chat and job.session is not None and job.turn + 1 < job.session.num_turns:
-                    outputs = [*job.outputs, np.asarray(job.answer)]
-                    ready.append(_turn(job.session, job.turn + 1, outputs, rng))
-            elif toks and k:
-                good = accepted(k, bench.acceptance_rate, proposals[rid])
-                proposals[rid] += 1
-                drafted_ids.append(rid)
-                drafted.append(propose(job.answer, req.num_output_tokens, k, good))
-        if drafted_ids:
-            s.update_draft_token_ids(DraftTokenIds(drafted_ids, drafted))
-    return result
+    loop = _ClosedLoop(bench, arm, workload, concurrency, cost, num_blocks)
+    while loop.ready or loop.live:
+        loop.admit()
+        loop.step()
+    return loop.result
 
 
 def run(bench: PricedBench, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

@@ -504,6 +504,7 @@ UNTYPED_RETURNS = {
     "bench/loadgen.py summarize",
     "bench/repeats.py ratio_spread",
     "bench/results.py caching_overhead",
+    "cli/args.py namespace_values",  # keyword arguments, not a result
     "cli/args.py size_flags",
     "cli/simulate.py run_inputs",
 }

@@ -447,10 +447,15 @@ def prefix_hints(values: list[int | None] | None, *, bare: bool = True) -> Prefi
         raise UserError(str(exc)) from None
 
 
+def namespace_values(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The flags `names` as given (`--max-num-seqs` is `max_num_seqs`), as keyword arguments
+    for an object whose fields are named like them."""
+    return {n: getattr(args, n) for n in names}
+
+
 def sizes_from_cli_args(args: argparse.Namespace) -> WorkloadSizes:
     """The workload sizes the flags set (simulate, bench serve)."""
-    names = WorkloadSizes.__dataclass_fields__
-    return WorkloadSizes(**{n: getattr(args, n) for n in names})
+    return WorkloadSizes(**namespace_values(args, *WorkloadSizes.__dataclass_fields__))
 
 
 def check_store_gb(gb: float) -> float:
@@ -527,16 +532,9 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         has_store = hasattr(args, "kv_store")
         store = StoreArgs.from_cli_args(args) if has_store else StoreArgs(None, 0.0)
-        options = EngineOptions(
-            dtype=args.dtype,
-            num_blocks=args.num_blocks,
-            max_model_len=args.max_model_len,
-            num_speculative_tokens=args.num_speculative_tokens,
-            draft_model=args.draft_model,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            seed=args.seed,
-        )
+        names = ("dtype", "num_blocks", "max_model_len", "num_speculative_tokens", "draft_model",
+                 "max_num_batched_tokens", "max_num_seqs", "seed")  # fmt: skip
+        options = EngineOptions(**namespace_values(args, *names))
         if store.kind is not None:
             options = replace(options, kv_store=store.kind, kv_store_gb=store.gb)
         return cls(args.model, knobs_from_cli_args(args, CacheKnobs()), options)

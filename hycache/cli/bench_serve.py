@@ -17,6 +17,7 @@ from hycache.cli.args import (
     add_flag,
     add_size_flags,
     add_trace_flags,
+    namespace_values,
     positive_float,
     positive_int,
     prefix_hints,
@@ -67,18 +68,14 @@ class BenchServeArgs:
         if not plan.num_requests:
             raise UserError("the workload has no requests")
         replay = args.workload == "trace" and args.request_rate is None and args.concurrency is None
+        same_names = ("url", "concurrency", "request_rate", "api_key", "model", "ignore_eos",
+                      "seed")  # fmt: skip
         opts = RunOptions(
-            url=args.url,
-            concurrency=args.concurrency,
-            request_rate=args.request_rate,
             replay_timestamps=replay,
-            api_key=args.api_key,
-            model=args.model,
             prefix_hint=bool(hints),
-            ignore_eos=args.ignore_eos,
             timeout_s=args.timeout,
             request_timeout_s=args.request_timeout,
-            seed=args.seed,
+            **namespace_values(args, *same_names),
         )
         inputs = {
             "url": args.url,

@@ -8,7 +8,7 @@ import json
 import shlex
 import sys
 
-from hycache.cli.args import UserError, add_flag, positive_int
+from hycache.cli.args import UserError, add_flag, namespace_values, positive_int
 from hycache.cli.tables import (
     console,
     cross_fit_table,
@@ -28,12 +28,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     check_writable(args.out, "--out")
     opts = CalibrateOptions(
-        model=args.model,
-        threads=args.threads,
-        repeats=args.repeats,
-        quick=args.quick,
-        clock=args.clock,
-        seed=args.seed,
+        **namespace_values(args, "model", "threads", "repeats", "quick", "clock", "seed")
     )
     if opts.model != "tiny":
         raise UserError("--model: the engine's calibration grid is sized for `tiny`")

@@ -18,6 +18,7 @@ from hycache.cli.args import (
     add_size_flags,
     add_trace_flags,
     check_store_gb,
+    namespace_values,
     parse_policies,
     positive_int,
     prefix_hints,
@@ -121,25 +122,17 @@ class SimulateArgs:
         tier = build_tier(gb, args.kv_store_link)
         check_writable(args.json, "--json")
         check_writable(args.plot, "--plot")
+        same_names = ("closed_loop", "request_rate", "load", "cost_model", "pool_layout",
+                      "kv_store_link", "instances", "routing", "json", "plot", "quiet")  # fmt: skip
         return cls(
             cache=CacheArgs.from_cli_args(args),
             policies=parse_policies(args.compare, args.policy),
             workload=workload_spec(args),
-            closed_loop=args.closed_loop,
-            request_rate=args.request_rate,
-            load=args.load,
-            cost_model=args.cost_model,
             model=args.model_config or args.model,
             gpu=args.gpu_config or args.gpu,
-            pool_layout=args.pool_layout,
             tier=tier,
             kv_store_gb=gb,
-            kv_store_link=args.kv_store_link,
-            instances=args.instances,
-            routing=args.routing,
-            json=args.json,
-            plot=args.plot,
-            quiet=args.quiet,
+            **namespace_values(args, *same_names),
         )
 
     @property

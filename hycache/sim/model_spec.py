@@ -24,7 +24,7 @@ from hycache.cache.layout import (
     ssm_state_item_bytes,
 )
 from hycache.model.configs import config_from_hf_dict
-from hycache.model.configs.base import HybridConfig
+from hycache.model.configs.base import HybridConfig, conv_channels
 from hycache.model.configs.granite_hybrid import GraniteHybridConfig
 from hycache.model.configs.nemotron_h import NemotronHConfig
 from hycache.model.configs.qwen3_next import Qwen3NextConfig
@@ -65,8 +65,8 @@ class MambaSpec:
 
     @property
     def conv_dim(self) -> int:
-        """Channels of the causal conv1d: x, B and C."""
-        return self.d_inner + 2 * self.n_groups * self.d_state
+        """Channels of the causal conv1d (`conv_channels`)."""
+        return conv_channels(self.d_inner, self.n_groups, self.d_state)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -224,14 +224,9 @@ class TraceRequest:
         return prompt
 
     def expand(self) -> RequestSpec:
-        """The same request with its prompt in memory."""
-        return RequestSpec(
-            request_id=self.request_id,
-            prompt_token_ids=self.prompt_token_ids,
-            max_tokens=self.max_tokens,
-            arrival_s=self.arrival_s,
-            prefix_hints=self.prefix_hints,
-        )
+        """The same request with its prompt in memory (every `RequestSpec` field, read by
+        name)."""
+        return RequestSpec(**{f.name: getattr(self, f.name) for f in fields(RequestSpec)})
 
 
 def lazy_mooncake_trace(

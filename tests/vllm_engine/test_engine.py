@@ -19,29 +19,18 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from hycache.bench.vllm.tiny_model import write
+from tests.vllm_engine.engines import ARMS, arm_options, tiny_llm
 from tests.vllm_engine.runs import run_with_abort
 
 MAX_TOKENS = 8
-ARMS = ("nocache", "cache", "hycache")
 
 
 def _llm(model: Path, arm: str) -> Any:
-    from vllm import LLM
-
-    cache = arm != "nocache"
-    extra = {"scheduler_cls": "hycache.vllm.SyncScheduler"} if arm == "hycache" else {}
-    return LLM(
-        str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
+    return tiny_llm(
+        model,
         max_model_len=4096,
-        enable_prefix_caching=cache,
-        mamba_cache_mode="align" if cache else "none",
         max_num_batched_tokens=256,  # chunked prefill: prompts below run in 2-3 chunks
-        max_num_seqs=8,
-        seed=0,
-        **extra,
+        **arm_options(arm),
     )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,12 +19,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from hycache.bench.vllm.scenario import Turn
+from tests.vllm_engine.engines import ARMS, arm_options, tiny_llm
 from tests.vllm_engine.predict import engine_core, predicted_hits
 from tests.vllm_engine.tiny_qwen3_next import write
 
 pytestmark = pytest.mark.slow  # three engines: 4.2 min on 2 cores at load ~10
 
-ARMS = ("nocache", "cache", "hycache")
 SHARED, PRIVATE, MAX_TOKENS = 1_300, 100, 8
 
 
@@ -33,27 +32,17 @@ def _run(
     model: Path, arm: str, prompts: list[list[int]]
 ) -> tuple[list[tuple[int, list[int]]], str | None]:
     """(cached tokens, output) per prompt, and why the plugin is inert (None: on, or stock)."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     cache = arm != "nocache"
-    extra: dict[str, Any] = (
-        {"scheduler_cls": "hycache.vllm.SyncScheduler"} if arm == "hycache" else {}
-    )
-    if cache:
-        extra["prefix_match_unit"] = 64
-    llm = LLM(
-        str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
+    llm = tiny_llm(
+        model,
         dtype="bfloat16",
         max_model_len=4096,
-        enable_prefix_caching=cache,
-        mamba_cache_mode="align" if cache else "none",
         speculative_config={"method": "mtp", "num_speculative_tokens": 2},
         max_num_batched_tokens=512,
-        max_num_seqs=8,
-        seed=0,
-        **extra,
+        **({"prefix_match_unit": 64} if cache else {}),
+        **arm_options(arm),
     )
     sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     out = []

@@ -28,6 +28,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from hycache.bench.vllm.scenario import Turn
 from hycache.bench.vllm.tiny_model import write
+from tests.vllm_engine.engines import ARMS, arm_options, tiny_llm
 from tests.vllm_engine.predict import engine_core, predicted_hits
 from tests.vllm_engine.runs import run_with_abort
 
@@ -37,35 +38,24 @@ BLOCK = 32
 UNIT = 16  # prefix_match_unit: sub-block hits, so the plugin is on
 BUDGET = 256  # max_num_batched_tokens: chunked prefill
 POOL = 48  # KV blocks: every sequential scenario fits, a concurrent batch of six preempts
-ARMS = ("nocache", "cache", "hycache")
 CACHED = ARMS[1:]
 FREE = (0.0, 1.0)  # the plugin's (pass, token) price: a free pass
 
 
 def _llm(model: Path, arm: str) -> Any:
-    from vllm import LLM
-
     cache = arm != "nocache"
-    extra = {"scheduler_cls": "hycache.vllm.SyncScheduler"} if arm == "hycache" else {}
-    return LLM(
-        str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
+    return tiny_llm(
+        model,
         max_model_len=1024,
         # every stop made: at B = 32 no stop would pay for a GPU-priced pass (the default)
         additional_config={"hycache": {"pass_cost": FREE[0], "token_cost": FREE[1]}},
         block_size=BLOCK,
         num_gpu_blocks_override=POOL,
-        enable_prefix_caching=cache,
-        mamba_cache_mode="align" if cache else "none",
         prefix_match_unit=UNIT if cache else None,
         speculative_config={"method": "mtp", "num_speculative_tokens": SPEC_TOKENS},
         max_num_batched_tokens=BUDGET,
-        max_num_seqs=8,
-        seed=0,
         disable_log_stats=False,
-        **extra,
+        **arm_options(arm),
     )
 
 

@@ -21,35 +21,24 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from hycache.bench.vllm.scenario import Turn
 from hycache.bench.vllm.tiny_model import write
+from tests.vllm_engine.engines import ARMS, arm_options, tiny_llm
 from tests.vllm_engine.predict import engine_core, predicted_hits
 
 MAX_TOKENS = 8
 BLOCK, UNIT, BUDGET = 32, 16, 256
-ARMS = ("nocache", "cache", "hycache")
 CACHED = ARMS[1:]
 
 
 def _llm(model: Path, arm: str) -> Any:
-    from vllm import LLM
-
-    cache = arm != "nocache"
-    extra = {"scheduler_cls": "hycache.vllm.SyncScheduler"} if arm == "hycache" else {}
-    return LLM(
-        str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
+    return tiny_llm(
+        model,
         max_model_len=1024,
         additional_config={"hycache": {"pass_cost": 0.0, "token_cost": 1.0}},
         block_size=BLOCK,
         num_gpu_blocks_override=64,
-        enable_prefix_caching=cache,
-        mamba_cache_mode="align" if cache else "none",
-        prefix_match_unit=UNIT if cache else None,
+        prefix_match_unit=UNIT if arm != "nocache" else None,
         max_num_batched_tokens=BUDGET,
-        max_num_seqs=8,
-        seed=0,
-        **extra,
+        **arm_options(arm),
     )
 
 

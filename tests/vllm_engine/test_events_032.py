@@ -25,6 +25,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from hycache.bench.vllm.tiny_model import write
 from hycache.cache.events import BlockStored, KVEventBatch, decode_batch
 from tests.helpers import EventTree
+from tests.vllm_engine.engines import arm_options, tiny_llm
 from tests.vllm_engine.predict import engine_core
 
 MAX_TOKENS = 8
@@ -92,14 +93,9 @@ class Subscriber:
 
 
 def _llm(model: Path, mtp: bool, mode: str, endpoint: str) -> Any:
-    from vllm import LLM
-
     spec = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}} if mtp else {}
-    return LLM(
-        str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
+    return tiny_llm(
+        model,
         max_model_len=1024,
         additional_config={"hycache": {"pass_cost": 0.0, "token_cost": 1.0, "kv_events": mode}},
         kv_events_config={
@@ -109,13 +105,9 @@ def _llm(model: Path, mtp: bool, mode: str, endpoint: str) -> Any:
         },
         block_size=BLOCK,
         num_gpu_blocks_override=64,
-        enable_prefix_caching=True,
-        mamba_cache_mode="align",
         prefix_match_unit=UNIT,
         max_num_batched_tokens=BUDGET,
-        max_num_seqs=8,
-        seed=0,
-        scheduler_cls="hycache.vllm.SyncScheduler",
+        **arm_options("hycache"),
         **spec,
     )
 

@@ -21,6 +21,13 @@ from hycache.model.configs.fields import check_hf_field_types, first, pair_to_js
 _DEFAULT_ROPE_THETA = 10000.0
 
 
+def conv_channels(d_inner: int, n_groups: int, d_state: int) -> int:
+    """Channels of a Mamba2 layer's causal conv1d: x (`d_inner` wide), then B and C
+    (`n_groups * d_state` each); the one formula for the model and the simulator's
+    `MambaSpec`."""
+    return d_inner + 2 * n_groups * d_state
+
+
 @dataclass(frozen=True, kw_only=True)
 class HybridConfig:
     """Hyper-parameters shared by every hybrid decoder hycache runs.
@@ -83,8 +90,8 @@ class HybridConfig:
 
     @property
     def mamba_conv_dim(self) -> int:
-        """Channels that go through the causal conv: x, B and C."""
-        return self.mamba_intermediate_size + 2 * self.mamba_n_groups * self.mamba_d_state
+        """Channels that go through the causal conv (`conv_channels`)."""
+        return conv_channels(self.mamba_intermediate_size, self.mamba_n_groups, self.mamba_d_state)
 
     @property
     def mamba_in_proj_size(self) -> int:

@@ -2,7 +2,7 @@
 point, plus load.
 
 A router that scores attention depth overcounts a request that leaves a published path between
-two SSM states (DESIGN.md §9). This one asks each worker where *its* engine would resume the
+two SSM states (DESIGN.md §9). This one asks a worker where *its* engine would resume the
 request (`resume_point`, the engine's own lookup, see `hycache.fleet.worker`) and sends the
 request to the best score:
 
@@ -13,9 +13,24 @@ request to the best score:
 one that fails a request before its first token is dropped for that request and the next best
 gets it, so a dead worker costs no request while another is alive.
 
+Whom it asks (`view`): a question waits for the worker's current engine step (the engine
+answers between steps), so asking all of them per request costs the slowest one's step.
+With `view="events"` (the default) the workers publish `resumable` events and the router keeps
+a per-worker view of them (Dynamo's `KvRouter.get_overlap_scores`, fed by the event plane, no
+request to a worker): the published depth bounds the resume point from above (it can only
+overcount, where a request leaves a path between two states), so a worker with nothing
+published on the request's path resumes at 0 and is not asked; only the workers with a
+published unit are (`to_ask`). A request no worker holds costs no question at all. The view
+lags the engines by the events' delivery: a prefix cached a moment ago may be scored 0.
+`view="ask-all"` asks every worker (no events needed).
+
 Plugged into Dynamo as the model's one registered worker: the frontend (`--router-mode
-round-robin`) sends it every request; it forwards with `Client.direct` to the chosen worker's
-`generate`, whose instances register no model of their own (`--served-model-name ''`).
+round-robin --namespace NS`) sends it every request; it forwards with `Client.direct` to the
+chosen worker's `generate`. The workers register the model in a namespace of their own
+(`worker_namespace`), out of the frontend's sight: Dynamo's `KvRouter` indexes only workers
+with a registered model card (the event view needs them registered), and the frontend,
+scoped to the router's namespace, never sends them a request past the router. With
+`view="ask-all"` they may register nothing (`--served-model-name ''`).
 """
 
 from __future__ import annotations
@@ -23,7 +38,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,13 +54,15 @@ ASK_TIMEOUT_S = 30.0  # a worker that does not say its resume point in time is s
 
 @dataclass(frozen=True)
 class RouterSettings:
-    namespace: str = "hycache"
+    namespace: str = "hycache"  # the router's (the frontend discovers the model there)
+    worker_namespace: str | None = None  # the workers' (None: the router's)
     worker_component: str = "worker"
     model: str = "tiny"
     model_name: str = "tiny"
     load_weight: float = 1.0
     unit: int = 16
     card_dir: str | None = None
+    view: str = "events"  # whom to ask: see the module docstring
 
 
 @dataclass(frozen=True)
@@ -72,14 +90,33 @@ def ranked(answers: Sequence[Answer], load_weight: float, turn: int) -> list[Ans
     )
 
 
+def to_ask(worker_ids: Sequence[int], published: Mapping[int, int]) -> list[int]:
+    """The workers whose resume point must be asked: those with a unit published on the
+    request's path (`published`: worker -> published depth, from the events); the others
+    resume at 0. Stable order."""
+    return [w for w in worker_ids if published.get(w, 0) > 0]
+
+
+# the published depth (tokens) per worker for a request's tokens; None: ask every worker
+PublishedView = Callable[[list[int]], Awaitable[Mapping[int, int]]]
+
+
 class ExactRouter:
     """Chooses a worker per request and streams its answer back."""
 
-    def __init__(self, resume_client: Any, generate_client: Any, load_weight: float) -> None:
+    def __init__(
+        self,
+        resume_client: Any,
+        generate_client: Any,
+        load_weight: float,
+        published: PublishedView | None = None,
+    ) -> None:
         self.client = resume_client  # the workers' resume_point endpoint
         self.generate_client = generate_client  # their generate endpoint
         self.load_weight = load_weight
+        self.published = published
         self.in_flight: dict[int, int] = {}
+        self.questions = 0  # resume points asked, in all (the log's `asked=`)
         self._turn = itertools.count()
 
     async def _ask(self, worker_id: int, token_ids: list[int]) -> Answer | None:
@@ -93,17 +130,29 @@ class ExactRouter:
             log.warning("worker %x did not answer: %s", worker_id, e)
         return None
 
-    async def choose(self, token_ids: list[int]) -> list[Answer]:
-        """Every answering worker, best first."""
+    async def choose(self, token_ids: list[int]) -> tuple[list[Answer], int]:
+        """Every answering worker, best first, and how many were asked."""
         ids = sorted(self.client.instance_ids())
-        asked = [asyncio.wait_for(self._ask(w, token_ids), ASK_TIMEOUT_S) for w in ids]
+        ask = ids
+        if self.published is not None:
+            try:
+                ask = to_ask(ids, await self.published(token_ids))
+            except Exception as e:  # no view (yet): ask everyone
+                log.warning("no event view: %s", e)
+        asked = [asyncio.wait_for(self._ask(w, token_ids), ASK_TIMEOUT_S) for w in ask]
         got = await asyncio.gather(*asked, return_exceptions=True)
         answers = [a for a in got if isinstance(a, Answer)]
-        return ranked(answers, self.load_weight, next(self._turn))
+        quiet = set(ask)
+        answers += [Answer(w, 0, self.in_flight.get(w, 0)) for w in ids if w not in quiet]
+        answers.sort(key=lambda a: ids.index(a.worker_id))  # the stable order `ranked` turns
+        self.questions += len(ask)
+        return ranked(answers, self.load_weight, next(self._turn)), len(ask)
 
     async def generate(self, request: dict[str, Any], context: Any) -> AsyncIterator[dict]:
         token_ids = [int(t) for t in request["token_ids"]]
-        candidates = await self.choose(token_ids)
+        t0 = time.perf_counter()
+        candidates, asked = await self.choose(token_ids)
+        choose_ms = (time.perf_counter() - t0) * 1e3
         if not candidates:
             raise RuntimeError("hycache router: no worker answered")
         for answer in candidates:
@@ -117,10 +166,13 @@ class ExactRouter:
                     if not started:
                         started = True
                         log.warning(
-                            "hycache route request_id=%s worker_id=%d resume_point=%d",
+                            "hycache route request_id=%s worker_id=%d resume_point=%d "
+                            "asked=%d choose_ms=%.1f",
                             context.id(),
                             wid,
                             answer.resume_point,
+                            asked,
+                            choose_ms,
                         )
                     yield data
                 return
@@ -133,6 +185,29 @@ class ExactRouter:
         raise RuntimeError("hycache router: every worker failed this request")
 
 
+async def event_view(endpoint: Any, unit: int) -> PublishedView:
+    """The workers' published depth per request, from their `resumable` events: Dynamo's
+    `KvRouter` on their endpoint indexes the event plane; `get_overlap_scores` reads its index
+    (`device_blocks` of `unit` tokens per worker), asking no worker."""
+    from dynamo.llm import KvRouter, KvRouterConfig
+
+    index = KvRouter(endpoint, unit, KvRouterConfig())
+
+    async def published(token_ids: list[int]) -> dict[int, int]:
+        return overlap_tokens(await index.get_overlap_scores(token_ids), unit)
+
+    return published
+
+
+def overlap_tokens(scores: Mapping[str, Any], unit: int) -> dict[int, int]:
+    """`KvRouter.get_overlap_scores`' answer as worker id -> published depth in tokens."""
+    out: dict[int, int] = {}
+    for row in scores.get("workers") or []:
+        wid = int(row["worker_id"])
+        out[wid] = max(out.get(wid, 0), int(row.get("device_blocks") or 0) * unit)
+    return out
+
+
 async def serve_router(settings: RouterSettings) -> None:
     """Register the router as the model's worker and serve it until SIGTERM / SIGINT."""
     from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
@@ -141,11 +216,14 @@ async def serve_router(settings: RouterSettings) -> None:
     runtime = dynamo_env_runtime(loop)
     on_signals(loop, runtime.shutdown)
     ns = settings.namespace
-    workers = f"{ns}.{settings.worker_component}"
+    workers = f"{settings.worker_namespace or ns}.{settings.worker_component}"
     resume_client = await runtime.endpoint(f"{workers}.resume_point").client()
     generate_client = await runtime.endpoint(f"{workers}.generate").client()
     await generate_client.wait_for_instances()
-    router = ExactRouter(resume_client, generate_client, settings.load_weight)
+    published = None
+    if settings.view == "events":
+        published = await event_view(runtime.endpoint(f"{workers}.generate"), settings.unit)
+    router = ExactRouter(resume_client, generate_client, settings.load_weight, published)
     endpoint = runtime.endpoint(f"{ns}.router.generate")
     card = write_card(settings.model, Path(settings.card_dir) if settings.card_dir else None)
     await register_model(

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -47,7 +46,6 @@ from hycache.bench import loadgen
 from hycache.bench.loadgen import RunOptions, build_plan, run_bench, summarize
 from hycache.bench.repeats import ratio_spread, spread
 from hycache.fleet import bench_setting as setting
-from hycache.fleet.card import token_name
 from hycache.fleet.launch import Fleet, FleetSpec, dynamo_missing, request_key
 from hycache.sim.build import TraceSource, WorkloadSizes
 from hycache.sim.trace_gen import generate_mooncake_like
@@ -69,26 +67,32 @@ ARMS = (
 )
 ARM_NAMES = tuple(a.name for a in ARMS)
 
-_TOKEN = re.compile(r"<t(\d+)>")
+# Dynamo 1.6.1's frontend returns each chunk's token ids when asked: `nvext.extra_fields`
+# `["completion_token_ids"]` puts them in the chunk's `nvext.completion_token_ids`
+TOKEN_IDS = {"extra_fields": ["completion_token_ids"]}
 
 
 class Responses:
-    """Wraps `hycache.bench.loadgen`'s chunk reader: the token ids of the streamed text (the
-    multi-turn client sends them back as the next turn's prompt; Dynamo's frontend streams
-    text, and the preset card's tokenizer spells token i as `<ti>`, so the ids come back
-    exactly), and each request's response id (to find the router's decision for it)."""
+    """Wraps `hycache.bench.loadgen`'s request body and chunk reader: each request asks Dynamo's
+    frontend for its token ids (`TOKEN_IDS`), which become the chunk's `token_ids` (the
+    multi-turn client sends them back as the next turn's prompt: token ids in, token ids out,
+    no text round trip); each request's response id is kept (to find the router's decision for
+    it)."""
 
-    def __init__(self, take: Any) -> None:
-        assert token_name(7) == "<t7>"
-        self.take = take
-        self.ids: dict[tuple[int | None, int | None, int], str] = {}
+    def __init__(self, body: Any, take: Any) -> None:
+        self.body, self.take = body, take
+        self.ids: dict[int, str] = {}  # by the request's index (unique in a plan)
 
-    def __call__(self, chunk: dict[str, Any], res: Any, st: Any) -> None:
+    def make_body(self, *args: Any) -> Any:
+        return {**self.body(*args), "nvext": TOKEN_IDS}
+
+    def take_chunk(self, chunk: dict[str, Any], res: Any, st: Any) -> None:
         if chunk.get("id"):
-            self.ids[(res.session, res.turn, res.index)] = str(chunk["id"])
+            self.ids[res.index] = str(chunk["id"])
+        ids = (chunk.get("nvext") or {}).get("completion_token_ids")
         for choice in chunk.get("choices") or []:
-            if choice.get("token_ids") is None and choice.get("text") is not None:
-                choice["token_ids"] = [int(t) for t in _TOKEN.findall(choice["text"])]
+            if choice.get("token_ids") is None and ids is not None:
+                choice["token_ids"] = [int(t) for t in ids]
         self.take(chunk, res, st)
 
 
@@ -123,7 +127,7 @@ def run_arm(
     summary = summarize(results, duration)
     predicted = actual = over = over_requests = matched = 0
     for r in results:
-        rid = responses.ids.get((r.session, r.turn, r.index))
+        rid = responses.ids.get(r.index)
         d = decisions.get(request_key(rid)) if rid else None
         if not r.ok or d is None or r.cached_tokens is None:
             continue
@@ -241,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_fleet: {why}", file=sys.stderr)
         return 2
     arms = tuple(a for a in ARMS if a.name in args.arms)
-    responses = Responses(loadgen._take_chunk)  # type: ignore[attr-defined]
-    loadgen._take_chunk = responses  # type: ignore[attr-defined]
+    responses = Responses(loadgen._body, loadgen._take_chunk)  # type: ignore[attr-defined]
+    loadgen._body = responses.make_body  # type: ignore[attr-defined]
+    loadgen._take_chunk = responses.take_chunk  # type: ignore[attr-defined]
     rows: list[dict[str, Any]] = []
     loads = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 import urllib.request
 from typing import Any
@@ -84,6 +85,7 @@ def test_streaming_usage_and_finish_reason(kv_fleet: Fleet) -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
+        "nvext": {"extra_fields": ["completion_token_ids"]},  # token ids out, as they went in
     }
     req = urllib.request.Request(
         kv_fleet.url + "/v1/completions",
@@ -102,6 +104,9 @@ def test_streaming_usage_and_finish_reason(kv_fleet: Fleet) -> None:
     assert reasons[-1] == "length"
     usage = chunks[-1]["usage"]
     assert usage["completion_tokens"] == 12
+    ids = [t for c in chunks for t in (c.get("nvext") or {}).get("completion_token_ids", [])]
+    spelled = [int(t) for t in re.findall(r"<t(\d+)>", "".join(t or "" for t in texts))]
+    assert len(ids) == 12 and ids == spelled
     assert usage["prompt_tokens"] == 79
 
 

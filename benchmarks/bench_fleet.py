@@ -106,7 +106,7 @@ def plan_of(workload: str, seed: int) -> loadgen.Plan:
             trace=TraceSource(records=generate_mooncake_like(t.requests, seed=seed)),
             max_prompt_tokens=t.prompt_tokens,
         )
-    return build_plan(workload, setting.SIZES[workload], seed=seed)
+    return build_plan(workload, WorkloadSizes(**setting.SIZES[workload]), seed=seed)
 
 
 def run_arm(

@@ -55,6 +55,7 @@ from hycache.sim.build import (
     DEFAULT_SHAPES,
     SimGeometry,
     TraceSource,
+    WorkloadSizes,
     WorkloadSpec,
     build_config,
     build_cost,
@@ -461,7 +462,8 @@ def bench_fleet_settings(
     }
     out = {}
     for name in b.WORKLOADS:
-        shape = asdict(b.SIZES[name].applied(SERVE_SHAPES[name])) if name in b.SIZES else {}
+        sizes = WorkloadSizes(**b.SIZES[name]) if name in b.SIZES else None
+        shape = asdict(sizes.applied(SERVE_SHAPES[name])) if sizes else {}
         out[name] = FleetSetting(workload=name, shape=shape, **common)
     return out
 
@@ -488,6 +490,32 @@ def predicted_table(doc: dict[str, Any]) -> str:
                 f"| {name} | {arm} ({routing}) | {a['hit_tokens']:,} "
                 f"| {'' if pred is None else f'{pred:,}'} "
                 f"| {a['overstated_hit_tokens'] or 0:,} ({a['overstated_requests'] or 0}) |"
+            )
+    return "\n".join(lines)
+
+
+def _ratio_text(r: dict[str, Any] | None) -> str:
+    return "" if r is None else f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
+
+
+def beside_measured(doc: dict[str, Any], measured: Sequence[dict[str, Any]]) -> str:
+    """Per workload and arm, the simulated hit tokens beside the measured ones
+    (`benchmarks/bench_fleet.py --json`'s `aggregate` rows: medians over its repeats, min-max)
+    and the measured TTFT p50 ratio to round-robin."""
+    lines = ["| workload | arm | simulated hit tokens | measured hit tokens | measured / simulated "
+             "| measured TTFT p50 vs rr |", "|" + "---|" * 6]  # fmt: skip
+    for name, w in doc["workloads"].items():
+        for arm, routing in doc["arms"].items():
+            row = next((m for m in measured if m["workload"] == name and m["arm"] == arm), None)
+            if row is None:
+                continue
+            sim = w["arms"][routing]["hit_tokens"]
+            hit = row["hit_tokens"]
+            measured_hit = f"{hit['median']:,.0f} ({hit['min']:,.0f}-{hit['max']:,.0f})"
+            share = f"{hit['median'] / sim:.2f}" if sim else "-"
+            lines.append(
+                f"| {name} | {arm} | {sim:,} | {measured_hit} | {share} "
+                f"| {_ratio_text(row.get('ttft_p50_ms_vs_rr'))} |"
             )
     return "\n".join(lines)
 
@@ -526,6 +554,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=d.concurrency)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--policy", default=d.policy, help="the engines' policy")
+    p.add_argument(
+        "--measured",
+        nargs="+",
+        default=(),
+        help="with --like-bench-fleet: benchmarks/bench_fleet.py --json files, put beside",
+    )
     return ap.parse_args(argv)
 
 
@@ -545,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
         print(text, end="")
         if args.like_bench_fleet:
             print(predicted_table(doc))
+            rows = [r for m in args.measured for r in json.loads(Path(m).read_text())["aggregate"]]
+            if rows:
+                print(beside_measured(doc, rows))
         return 0
     s = quick_bench() if args.quick else scaled_bench()
     instances = [int(x) for x in args.instances.split(",")]

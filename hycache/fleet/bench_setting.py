@@ -15,8 +15,7 @@ TTFT measures.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from hycache.sim.build import WorkloadSizes
+from typing import Any
 
 WORKERS = 4
 BLOCK = 64  # B: the attention block
@@ -27,22 +26,23 @@ MAX_MODEL_LEN = 4096
 CONCURRENCY = 4
 WORKLOADS = ("family", "multi-turn", "trace")
 
-# `hycache bench serve`'s shapes, resized (`WorkloadSizes` over `SERVE_SHAPES`)
-SIZES: dict[str, WorkloadSizes] = {
-    "family": WorkloadSizes(
-        families=12,
-        requests_per_family=4,
-        shared_prefix_tokens=(1536, 3072),
-        suffix_tokens=(8, 32),
-        output_tokens=4,
-    ),
-    "multi-turn": WorkloadSizes(
-        sessions=12,
-        turns=(3, 4),
-        system_prompt_tokens=1024,
-        user_tokens=(8, 32),
-        output_tokens=4,
-    ),
+# `hycache bench serve`'s shapes, resized: `hycache.sim.build.WorkloadSizes` fields over
+# `SERVE_SHAPES` (plain values here: fleet sits beside the simulator, not above it)
+SIZES: dict[str, dict[str, Any]] = {
+    "family": {
+        "families": 12,
+        "requests_per_family": 4,
+        "shared_prefix_tokens": (1536, 3072),
+        "suffix_tokens": (8, 32),
+        "output_tokens": 4,
+    },
+    "multi-turn": {
+        "sessions": 12,
+        "turns": (3, 4),
+        "system_prompt_tokens": 1024,
+        "user_tokens": (8, 32),
+        "output_tokens": 4,
+    },
 }
 
 

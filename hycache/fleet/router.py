@@ -20,8 +20,11 @@ a per-worker view of them (Dynamo's `KvRouter.get_overlap_scores`, fed by the ev
 request to a worker): the published depth bounds the resume point from above (it can only
 overcount, where a request leaves a path between two states), so a worker with nothing
 published on the request's path resumes at 0 and is not asked; only the workers with a
-published unit are (`to_ask`). A request no worker holds costs no question at all. The view
-lags the engines by the events' delivery: a prefix cached a moment ago may be scored 0.
+published unit may be (`by_bound`): the one whose bound is highest first, then the others
+only where their bound reaches its exact score. A request no worker holds costs no question at
+all; one that continues a session held on one worker (beside a system prompt held on all)
+costs one. The view lags the engines by the events' delivery: a prefix cached a moment ago may
+be scored 0.
 `view="ask-all"` asks every worker (no events needed).
 
 Plugged into Dynamo as the model's one registered worker: the frontend (`--router-mode
@@ -38,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,11 +94,22 @@ def ranked(answers: Sequence[Answer], load_weight: float, turn: int) -> list[Ans
     )
 
 
-def to_ask(worker_ids: Sequence[int], published: Mapping[int, int]) -> list[int]:
-    """The workers whose resume point must be asked: those with a unit published on the
-    request's path (`published`: worker -> published depth, from the events); the others
-    resume at 0. Stable order."""
-    return [w for w in worker_ids if published.get(w, 0) > 0]
+def by_bound(
+    worker_ids: Sequence[int],
+    published: Mapping[int, int],
+    in_flight: Mapping[int, int],
+    load_weight: float,
+) -> list[tuple[int, float]]:
+    """The workers with a unit published on the request's path (`published`: worker ->
+    published depth, from the events), each with the bound on its score (a resume point never
+    exceeds the published depth: `published - load_weight * in_flight`), highest first, stable
+    among equals. The others resume at 0."""
+    bounds = [
+        (w, published[w] - load_weight * in_flight.get(w, 0))
+        for w in worker_ids
+        if published.get(w, 0) > 0
+    ]
+    return sorted(bounds, key=lambda wb: -wb[1])
 
 
 # the published depth (tokens) per worker for a request's tokens; None: ask every worker
@@ -130,23 +145,51 @@ class ExactRouter:
             log.warning("worker %x did not answer: %s", worker_id, e)
         return None
 
-    async def choose(self, token_ids: list[int]) -> tuple[list[Answer], int]:
-        """Every answering worker, best first, and how many were asked."""
-        ids = sorted(self.client.instance_ids())
-        ask = ids
-        if self.published is not None:
-            try:
-                ask = to_ask(ids, await self.published(token_ids))
-            except Exception as e:  # no view (yet): ask everyone
-                log.warning("no event view: %s", e)
-        asked = [asyncio.wait_for(self._ask(w, token_ids), ASK_TIMEOUT_S) for w in ask]
+    def _score(self, a: Answer) -> float:
+        return a.resume_point - self.load_weight * a.in_flight
+
+    async def _ask_all(self, ids: Sequence[int], token_ids: list[int]) -> list[Answer]:
+        asked = [asyncio.wait_for(self._ask(w, token_ids), ASK_TIMEOUT_S) for w in ids]
         got = await asyncio.gather(*asked, return_exceptions=True)
-        answers = [a for a in got if isinstance(a, Answer)]
-        quiet = set(ask)
-        answers += [Answer(w, 0, self.in_flight.get(w, 0)) for w in ids if w not in quiet]
+        self.questions += len(ids)
+        return [a for a in got if isinstance(a, Answer)]
+
+    async def _view(self, token_ids: list[int]) -> Mapping[int, int] | None:
+        if self.published is None:
+            return None
+        try:
+            return await self.published(token_ids)
+        except Exception as e:  # no view (yet): ask everyone
+            log.warning("no event view: %s", e)
+            return None
+
+    async def choose(self, token_ids: list[int]) -> tuple[list[Answer], int]:
+        """The workers best first, and how many were asked. With the event view: the worker
+        with the highest score bound is asked first; the others only where their bound
+        reaches its exact score (they could beat or tie it); a worker not asked is ranked by
+        its bound (below the best), one with nothing published at 0."""
+        ids = sorted(self.client.instance_ids())
+        before = self.questions
+        view = await self._view(token_ids)
+        if view is None:
+            answers = await self._ask_all(ids, token_ids)
+        else:
+            order = by_bound(ids, view, self.in_flight, self.load_weight)
+            asked: list[int] = []
+            exact: dict[int, Answer] = {}
+            if order:
+                asked = [order[0][0]]
+                exact = {a.worker_id: a for a in await self._ask_all(asked, token_ids)}
+                best = max((self._score(a) for a in exact.values()), default=-math.inf)
+                rest = [w for w, bound in order[1:] if bound >= best]
+                exact |= {a.worker_id: a for a in await self._ask_all(rest, token_ids)}
+                asked += rest
+            answers = [exact[w] for w in ids if w in exact]  # one asked and silent is skipped
+            answers += [
+                Answer(w, view.get(w, 0), self.in_flight.get(w, 0)) for w in ids if w not in asked
+            ]
         answers.sort(key=lambda a: ids.index(a.worker_id))  # the stable order `ranked` turns
-        self.questions += len(ask)
-        return ranked(answers, self.load_weight, next(self._turn)), len(ask)
+        return ranked(answers, self.load_weight, next(self._turn)), self.questions - before
 
     async def generate(self, request: dict[str, Any], context: Any) -> AsyncIterator[dict]:
         token_ids = [int(t) for t in request["token_ids"]]

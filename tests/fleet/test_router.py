@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hycache.fleet.router import Answer, ExactRouter, overlap_tokens, ranked, to_ask
+from hycache.fleet.router import Answer, ExactRouter, by_bound, overlap_tokens, ranked
 
 
 class FakeResumeClient:
@@ -47,9 +47,18 @@ def choose(points: dict[int, int], published: dict[int, int] | None) -> tuple[li
 def test_the_event_view_asks_only_workers_with_a_published_unit() -> None:
     points = {10: 0, 11: 48, 12: 0, 13: 16}
     answers, asked = choose(points, {11: 64, 13: 16})
-    assert asked == [11, 13]
+    assert asked == [11]  # its exact 48 beats 13's bound (16): 13 is not asked
     assert answers[0] == Answer(11, 48, 0)  # the exact answer, not the published 64
-    assert {a.worker_id: a.resume_point for a in answers} == points
+    assert [a.worker_id for a in answers] == [11, 13, 10, 12]
+
+
+def test_a_bound_that_reaches_the_first_answer_is_asked() -> None:
+    """The deepest published path overcounts (a request leaving it between two states): the
+    next worker's bound reaches the first's exact answer, so it is asked, and wins."""
+    points = {1: 16, 2: 32, 3: 0}
+    answers, asked = choose(points, {1: 64, 2: 48})
+    assert asked == [1, 2]
+    assert answers[0] == Answer(2, 32, 0)
 
 
 def test_a_request_nobody_holds_asks_nobody_and_spreads() -> None:
@@ -81,14 +90,19 @@ def test_the_view_changes_no_choice_when_it_bounds_the_resume_points(
     units: dict[int, int], data: st.DataObject
 ) -> None:
     """Published depths at or above every resume point (what resumable events guarantee):
-    the same ranking as asking everyone."""
+    the worker chosen and the resume point it was chosen by are the ones asking everyone
+    gives; no worker with nothing published is asked."""
     points = {w: u * 16 for w, u in units.items()}
     extra = data.draw(st.lists(st.integers(0, 3), min_size=len(points), max_size=len(points)))
     published = {w: p + e * 16 for (w, p), e in zip(points.items(), extra, strict=True) if p + e}
-    with_view, _ = choose(points, published)
+    with_view, asked = choose(points, published)
     without, _ = choose(points, None)
-    assert with_view == without
-    assert to_ask(sorted(points), published) == sorted(w for w in published if published[w])
+    assert with_view[0] == without[0]
+    assert set(asked) <= set(published)
+    assert sorted(a.worker_id for a in with_view) == sorted(points)
+    assert [w for w, _ in by_bound(sorted(points), published, {}, 1.0)] == sorted(
+        published, key=lambda w: (-published[w], w)
+    )
 
 
 def test_ranked_prefers_depth_then_load() -> None:

@@ -1,7 +1,7 @@
 """A fleet of hycache engines behind NVIDIA Dynamo, routed four ways, side by side, repeated.
 
     .venv/bin/python benchmarks/bench_fleet.py [--workloads family multi-turn trace]
-        [--repeats 3] [--policy limit] [--arms kv exact attention round-robin]
+        [--repeats 3] [--policy limit] [--arms kv exact attention round-robin kv-no-load]
         [--json out/bench_fleet.json]
 
 Per workload and repeat, one fresh fleet per arm (`hycache.fleet.launch.Fleet`, everything on
@@ -13,6 +13,8 @@ Per workload and repeat, one fresh fleet per arm (`hycache.fleet.launch.Fleet`, 
     attention    Dynamo's KV router fed vLLM-style per-group events (`full`, blocks of B):
                  Dynamo drops the SSM group, as for any vLLM hybrid today
     round-robin  Dynamo's
+    kv-no-load   (on request, `--arms`) `kv` with Dynamo's load term off
+                 (`--no-router-track-active-blocks`): overlap alone
 
 The setting (4 workers, B, u, k, pool, sizes: long shared prefixes, short suffixes and outputs,
 so that prefill is what TTFT measures) is `hycache.fleet.bench_setting`'s, which
@@ -57,6 +59,7 @@ class Arm:
     routing: str
     events: str
     router_block: int  # the frontend's --kv-cache-block-size
+    frontend_args: tuple[str, ...] = ()
 
 
 ARMS = (
@@ -65,7 +68,13 @@ ARMS = (
     Arm("attention", "kv", "full", setting.BLOCK),
     Arm("round-robin", "round-robin", "none", setting.UNIT),
 )
+# on request (`--arms`): `kv` without Dynamo's load term (it counts the blocks each worker is
+# computing and sends a request elsewhere when its prefix's worker is busy)
+EXTRA_ARMS = (
+    Arm("kv-no-load", "kv", "resumable", setting.UNIT, ("--no-router-track-active-blocks",)),
+)
 ARM_NAMES = tuple(a.name for a in ARMS)
+ALL_ARMS = ARMS + EXTRA_ARMS
 
 # Dynamo 1.6.1's frontend returns each chunk's token ids when asked: `nvext.extra_fields`
 # `["completion_token_ids"]` puts them in the chunk's `nvext.completion_token_ids`
@@ -118,6 +127,7 @@ def run_arm(
         events=arm.events,
         unit=arm.router_block,
         engine_args=setting.engine_args(args.policy),
+        frontend_args=arm.frontend_args,
     )
     responses.ids.clear()
     with Fleet(spec, workdir, timeout=600.0) as fleet:
@@ -180,7 +190,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for w in dict.fromkeys(r["workload"] for r in rows):
         mine = [r for r in rows if r["workload"] == w]
         rr = sorted((r for r in mine if r["arm"] == "round-robin"), key=lambda r: r["repeat"])
-        for arm in ARM_NAMES:
+        for arm in (a.name for a in ALL_ARMS):
             runs = sorted((r for r in mine if r["arm"] == arm), key=lambda r: r["repeat"])
             if not runs:
                 continue
@@ -233,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=setting.WORKERS)
     p.add_argument("--workloads", nargs="+", default=list(setting.WORKLOADS),
                    choices=setting.WORKLOADS)  # fmt: skip
-    p.add_argument("--arms", nargs="+", default=list(ARM_NAMES), choices=ARM_NAMES)
+    p.add_argument("--arms", nargs="+", default=list(ARM_NAMES),
+                   choices=[a.name for a in ALL_ARMS])  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--policy", default="limit", help="the engines' policy (vLLM's: lookahead)")
     p.add_argument("--concurrency", type=int, default=setting.CONCURRENCY)
@@ -244,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if why is not None:
         print(f"bench_fleet: {why}", file=sys.stderr)
         return 2
-    arms = tuple(a for a in ARMS if a.name in args.arms)
+    arms = tuple(a for a in ALL_ARMS if a.name in args.arms)
     responses = Responses(loadgen._body, loadgen._take_chunk)  # type: ignore[attr-defined]
     loadgen._body = responses.make_body  # type: ignore[attr-defined]
     loadgen._take_chunk = responses.take_chunk  # type: ignore[attr-defined]

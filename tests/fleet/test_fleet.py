@@ -1,7 +1,8 @@
 """hycache engines as Dynamo workers, behind Dynamo's frontend (`kv` router fed the
 workers' resumable events) and behind hycache's exact router: siblings follow their prefix,
 the hit the router predicted is the engine's `cached_tokens`, streaming and cancellation
-reach the engine, SIGTERM deregisters, a killed worker costs no request."""
+reach the engine (and the streamed token ids come back through `nvext`), SIGTERM deregisters,
+a killed worker costs no request."""
 
 from __future__ import annotations
 

@@ -25,15 +25,16 @@ that point is run once.
 on the `tiny` model behind a router): per arm the hit tokens and hit rate predicted, the hit the
 router expected, and the pooled ideal; timings only mean something with a calibrated
 `--gpu-config` (`hycache calibrate`). `--predict --like-bench-fleet` is
-`benchmarks/bench_fleet.py`'s default run (4 workers, B=64, u=16, k=2, 256 blocks each,
-concurrency 4; family and multi-turn at `hycache bench serve`'s shapes, a 48-request trace cut
-to 768-token prompts and 16 output tokens).
+`benchmarks/bench_fleet.py`'s run, from the one home of its setting
+(`hycache.fleet.bench_setting`: 4 workers, B=64, u=16, k=2, 512 blocks each, concurrency 4,
+long shared prefixes, short suffixes and outputs); `--policy lookahead` for its
+`--policy lookahead` run.
 
     .venv/bin/python benchmarks/bench_fleet_sim.py --predict --workers 4 --workload family
         --shape '{"families": 4, "requests_per_family": 4}' --block-size 64
         --prefix-match-unit 16 --num-blocks 512 [--num-speculative-tokens 2]
         [--concurrency 4] [--gpu-config calibrated.json] [--json out/fleet_predicted.json]
-    .venv/bin/python benchmarks/bench_fleet_sim.py --predict --like-bench-fleet
+    .venv/bin/python benchmarks/bench_fleet_sim.py --predict --like-bench-fleet [--policy P]
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from hycache.sim.build import (
     DEFAULT_SHAPES,
     SimGeometry,
     TraceSource,
+    WorkloadSizes,
     WorkloadSpec,
     build_config,
     build_cost,
@@ -351,6 +353,7 @@ class FleetSetting:
     num_speculative_tokens: int = 2
     concurrency: int = 4
     seed: int = 0
+    policy: str = POLICY
 
 
 def setting_workload(f: FleetSetting) -> Workload:
@@ -402,19 +405,19 @@ def predict(f: FleetSetting) -> dict[str, Any]:
         pooled = line == POOLED
         cfg = build_config(
             geometry,
-            policy=POLICY,
+            policy=f.policy,
             max_model_len=max_len,
             num_blocks=f.num_blocks * (f.workers if pooled else 1),
         )
         res = compare_policies(
             w,
             cfg,
-            [POLICY],
+            [f.policy],
             cost=cost,
             seed=f.seed,
             instances=1 if pooled else f.workers,
             routing="round-robin" if pooled else line,
-        )[POLICY]
+        )[f.policy]
         arms[line] = summary(res)
     return {
         "setting": asdict(f),
@@ -424,20 +427,6 @@ def predict(f: FleetSetting) -> dict[str, Any]:
     }
 
 
-# benchmarks/bench_fleet.py's fleet (branch `dynamo`): its engines' flags, load and workloads
-BENCH_FLEET = {
-    "workers": 4,
-    "model": "tiny",
-    "block_size": 64,
-    "prefix_match_unit": 16,
-    "num_speculative_tokens": 2,
-    "num_blocks": 256,
-    "concurrency": 4,
-    "trace_requests": 48,
-    "trace_prompt_tokens": 768,
-    "trace_output_tokens": 16,
-}
-BENCH_FLEET_WORKLOADS = ("family", "multi-turn", "trace")
 # bench_fleet's arms, and the simulated routing each stands for (`kv` fed resumable events is
 # the exact router up to the spacing of states where a request leaves a published path)
 BENCH_FLEET_ARMS = {
@@ -448,17 +437,87 @@ BENCH_FLEET_ARMS = {
 }
 
 
-def like_bench_fleet(gpu_config: str | None = None) -> dict[str, Any]:
-    """The simulator's prediction for `benchmarks/bench_fleet.py`'s default run: its workloads
-    as `hycache bench serve` builds them (`SERVE_SHAPES`), its four arms."""
+def bench_fleet_settings(
+    policy: str = POLICY, gpu_config: str | None = None
+) -> dict[str, FleetSetting]:
+    """`benchmarks/bench_fleet.py`'s fleet per workload, from the one home of its setting
+    (`hycache.fleet.bench_setting`): the engines' flags, the load, the workloads as `hycache
+    bench serve` builds them at the bench's sizes."""
     from hycache.bench.loadgen import SERVE_SHAPES
+    from hycache.fleet import bench_setting as b
 
-    out: dict[str, Any] = {"arms": BENCH_FLEET_ARMS, "workloads": {}}
-    for name in BENCH_FLEET_WORKLOADS:
-        shape = asdict(SERVE_SHAPES[name]) if name in SERVE_SHAPES else {}
-        f = FleetSetting(workload=name, shape=shape, gpu_config=gpu_config, **BENCH_FLEET)
+    common: dict[str, Any] = {
+        "workers": b.WORKERS,
+        "model": "tiny",
+        "block_size": b.BLOCK,
+        "prefix_match_unit": b.UNIT,
+        "num_speculative_tokens": b.SPECULATIVE,
+        "num_blocks": b.NUM_BLOCKS,
+        "concurrency": b.CONCURRENCY,
+        "trace_requests": b.TRACE.requests,
+        "trace_prompt_tokens": b.TRACE.prompt_tokens,
+        "trace_output_tokens": b.TRACE.output_tokens,
+        "policy": policy,
+        "gpu_config": gpu_config,
+    }
+    out = {}
+    for name in b.WORKLOADS:
+        sizes = WorkloadSizes(**b.SIZES[name]) if name in b.SIZES else None
+        shape = asdict(sizes.applied(SERVE_SHAPES[name])) if sizes else {}
+        out[name] = FleetSetting(workload=name, shape=shape, **common)
+    return out
+
+
+def like_bench_fleet(policy: str = POLICY, gpu_config: str | None = None) -> dict[str, Any]:
+    """The simulator's prediction for `benchmarks/bench_fleet.py`'s run (its setting, its
+    four arms) at the engines' `policy`."""
+    out: dict[str, Any] = {"arms": BENCH_FLEET_ARMS, "policy": policy, "workloads": {}}
+    for name, f in bench_fleet_settings(policy, gpu_config).items():
         out["workloads"][name] = predict(f)
     return out
+
+
+def predicted_table(doc: dict[str, Any]) -> str:
+    """Per workload and bench_fleet arm: the simulated hit tokens, the router's predicted hit
+    and its overstated tokens (requests)."""
+    lines = ["| workload | arm (simulated routing) | simulated hit tokens | router predicted "
+             "| overstated (requests) |", "|" + "---|" * 5]  # fmt: skip
+    for name, w in doc["workloads"].items():
+        for arm, routing in doc["arms"].items():
+            a = w["arms"][routing]
+            pred = a["predicted_hit_tokens"]
+            lines.append(
+                f"| {name} | {arm} ({routing}) | {a['hit_tokens']:,} "
+                f"| {'' if pred is None else f'{pred:,}'} "
+                f"| {a['overstated_hit_tokens'] or 0:,} ({a['overstated_requests'] or 0}) |"
+            )
+    return "\n".join(lines)
+
+
+def _ratio_text(r: dict[str, Any] | None) -> str:
+    return "" if r is None else f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
+
+
+def beside_measured(doc: dict[str, Any], measured: Sequence[dict[str, Any]]) -> str:
+    """Per workload and arm, the simulated hit tokens beside the measured ones
+    (`benchmarks/bench_fleet.py --json`'s `aggregate` rows: medians over its repeats, min-max)
+    and the measured TTFT p50 ratio to round-robin."""
+    lines = ["| workload | arm | simulated hit tokens | measured hit tokens | measured / simulated "
+             "| measured TTFT p50 vs rr |", "|" + "---|" * 6]  # fmt: skip
+    for name, w in doc["workloads"].items():
+        for arm, routing in doc["arms"].items():
+            row = next((m for m in measured if m["workload"] == name and m["arm"] == arm), None)
+            if row is None:
+                continue
+            sim = w["arms"][routing]["hit_tokens"]
+            hit = row["hit_tokens"]
+            measured_hit = f"{hit['median']:,.0f} ({hit['min']:,.0f}-{hit['max']:,.0f})"
+            share = f"{hit['median'] / sim:.2f}" if sim else "-"
+            lines.append(
+                f"| {name} | {arm} | {sim:,} | {measured_hit} | {share} "
+                f"| {_ratio_text(row.get('ttft_p50_ms_vs_rr'))} |"
+            )
+    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -494,6 +553,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens)
     p.add_argument("--concurrency", type=int, default=d.concurrency)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--policy", default=d.policy, help="the engines' policy")
+    p.add_argument(
+        "--measured",
+        nargs="+",
+        default=(),
+        help="with --like-bench-fleet: benchmarks/bench_fleet.py --json files, put beside",
+    )
     return ap.parse_args(argv)
 
 
@@ -502,12 +568,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.predict:
         keys = {f.name for f in fields(FleetSetting)}
         f = FleetSetting(**{k: v for k, v in vars(args).items() if k in keys})
-        doc = like_bench_fleet(args.gpu_config) if args.like_bench_fleet else predict(f)
+        if args.like_bench_fleet:
+            doc = like_bench_fleet(args.policy, args.gpu_config)
+        else:
+            doc = predict(f)
         text = json.dumps(doc, indent=2) + "\n"
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(text)
         print(text, end="")
+        if args.like_bench_fleet:
+            print(predicted_table(doc))
+            rows = [r for m in args.measured for r in json.loads(Path(m).read_text())["aggregate"]]
+            if rows:
+                print(beside_measured(doc, rows))
         return 0
     s = quick_bench() if args.quick else scaled_bench()
     instances = [int(x) for x in args.instances.split(",")]

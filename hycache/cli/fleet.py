@@ -42,12 +42,14 @@ def cmd_router(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     settings = RouterSettings(
         namespace=args.namespace,
+        worker_namespace=args.worker_namespace,
         worker_component=args.worker_component,
         model=args.model,
         model_name=args.served_model_name,
         load_weight=args.load_weight,
         unit=args.prefix_match_unit,
         card_dir=args.card_dir,
+        view=args.view,
     )
     asyncio.run(serve_router(settings))
     return 0
@@ -94,6 +96,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     r = fleet.add_parser("router", help="serve hycache's exact router in front of the workers")
     _add_place(r)
+    r.add_argument(
+        "--worker-namespace",
+        default=None,
+        help="the workers' Dynamo namespace (default: --namespace); give them one of their own, "
+        "out of the frontend's --namespace, so that the frontend sends every request here",
+    )
     r.add_argument("--worker-component", default="worker", help="the workers' Dynamo component")
     r.add_argument("--model", default="tiny", help="the workers' model (its card is registered)")
     r.add_argument("--served-model-name", default="tiny", help="the model name to register")
@@ -106,5 +114,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=float,
         default=1.0,
         help="tokens of resume point one queued or running request is worth",
+    )
+    r.add_argument(
+        "--view",
+        default="events",
+        choices=("events", "ask-all"),
+        help="events: ask only the workers whose resumable events publish a unit on the "
+        "request's path (the workers run with --events resumable); ask-all: ask every worker",
     )
     r.set_defaults(func=cmd_router)

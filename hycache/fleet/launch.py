@@ -12,7 +12,9 @@ started (SIGTERM, then SIGKILL of the whole group after `grace` seconds).
 
 Routing modes: `kv` (Dynamo's KV router, fed the workers' events), `round-robin` (Dynamo's),
 and `exact` (the frontend round-robins to one hycache router, `hycache.fleet.router`, which
-asks every worker for its resume point; the workers then do not register the model).
+asks the workers for their resume points; the workers then register the model in a namespace
+of their own, out of the frontend's sight, and publish `events` for the router's view,
+`resumable` by default).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class FleetSpec:
     unit: int = 16  # the frontend's --kv-cache-block-size: the workers' prefix-match unit
     namespace: str = "hycache"
     frontend_args: tuple[str, ...] = ()
+    router_args: tuple[str, ...] = ()  # `hycache fleet router` flags (routing "exact")
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTINGS:
@@ -194,18 +197,20 @@ class Fleet:
         exact = spec.routing == "exact"
         py = sys.executable
         card = ["--card-dir", str(self.workdir / "card")]  # one card: the frontend compares
+        worker_ns = worker_namespace(spec)
         for i in range(spec.workers):
             argv = [py, "-m", "hycache", "fleet", "worker", *spec.engine_args, *card]
-            argv += ["--namespace", spec.namespace, "--events", spec.events]
-            argv += ["--served-model-name", "" if exact else spec.model_name]
+            argv += ["--namespace", worker_ns, "--events", spec.events]
+            argv += ["--served-model-name", spec.model_name]
             self.workers.append(self._spawn(f"worker{i}", argv))
         self._wait("workers", lambda: all(_ready(w) for w in self.workers), self.workers)
         if exact:
             router = self._spawn(
                 "router",
                 [py, "-m", "hycache", "fleet", "router", "--namespace", spec.namespace,
-                 "--served-model-name", spec.model_name, "--model", _model_of(spec),
-                 "--prefix-match-unit", str(spec.unit), *card],
+                 "--worker-namespace", worker_ns, "--served-model-name", spec.model_name,
+                 "--model", _model_of(spec), "--prefix-match-unit", str(spec.unit), *card,
+                 *spec.router_args],
             )  # fmt: skip
             self._wait("router", lambda: _ready(router), [router])
         mode = "round-robin" if exact else spec.routing
@@ -213,7 +218,8 @@ class Fleet:
             "frontend",
             [py, "-m", "dynamo.frontend", "--router-mode", mode, "--http-host", LOOPBACK,
              "--http-port", str(self.http_port), "--kv-cache-block-size", str(spec.unit),
-             "--migration-limit", str(MIGRATION_LIMIT), *spec.frontend_args],
+             "--namespace", spec.namespace, "--migration-limit", str(MIGRATION_LIMIT),
+             *spec.frontend_args],
         )  # fmt: skip
         self._wait("frontend", self._serves_model, self.procs)
         return self
@@ -331,6 +337,12 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((LOOPBACK, port)) == 0
+
+
+def worker_namespace(spec: FleetSpec) -> str:
+    """The workers' Dynamo namespace: the fleet's, or behind hycache's router one of their
+    own, out of the frontend's sight (`hycache.fleet.router`)."""
+    return f"{spec.namespace}-workers" if spec.routing == "exact" else spec.namespace
 
 
 def _model_of(spec: FleetSpec) -> str:

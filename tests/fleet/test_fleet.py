@@ -1,12 +1,14 @@
 """hycache engines as Dynamo workers, behind Dynamo's frontend (`kv` router fed the
 workers' resumable events) and behind hycache's exact router: siblings follow their prefix,
 the hit the router predicted is the engine's `cached_tokens`, streaming and cancellation
-reach the engine, SIGTERM deregisters, a killed worker costs no request."""
+reach the engine (and the streamed token ids come back through `nvext`), SIGTERM deregisters,
+a killed worker costs no request."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import time
 import urllib.request
 from typing import Any
@@ -84,6 +86,7 @@ def test_streaming_usage_and_finish_reason(kv_fleet: Fleet) -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
+        "nvext": {"extra_fields": ["completion_token_ids"]},  # token ids out, as they went in
     }
     req = urllib.request.Request(
         kv_fleet.url + "/v1/completions",
@@ -102,6 +105,9 @@ def test_streaming_usage_and_finish_reason(kv_fleet: Fleet) -> None:
     assert reasons[-1] == "length"
     usage = chunks[-1]["usage"]
     assert usage["completion_tokens"] == 12
+    ids = [t for c in chunks for t in (c.get("nvext") or {}).get("completion_token_ids", [])]
+    spelled = [int(t) for t in re.findall(r"<t(\d+)>", "".join(t or "" for t in texts))]
+    assert len(ids) == 12 and ids == spelled
     assert usage["prompt_tokens"] == 79
 
 

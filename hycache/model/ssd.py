@@ -120,12 +120,9 @@ def ssd_chunked_states(
 
 
 SCAN_PIECE_CHUNKS = 8
-"""Chunks per piece of `ssd_chunked_states`. The within-chunk tensors of one piece (its decay
-and score matrices, chunks x Q x Q per head) stay small enough for the CPU's caches: one scan
-over 8,192 tokens (Q = 64) took 2.0x the CPU time of the same scan in pieces of 8 chunks,
-4,064 tokens 2.1x, 1,055 tokens 1.4x (`tiny`'s Mamba shapes, one thread; pieces of 4 or 16
-chunks were no faster than 8). A microbenchmark's figure (`benchmarks/ssd_scan_paths.py`): in the
-CPU engine's runs the long scans did not show that slowness (docs/admission.md)."""
+"""Chunks per piece of `ssd_chunked_states`: the within-chunk tensors of one piece (its decay
+and score matrices, chunks x Q x Q per head) stay small enough for the CPU's caches (measured
+with `benchmarks/ssd_scan_paths.py`; figures in docs/admission.md)."""
 
 
 def _scan(

@@ -67,6 +67,8 @@ HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on t
 HINTS_ATTR = "hycache_hints"  # the parsed hints, set on each vLLM request
 HIT_ATTR = "hycache_hit"  # the request's last local hit, set on each vLLM request
 CAPPED_ATTR = "hycache_capped"  # the block floor a priced resume capped the request's hit at
+MOVED_ATTR = "hycache_moved"  # a sub-block stop of the plugin's own was made (not only planned)
+KEEP_TAIL_ATTR = "hycache_keep_tail"  # a resume priced with the tail stop it costs kept it
 SIGHTINGS_ATTR = "hycache_sightings"  # requests that observed the request's junction so far
 # how many junction prefixes the scheduler counts sightings of (the newest; a forgotten one
 # starts again from one sighting, the prior)
@@ -320,26 +322,47 @@ class _Limit:
         mid-block hit makes vLLM split the prefill at the next block boundary (one more pass
         than a resume at the floor: stock's point) and the tokens it saves do not pay for that
         pass and the step it adds before the first token (`stops.resume_pays`, the batch's
-        load as `busy`). On 0.33 / 0.34 (0.32's lookup takes no cap)."""
+        load as `busy`). Never below the floor: where the capped lookup finds no state there
+        (it would land lower, below where stock resumes), the hit stands. On 0.33 / 0.34
+        (0.32's lookup takes no cap)."""
         _, hit, _, diverged = out
         bounds = self.hycache_bounds
         assert bounds is not None
         b, t = bounds.block_size, request.num_prompt_tokens
         floor, end = floor_to(hit, b), max(t, request.num_tokens - 1)
         setattr(request, CAPPED_ATTR, None)
+        setattr(request, KEEP_TAIL_ATTR, False)
         if diverged or hit == floor or not compat.has_lookahead_keys():
             return out
         if end - floor > self.max_num_scheduled_tokens:  # type: ignore[attr-defined]
             return out  # from the floor too the first chunk ends on the block grid
-        if compat.exports_prefill_checkpoint(self) and bounds.vllm_export(hit, end, t):
+        exports = compat.exports_prefill_checkpoint(self)
+        if exports and bounds.vllm_export(hit, end, t):
             return out  # one forward exports the tail: vLLM makes no split
+        # a hit in the prompt's last block column (vLLM makes no split) where one forward from
+        # the floor would export the tail (stock keeps it, free): from the hit vLLM stops at
+        # the tail, the pass the deeper resume costs, and the stop is kept
+        # (`_drops_vllm_tail`): a chat's next turn resumes there on stock
+        tail = bounds.tail_checkpoint(t)
+        keeps_tail = (
+            exports and hit < tail and end <= floor + b and bounds.vllm_export(floor, end, t)
+        )
+        setattr(request, KEEP_TAIL_ATTR, keeps_tail)
         busy = self.hycache_busy(request)
-        if resume_pays(self.hycache_pricer, floor, hit, floor + b, end, busy):
+        split_at = tail if keeps_tail else floor + b
+        if resume_pays(self.hycache_pricer, floor, hit, split_at, end, busy):
             return out
         given = kwargs.get("max_cache_hit_length", args[0] if args else None)
         cap = floor if given is None else min(given, floor)
         blocks, capped, _, diverged = super()._get_local_prefix_cache_hit(request, cap)  # type: ignore[misc]
+        if capped < floor or floor + b in self.hycache_stops(request, capped, out[2]):
+            # no state at the floor: the capped lookup lands lower (a chat's next turn, whose
+            # hit is the previous prompt's tail checkpoint, stock's own state); or a stop of
+            # our own would split the capped chunk at the boundary anyway: the pass is made
+            # either way, and the hit stands (stock's resume point)
+            return out
         setattr(request, CAPPED_ATTR, capped)
+        setattr(request, KEEP_TAIL_ATTR, False)
         # the junction the full lookup observed (0: none past its hit), not the cap's edge
         return blocks, capped, out[2], diverged
 
@@ -371,6 +394,8 @@ class _Limit:
             kind = StateKind.GRID if s % bounds.block_size == 0 else StateKind.JUNCTION
             chance = observed_chance(kind, getattr(request, SIGHTINGS_ATTR, 1))
             if stop_pays(self.hycache_pricer, chance, prev, s, start, end):
+                if s % bounds.block_size:
+                    setattr(request, MOVED_ATTR, True)
                 return s - start
         return end - start
 
@@ -403,11 +428,14 @@ class _Limit:
             return False
         if request.num_tokens > t or tail in stops_of(request):
             return False  # a resumed request replaying outputs, or our own stop
-        # moved: sub-block stops of its own (a junction, a hint), or a resume at a state such
+        if getattr(request, KEEP_TAIL_ATTR, False):
+            return False  # its deeper resume paid for it (`_priced_resume`)
+        # moved: a sub-block stop of its own made (a junction, a hint; one planned but priced
+        # out leaves stock's grid), or a resume at a state such
         # a stop kept (a family's later sibling). A resume at a prompt's tail checkpoint (a
         # chat's next turn) is stock's own: its tail stop is kept, the next turn resumes there
         hit = getattr(request, HIT_ATTR, 0)
-        own = any(s % bounds.block_size for s in stops_of(request))
+        own = getattr(request, MOVED_ATTR, False)
         if not own and not managers.resumes_at_a_stop_state(self.kv_cache_manager, request, hit):  # type: ignore[attr-defined]
             return False
         # on 0.33 / 0.34 only a tail stop the move made is priced: from the block floor of its

@@ -9,17 +9,20 @@ scheduler (`hycache.cache.stops.resume_pays`, `observed_chance`; issue 45):
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup
+from hycache.bench.vllm.reference import QWEN3_NEXT, ReferenceScheduler, VllmSetup, run_reference
+from hycache.bench.vllm.scenario import Turn
 from hycache.cache.stops import FlatPrice
 from hycache.config import CacheKnobs
 from hycache.vllm import compat
 from hycache.vllm.scheduler import JUNCTIONS_REMEMBERED
-from tests.vllm.shapes import SYNC, family
+from tests.helpers import tokens
+from tests.vllm.shapes import SYNC, family, with_cls
 
 pytestmark = pytest.mark.skipif(
     not compat.has_lookahead_keys(), reason="0.32's lookup takes no cap (drop mode)"
@@ -112,3 +115,32 @@ def test_a_capped_request_waits_rather_than_start_a_cut_chunk() -> None:
     s.running.extend([object()] * 1_000)  # 2,000 decode tokens a step: 6,608 never fits
     assert not s._defers_capped(req, 57_408, 4_416)
     s.running.clear()
+
+
+def test_a_chat_turn_on_qwen3_next_resumes_no_lower_than_stock() -> None:
+    """Qwen3-Next's shape (GDN, B = 576, u = 64, a pass priced as 3,600 prefill tokens: its
+    weight read on a B200): two sessions share a 3,000-token system prompt; the second one's
+    first turn stops at the junction's floor 2,880 (vLLM's own stop). The first session's
+    next turn finds its previous prompt's tail checkpoint 3,712 (stock's in-forward export),
+    256 tokens above its block floor 3,456, where nothing is kept. The resume is not capped:
+    the capped lookup would land on 2,880, below stock's resume point (issue 45's multi-turn
+    regression, -215 hit tokens a later turn). The second session's first turn, whose own
+    junction stop 2,944 does not pay, keeps vLLM's tail stop 3,328 as stock does (its chunk
+    grid is stock's), and its next turn resumes there."""
+    rng = random.Random(3)
+    system = tokens(rng, 3_000)
+    first = Turn(system + tokens(rng, 725), tokens(rng, 320), ())
+    other = Turn(system + tokens(rng, 335), tokens(rng, 8), ())
+    nxt = Turn(first.prompt + first.answer + tokens(rng, 273), tokens(rng, 8), ())
+    after = Turn(other.prompt + other.answer + tokens(rng, 100), tokens(rng, 8), ())
+    turns = [first, other, nxt, after]
+    setup = VllmSetup(
+        CacheKnobs(576, 64), 8192, num_speculative_tokens=1, model=QWEN3_NEXT,
+        pass_price=(3_600.0, 1.0),
+    )  # fmt: skip
+    stock = run_reference(setup, turns)
+    plugin = run_reference(with_cls(setup, SYNC), turns)
+    assert [t.hit for t in stock] == [0, 0, 3_712, 3_328]
+    assert all(p.hit >= s.hit for p, s in zip(plugin, stock, strict=True))
+    assert [t.hit for t in plugin][2:] == [3_712, 3_328]
+    assert plugin[1].chunk_ends == stock[1].chunk_ends == [2_880, 3_328, 3_335]

@@ -435,7 +435,11 @@ class _Limit:
         # a stop kept (a family's later sibling). A resume at a prompt's tail checkpoint (a
         # chat's next turn) is stock's own: its tail stop is kept, the next turn resumes there
         hit = getattr(request, HIT_ATTR, 0)
-        own = getattr(request, MOVED_ATTR, False)
+        own = getattr(request, MOVED_ATTR, False) or (
+            # 0.32 (the EAGLE drop, no priced resume): a planned sub-block stop counts, as before
+            not compat.has_lookahead_keys()
+            and any(s % bounds.block_size for s in stops_of(request))
+        )
         if not own and not managers.resumes_at_a_stop_state(self.kv_cache_manager, request, hit):  # type: ignore[attr-defined]
             return False
         # on 0.33 / 0.34 only a tail stop the move made is priced: from the block floor of its

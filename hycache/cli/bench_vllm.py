@@ -27,6 +27,7 @@ def bench_from_cli_args(args: argparse.Namespace) -> object:
         workloads=workloads,
         seed=args.seed,
         price=args.price,
+        only_arms=tuple(args.arm or ()),
     )
     if args.quick:
         bench = quick(bench)
@@ -59,7 +60,7 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
 
 def add_bench_vllm_parser(targets: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`hycache bench vllm ...`: a sub-command of `bench`."""
-    from hycache.bench.vllm.priced import CONCURRENCY, MODELS, WORKLOADS
+    from hycache.bench.vllm.priced import ARMS, CONCURRENCY, MODELS, WORKLOADS
 
     p = targets.add_parser(
         "vllm",
@@ -86,6 +87,9 @@ def add_bench_vllm_parser(targets: argparse._SubParsersAction[argparse.ArgumentP
                    help=f"closed-loop concurrencies (default: {' '.join(map(str, CONCURRENCY))})")
     p.add_argument("--workload", choices=WORKLOADS, action="append", default=None,
                    help="repeat for several (default: all three)")
+    p.add_argument("--arm", choices=ARMS, action="append", default=None,
+                   help="repeat for several (default: every arm; stock+flag needs a drafter); "
+                   "the ratios need stock and plugin")
     add_flag(p, "--seed")
     p.add_argument("--price", choices=("model", "default"), default="model",
                    help="what prices the plugin's stops: the cost model the steps are priced "

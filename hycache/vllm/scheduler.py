@@ -67,7 +67,7 @@ HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on t
 HINTS_ATTR = "hycache_hints"  # the parsed hints, set on each vLLM request
 HIT_ATTR = "hycache_hit"  # the request's last local hit, set on each vLLM request
 CAPPED_ATTR = "hycache_capped"  # the block floor a priced resume capped the request's hit at
-MOVED_ATTR = "hycache_moved"  # a sub-block stop of the plugin's own was made (not only planned)
+MOVED_ATTR = "hycache_moved"  # a chunk ended at one of its sub-block stops (not only planned)
 KEEP_TAIL_ATTR = "hycache_keep_tail"  # a resume priced with the tail stop it costs kept it
 SIGHTINGS_ATTR = "hycache_sightings"  # requests that observed the request's junction so far
 # how many junction prefixes the scheduler counts sightings of (the newest; a forgotten one
@@ -389,15 +389,19 @@ class _Limit:
             end = start + given["num_new_tokens"]
         # our stops inside vLLM's chunk, each made only where it pays for its pass (a stop
         # not made keeps no state: the next one saves from the chunk's start)
-        prev = start
+        prev, cut = start, end
         for s in (s for s in stops if start < s < end):
             kind = StateKind.GRID if s % bounds.block_size == 0 else StateKind.JUNCTION
             chance = observed_chance(kind, getattr(request, SIGHTINGS_ATTR, 1))
             if stop_pays(self.hycache_pricer, chance, prev, s, start, end):
-                if s % bounds.block_size:
-                    setattr(request, MOVED_ATTR, True)
-                return s - start
-        return end - start
+                cut = s
+                break
+        # the chunk ends at a sub-block stop of ours, whoever cut it there: this loop, or
+        # vLLM's own split (0.32's `enable_mamba_shared_prefix_checkpoint` ends a chunk at
+        # the junction it observes, which the unit keys made ours): the request is moved
+        if cut % bounds.block_size and cut < request.num_prompt_tokens and cut in stops:
+            setattr(request, MOVED_ATTR, True)
+        return cut - start
 
     def _defers_capped(self, request: Request, start: int, num_new: int) -> bool:
         """Whether a request whose resume was capped at the block floor waits a step instead
@@ -435,11 +439,7 @@ class _Limit:
         # a stop kept (a family's later sibling). A resume at a prompt's tail checkpoint (a
         # chat's next turn) is stock's own: its tail stop is kept, the next turn resumes there
         hit = getattr(request, HIT_ATTR, 0)
-        own = getattr(request, MOVED_ATTR, False) or (
-            # 0.32 (the EAGLE drop, no priced resume): a planned sub-block stop counts, as before
-            not compat.has_lookahead_keys()
-            and any(s % bounds.block_size for s in stops_of(request))
-        )
+        own = getattr(request, MOVED_ATTR, False)
         if not own and not managers.resumes_at_a_stop_state(self.kv_cache_manager, request, hit):  # type: ignore[attr-defined]
             return False
         # on 0.33 / 0.34 only a tail stop the move made is priced: from the block floor of its

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hycache.bench.vllm.priced import PricedBench, accepted, quick, run, run_arm
-from hycache.cli.main import main
+from hycache.bench.vllm.priced import ARMS, PricedBench, accepted, jobs_of, quick, run, run_arm
+from hycache.cli.bench_vllm import bench_from_cli_args
+from hycache.cli.main import command_of, main, make_parser
 
 BENCH = quick(PricedBench())
 
@@ -67,3 +68,27 @@ def test_the_command_prints_the_table_and_writes_json(
     out = capsys.readouterr().out
     assert "priced" in out and "plugin" in out
     assert main(["bench", "vllm", "--prefix-match-unit", "100", "--quick"]) == 2
+
+
+def test_the_filters_pick_workloads_concurrencies_arms_and_the_seed(tmp_path: Path) -> None:
+    argv = ["bench", "vllm", "--workload", "multi-turn", "--concurrency", "16", "64"]
+    argv += ["--seed", "3", "--arm", "plugin", "--arm", "stock"]
+    bench = bench_from_cli_args(make_parser(command_of(argv)).parse_args(argv))
+    assert isinstance(bench, PricedBench)
+    assert (bench.workloads, bench.concurrency, bench.seed) == (("multi-turn",), (16, 64), 3)
+    assert bench.arms == ("stock", "plugin")  # ARMS' order, whatever the flags' order
+    assert bench_from_cli_args(make_parser("bench").parse_args(["bench", "vllm"])).arms == ARMS
+    # a filtered run: its rows are the arms asked for, the ratio where stock and plugin ran
+    path = tmp_path / "filtered.json"
+    quick_run = ["bench", "vllm", "--quick", "--workload", "multi-turn", "--concurrency", "1"]
+    both = ["--arm", "plugin", "--arm", "stock"]
+    assert main([*quick_run, "--seed", "3", *both, "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert [r["arm"] for r in doc["rows"]] == ["stock", "plugin"] and len(doc["ratios"]) == 1
+    assert main([*quick_run, "--arm", "plugin", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["ratios"] == []  # no stock to compare with
+    # the seed draws another workload
+    other = jobs_of(BENCH.shape("multi-turn"), 4)[0]
+    assert [j.prompt for j in jobs_of(BENCH.shape("multi-turn"), 3)[0]] != [j.prompt for j in other]
+    # vLLM's junction flag needs a drafter
+    assert main([*quick_run, "--arm", "stock+flag", "--num-speculative-tokens", "0"]) == 2

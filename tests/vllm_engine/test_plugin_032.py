@@ -244,6 +244,25 @@ def priced_drop_families(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn], bool]:
     return setup, turns, hinted
 
 
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_junction_stop_vllms_own_split_makes_moves_the_request(flag: bool) -> None:
+    """B=256, u=16, 962 shared + 116, MTP k=1, the default price: the observer stops at its
+    block floor 768, its junction 944 (the drop's resume point) and the block after (1024).
+    With the junction flag vLLM's own split ends the chunk at 944 (the junction the unit keys
+    let it observe), without it the plugin's: either way the request moved, and vLLM's tail
+    stop 1,056 (which serves only an identical resend) is dropped, the same chunks with the
+    flag on or off; two passes over stock's, a sibling one."""
+    setup = dataclasses.replace(drop(256, 16, flag, PLUGIN, budget=1 << 20), pass_price=None)
+    turns = family(18462, 962, 116, 4)
+    plugin = run_reference(setup, turns)
+    stock = run_reference(dataclasses.replace(setup, scheduler_cls=None), turns)
+    assert bounds(256, 16).tail_checkpoint(1078) == 1056
+    producer, observer, *siblings = (t.chunk_ends for t in plugin)
+    assert (producer, observer, siblings) == ([1078], [768, 944, 1024, 1078], [[1024, 1078]] * 2)
+    assert hits(plugin) == [0, 0, 944, 944]
+    assert passes_over_stock(stock, plugin) == [0, 2, 1, 1]
+
+
 @given(case=priced_drop_families())
 def test_priced_passes_stay_within_stock_plus_one_the_observer_plus_two(
     case: tuple[VllmSetup, list[Turn], bool],

@@ -100,6 +100,7 @@ class PricedBench:
     # a deployment's `--additional-config` price stands for); "default", the plugin's
     # `DEFAULT_PRICE` (a pass = 96 prefill tokens: a 9B hybrid on an H200)
     price: str = "model"
+    only_arms: tuple[str, ...] = ()  # `--arm`: these of `arms` only (); every arm)
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -113,6 +114,11 @@ class PricedBench:
             raise ValueError(f"--price: model or default, got {self.price!r}")
         if any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        bad = [a for a in self.only_arms if a not in ARMS]
+        if bad:
+            raise ValueError(f"--arm: one of {', '.join(ARMS)}, got {bad[0]!r}")
+        if "stock+flag" in self.only_arms and not self.num_speculative_tokens:
+            raise ValueError("--arm stock+flag needs a drafter (vLLM's junction flag is EAGLE's)")
 
     @property
     def harness_model(self) -> str:
@@ -128,8 +134,10 @@ class PricedBench:
 
     @property
     def arms(self) -> tuple[str, ...]:
-        """The flag needs a drafter (vLLM's junction stop is an EAGLE feature)."""
-        return ARMS if self.num_speculative_tokens else ("stock", "plugin")
+        """The arms run, in `ARMS`' order: those `only_arms` names, or all. The flag needs a
+        drafter (vLLM's junction stop is an EAGLE feature)."""
+        arms = ARMS if self.num_speculative_tokens else ("stock", "plugin")
+        return tuple(a for a in arms if a in self.only_arms) if self.only_arms else arms
 
     def num_blocks(self, cost: CostModel) -> int:
         return MODELS[self.model][3] or cost.num_blocks(self.b)
@@ -387,15 +395,15 @@ def run(bench: PricedBench, progress: Callable[[str], None] | None = None) -> di
 
 
 def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per workload and concurrency: the plugin against stock (output tok/s, TTFT p50 and
-    p95, hits) and whether the cell meets the acceptance bar (>= 0.99x tok/s, <= 1.01x TTFT
-    p50)."""
+    """Per workload and concurrency where both ran: the plugin against stock (output tok/s,
+    TTFT p50 and p95, hits) and whether the cell meets the acceptance bar (>= 0.99x tok/s,
+    <= 1.01x TTFT p50)."""
     out = []
     cells = {(r["workload"], r["concurrency"], r["arm"]): r for r in rows}
     for (w, c, arm), plugin in cells.items():
-        if arm != "plugin":
+        stock = cells.get((w, c, "stock"))
+        if arm != "plugin" or stock is None:
             continue
-        stock = cells[(w, c, "stock")]
 
         def ratio(key: str, p: dict[str, Any] = plugin, s: dict[str, Any] = stock) -> float:
             return p[key] / s[key] if s[key] else 1.0

@@ -74,7 +74,7 @@ SPEC_KEYS = ("families", "siblings", "shared_prefix_range", "suffix_range", "blo
 TIMED = ("output_tok_s", "ttft_p50_s", "ttft_p95_s", "sibling_ttft_p50_s", "ttft_cpu_p50_s")
 COUNTED = ("hits", "prefill_tokens", "forward_passes", "drafts", "accepted")
 # what must not change from one repeat to the next (the prefix cache reset leaves nothing)
-SAME = ("hits", "prefill_tokens", "forward_passes")
+SAME = ("hits", "prefill_tokens", "forward_passes", "passes_to_first_token")
 # --shape family: the defaults of the flags it does not require
 FAMILY = {"families": 1, "mtp": 0, "max_tokens": 16, "max_num_batched_tokens": 2048}
 # --shape large-block: what it sets (flags given on the command line are kept)
@@ -222,8 +222,8 @@ def warm_request(llm: Any) -> None:
 
 def run_wave(engine: Any, prompts: list[list[int]], wave: list[int], sp: Any, tag: str) -> dict:
     """Add the wave's requests and step the engine until they finish: per request its TTFT
-    from the wave's start (wall and CPU clock), its hit and its token ids; the wave's passes
-    and wall time. Request ids `TAG-i`, unique over the engine's life."""
+    from the wave's start (wall and CPU clock) and the passes until it, its hit and its token
+    ids; the wave's passes and wall time. Request ids `TAG-i`, unique over the engine's life."""
     start, start_cpu = time.perf_counter(), time.process_time()
     for i in wave:
         engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompts[i]}, sp)
@@ -237,6 +237,7 @@ def run_wave(engine: Any, prompts: list[list[int]], wave: list[int], sp: Any, ta
             if not r["ttft_s"] and o.outputs and o.outputs[0].token_ids:
                 r["ttft_cpu_s"] = time.process_time() - start_cpu
                 r["ttft_s"] = time.perf_counter() - start
+                r["passes_to_first_token"] = passes
             if o.finished:
                 r["hit"] = o.num_cached_tokens or 0
                 r["token_ids"] = list(o.outputs[0].token_ids)
@@ -284,6 +285,8 @@ def figures(
         "sibling_ttft_p50_s": statistics.median(siblings),
         "ttft_cpu_p50_s": statistics.median(ttft_cpu),
         "ttft_s": ttft,
+        "ttft_cpu_s": ttft_cpu,
+        "passes_to_first_token": [req[i]["passes_to_first_token"] for i in range(n)],
         "prefill_tokens": sum(len(p) - h for p, h in zip(prompts, hits, strict=True)),
         "forward_passes": sum(w["passes"] for w in waves),
     }
@@ -545,6 +548,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         timed = {k: spread([r[k] for r in rs]) for k in TIMED}
         arms[arm] = {**counted, **timed, "per_repeat": {k: [r[k] for r in rs] for k in TIMED}}
         arms[arm]["ttft_s_per_repeat"] = [r["ttft_s"] for r in rs]
+        arms[arm]["ttft_cpu_s_per_repeat"] = [r["ttft_cpu_s"] for r in rs]
+        # each request's passes up to its first token (the same in every repeat)
+        arms[arm]["passes_to_first_token"] = rs[0]["passes_to_first_token"]
         # each request's TTFT, median over the repeats: which requests the p50 falls between
         arms[arm]["ttft_per_request_s"] = [
             statistics.median(ts) for ts in zip(*(r["ttft_s"] for r in rs), strict=True)

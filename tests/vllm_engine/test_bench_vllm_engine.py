@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,10 @@ def test_each_arm_runs_each_wave_first_in_turn() -> None:
     plan = bench.wave_orders(("stock", "plugin"), 5, len(waves))
     firsts = [[order[0] for order in row] for row in plan]
     for row in firsts:
-        assert all(a != b for a, b in zip(row, row[1:], strict=False))
+        assert all(a != b for a, b in pairwise(row))
     for w in range(len(waves)):
         column = [row[w] for row in firsts]
-        assert all(a != b for a, b in zip(column, column[1:], strict=False))
+        assert all(a != b for a, b in pairwise(column))
     flat = [a for row in firsts for a in row]
     assert flat.count("stock") == flat.count("plugin") == 20
     assert all(sorted(o) == ["plugin", "stock"] for row in plan for o in row)
@@ -54,7 +55,16 @@ def test_waves_at_concurrency_two() -> None:
 def wave(requests: dict[int, tuple[float, int, list[int]]], passes: int, wall: float) -> dict:
     return {
         "requests": [
-            [i, {"ttft_s": t, "ttft_cpu_s": t / 2, "hit": h, "token_ids": tok}]
+            [
+                i,
+                {
+                    "ttft_s": t,
+                    "ttft_cpu_s": t / 2,
+                    "hit": h,
+                    "token_ids": tok,
+                    "passes_to_first_token": 2,
+                },
+            ]
             for i, (t, h, tok) in requests.items()
         ],
         "passes": passes,
@@ -80,6 +90,8 @@ def test_one_runs_figures() -> None:
     assert r["ttft_cpu_p50_s"] == 0.5
     assert r["prefill_tokens"] == 100 + 120 + 66 + 90 + 63
     assert r["forward_passes"] == 15
+    assert r["passes_to_first_token"] == [2] * 5
+    assert r["ttft_cpu_s"] == [0.5, 1.0, 0.25, 1.5, 0.125]
     assert r["output_tok_s"] == pytest.approx(10 / 5.0)
     assert (r["drafts"], r["accepted"]) == (4, 1)
 

@@ -23,7 +23,8 @@ prefix cache (`LLM.reset_prefix_cache`, and the plugin's junction sightings and 
 `--concurrency`) in every arm back to back, the arms' order rotated by one per wave and per
 repeat (`hycache.bench.repeats.arm_order`; `orders` in the JSON, per repeat and wave), so the
 two sides of a ratio ran seconds apart under the same load and each arm goes first in turn.
-Only the running arm works; the other waits on its pipe. `--sequential`: the older method, each
+Only the running arm works; the other waits on its pipe. Each arm's process runs `--threads`
+OpenMP threads (1 by default, `worker_env`). `--sequential`: the older method, each
 run of an arm a fresh process (`--worker`) running every wave, the arms one after the other in
 the order rotated per repeat (arms minutes apart: the machine's load changes between them).
 
@@ -112,6 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="each run of an arm a fresh process, the arms one after the other (older method)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OpenMP threads per arm's process (OMP_NUM_THREADS; 1 by default)",
+    )
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one run: SPEC,OUT,ARM
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # a paired arm: SPEC,ARM
@@ -140,8 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not set(arms) <= set(ARMS) or "stock" not in arms or len(set(arms)) != len(arms):
         p.error(f"--arms: a subset of {', '.join(ARMS)} with stock")
     args.arms = arms
-    if args.repeats < 1:
-        p.error("--repeats: at least 1")
+    if args.repeats < 1 or args.threads < 1:
+        p.error("--repeats, --threads: at least 1")
     return args
 
 
@@ -372,10 +379,17 @@ def serve(spec_path: str, arm: str) -> int:
     return 0
 
 
+def worker_env(threads: int) -> dict[str, str]:
+    """An arm's process environment: `threads` OpenMP threads. On a shared machine a parallel
+    region waits for its slowest thread, so one descheduled thread stalls the region; with one
+    thread the wall clock follows the work and the machine's load, not the threads' luck."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads)}
+
+
 class Worker:
     """One paired arm's process, asked over its pipes; its stderr goes to `log`."""
 
-    def __init__(self, arm: str, spec_path: Path, log: Path) -> None:
+    def __init__(self, arm: str, spec_path: Path, log: Path, threads: int = 1) -> None:
         self.arm = arm
         self.log = log
         self._err = log.open("w")
@@ -384,6 +398,7 @@ class Worker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._err,
+            env=worker_env(threads),
             text=True,
         )
 
@@ -448,7 +463,7 @@ def run_paired(
     ok = False
     try:
         for arm in args.arms:
-            workers[arm] = Worker(arm, spec_path, tmp / f"{arm}.log")
+            workers[arm] = Worker(arm, spec_path, tmp / f"{arm}.log", args.threads)
         started = time.perf_counter()
         ready = {arm: w.receive() for arm, w in workers.items()}
         assert all(r.get("ready") for r in ready.values()), ready
@@ -525,7 +540,7 @@ def run_sequential(
             out = tmp / f"{arm}-{i}.json"
             cmd = [sys.executable, __file__, "--worker", f"{spec_path},{out},{arm}"]
             started = time.perf_counter()
-            subprocess.run(cmd, check=True)
+            subprocess.run(cmd, check=True, env=worker_env(args.threads))
             runs[arm].append(json.loads(out.read_text()))
             r = runs[arm][-1]
             print(

@@ -138,11 +138,13 @@ def test_summary_flags_a_repeat_that_differs() -> None:
     assert not out["identical_tokens"]
 
 
-def test_paired_is_the_default_and_sequential_a_flag() -> None:
+def test_paired_one_thread_per_arm_is_the_default() -> None:
     base = ["--shared-prefix", "200", "--suffix", "20", "--siblings", "2", "--block-size", "32"]
     base += ["--prefix-match-unit", "16", "--json", "x.json"]
     assert not bench.parse_args(base).sequential
     assert bench.parse_args([*base, "--sequential"]).sequential
+    assert bench.parse_args(base).threads == 1
+    assert bench.worker_env(1)["OMP_NUM_THREADS"] == "1"
     with pytest.raises(SystemExit):
         bench.parse_args([*base, "--arms", "plugin,stock,plugin"])
 

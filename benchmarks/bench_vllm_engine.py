@@ -334,7 +334,10 @@ def reset(llm: Any) -> bool:
     starts as a fresh engine would. False when vLLM refuses (blocks still held)."""
     if not llm.reset_prefix_cache():
         return False
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0); were it not,
+    # `same_in_every_repeat` would show what the scheduler kept
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
     if getattr(scheduler, "hycache_bounds", None) is not None:
         scheduler.hycache_sightings.clear()
         scheduler.hycache_load = 0.0

@@ -167,7 +167,7 @@ def test_a_paired_run_repeats_the_same_hits_and_tokens(tmp_path: Path) -> None:
     """Two repeats of a small family, both arms alive: the reset between repeats leaves every
     hit and pass count the same, the plugin's hits above stock's, greedy tokens identical."""
     out = tmp_path / "paired.json"
-    cmd = [sys.executable, str(SCRIPT), "--shared-prefix", "600", "--suffix", "60"]
+    cmd = [sys.executable, str(SCRIPT), "--shared-prefix", "2000", "--suffix", "200"]
     cmd += ["--siblings", "3", "--block-size", "64", "--prefix-match-unit", "16", "--mtp", "1"]
     cmd += ["--max-tokens", "6", "--arms", "stock,plugin", "--repeats", "2", "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])}
@@ -177,6 +177,8 @@ def test_a_paired_run_repeats_the_same_hits_and_tokens(tmp_path: Path) -> None:
     assert result["method"] == "paired" and result["identical_tokens"]
     for arm in ("stock", "plugin"):
         assert result["arms"][arm]["same_in_every_repeat"]
-    stock, plugin = result["arms"]["stock"]["hits"], result["arms"]["plugin"]["hits"]
-    assert sum(plugin) > sum(stock)
+    # the later siblings: stock at the block floor less the drop's block, the plugin at the
+    # unit floor less the drop's unit
+    assert result["arms"]["stock"]["hits"] == [0, 0, 1920, 1920]
+    assert result["arms"]["plugin"]["hits"] == [0, 0, 1984, 1984]
     assert result["orders"] == bench.wave_orders(("stock", "plugin"), 2, 4)

@@ -46,7 +46,7 @@ from typing import Any
 
 from hycache.bench import loadgen
 from hycache.bench.loadgen import RunOptions, build_plan, run_bench, summarize
-from hycache.bench.repeats import ratio_spread, spread
+from hycache.bench.repeats import arm_order, ratio_spread, spread
 from hycache.fleet import bench_setting as setting
 from hycache.fleet.launch import Fleet, FleetSpec, dynamo_missing, request_key
 from hycache.sim.build import TraceSource, WorkloadSizes
@@ -164,12 +164,6 @@ def run_arm(
         "overstated_requests": over_requests,
         "errors": summary["errors"],
     }
-
-
-def arm_order(repeat: int, workload: int, arms: tuple[Arm, ...]) -> tuple[Arm, ...]:
-    """The arms rotated by one per repeat and per workload."""
-    k = (repeat + workload) % len(arms)
-    return arms[k:] + arms[:k]
 
 
 def _fmt(s: dict[str, float], pattern: str) -> str:

@@ -4,16 +4,26 @@ A benchmark that runs each arm several times reports the median with its min-max
 it takes the ratio within each repeat (the arms of one repeat ran next to each other, under the
 same load) and ranks them only when every repeat agrees on the side of 1. When the ratios' range
 crosses 1 the repeats disagree too much to say which arm is faster. Used by `hycache bench`'s
-engine part and `benchmarks/bench_vllm_engine.py`.
+engine part and `benchmarks/bench_vllm_engine.py`. Also the order arms run in when they take
+turns (`arm_order`): rotated by one per repeat and per slot, so no arm always goes first.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["ratio_spread", "spread", "verdict"]
+__all__ = ["arm_order", "ratio_spread", "spread", "verdict"]
+
+T = TypeVar("T")
+
+
+def arm_order(repeat: int, slot: int, arms: Sequence[T]) -> tuple[T, ...]:
+    """The arms rotated by one per repeat and per slot (a wave of requests, a workload): along
+    a repeat's slots, and along a slot's repeats, each arm goes first in turn."""
+    k = (repeat + slot) % len(arms)
+    return tuple(arms[k:]) + tuple(arms[:k])
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:

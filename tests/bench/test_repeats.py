@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hycache.bench.repeats import ratio_spread, spread, verdict
+from hycache.bench.repeats import arm_order, ratio_spread, spread, verdict
 
 times = st.floats(0.01, 100.0, allow_nan=False)
 
@@ -41,3 +41,29 @@ def test_spread_and_zero_denominators() -> None:
     one = ratio_spread([2.0], [1.0])
     assert one is not None and not one["rankable"]
     assert "cannot rank: one repeat" in verdict(one)
+
+
+@given(st.integers(2, 3), st.integers(1, 7), st.integers(1, 9), st.integers(0, 2))
+def test_each_arm_takes_each_place_in_turn(
+    n_arms: int, repeats: int, slots: int, place: int
+) -> None:
+    """`arm_order`: every order is the arms; along a repeat's slots, along a slot's repeats
+    and over the whole plan, no arm takes a place (first, second, ...) more than once more
+    often than another."""
+    arms = tuple("abc"[:n_arms])
+    place %= n_arms
+    plan = [[arm_order(r, s, arms) for s in range(slots)] for r in range(repeats)]
+    assert all(sorted(o) == list(arms) for row in plan for o in row)
+
+    def even(orders: list[tuple[str, ...]]) -> bool:
+        counts = [sum(o[place] == a for o in orders) for a in arms]
+        return max(counts) - min(counts) <= 1
+
+    assert all(even(row) for row in plan)
+    assert all(even([row[s] for row in plan]) for s in range(slots))
+    assert even([o for row in plan for o in row])
+
+
+def test_two_arms_alternate_wave_by_wave_and_repeat_by_repeat() -> None:
+    plan = [[arm_order(r, s, ("stock", "plugin"))[0] for s in range(4)] for r in range(2)]
+    assert plan == [["stock", "plugin", "stock", "plugin"], ["plugin", "stock", "plugin", "stock"]]

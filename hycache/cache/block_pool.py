@@ -17,19 +17,21 @@ low-priority queue goes before the others only while its head is worth no more t
 cache manager to `Boundaries.hit_saving`; on a chat a fresh snapshot, hit most of the time,
 outlives stale states of kinds nobody hits).
 
-Frequency (a segmented LRU, issue 47). A keyed block freed after `PROTECT_HITS` hits since
-it was keyed joins the protected queue, which is evicted only once no other cached block is
-left: a prefix that several requests reused outlives a flood of prompts no one reuses (plain
-LRU weighs no frequency: twelve clients of one-off prompts turned a 400-page pool over between
-two uses of a shared system prompt). A request that resumed from a hit frees everything it
-holds there too (`free(..., protect=True)`, `refresh(..., protect=True)`; `PROTECT_PATHS`):
-the path it extends (its new blocks, its turn-end state, its decode snapshot) stays with the
-blocks it hit, since a hybrid hit needs both the attention blocks and the state. The
-protected queue holds at most 1/`PROTECTED_FRACTION` of the pool's blocks; past that its least
-recently freed block goes back to the most recently freed end of the ordinary queue, as if
-freed now (it must be hit again to be protected again). A scored pool (`value`) has no
-protected queue: its score already weighs the kind's chance. Only with `protect`
-(`CacheKnobs.protect_reused`: docs/admission.md, "Hints and floods").
+Frequency (a segmented LRU, issue 47). The protected queue is evicted only once no other
+cached block is left: a prefix that several requests reused outlives a flood of prompts no
+one reuses (plain LRU weighs no frequency: twelve clients of one-off prompts turned a 400-page
+pool over between two uses of a shared system prompt). What joins it is the owner's call: a
+request that resumed from a hit frees everything it holds there (`free(..., protect=True)`,
+`refresh(..., protect=True)`; `PROTECT_PATHS`): the path it extends (its new blocks, its
+turn-end state, its decode snapshot) stays with the blocks it hit, since a hybrid hit needs
+both the attention blocks and the state (the cache manager asks it of a hit that covers a
+prefix the request declared, `CacheKnobs.protect_declared`, or of every hit,
+`CacheKnobs.protect_reused`); with `protect_hits` (`protect_reused`) a keyed block freed after
+`PROTECT_HITS` hits since it was keyed joins it too. The protected queue holds at most
+1/`PROTECTED_FRACTION` of the pool's blocks; past that its least recently freed block goes
+back to the most recently freed end of the ordinary queue, as if freed now (it must be hit
+again to be protected again). A scored pool (`value`) has no protected queue: its score
+already weighs the kind's chance. docs/admission.md, "Hints and floods".
 
 `refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
 as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is
@@ -130,7 +132,9 @@ class BlockPool:
     """`value`: score keyed free blocks for eviction (see the module docstring), times the
     observed chance of their kind (`ReuseStats`); None: LRU. `snapshots_first`: with a value,
     low-priority pages (decode snapshots) still go before every other cached block; False
-    scores them like the rest. `protect`: the protected queue of blocks reused (LRU only)."""
+    scores them like the rest. `protect`: the protected queue (LRU only), which blocks join
+    when freed or refreshed with `protect=True`; `protect_hits`: and every block freed after
+    `PROTECT_HITS` hits (`CacheKnobs.protect_reused`)."""
 
     def __init__(
         self,
@@ -139,6 +143,7 @@ class BlockPool:
         *,
         snapshots_first: bool = True,
         protect: bool = False,
+        protect_hits: bool = False,
     ) -> None:
         if num_blocks < 2:
             raise ValueError(
@@ -151,7 +156,9 @@ class BlockPool:
         self._free_low: OrderedDict[int, None] = OrderedDict()
         # frequency: free cached blocks hit `PROTECT_HITS` times or more, evicted last (LRU)
         self._protected: OrderedDict[int, None] = OrderedDict()
+        protect = protect or protect_hits
         self.protected_cap = max(1, (num_blocks - 1) // PROTECTED_FRACTION) if protect else 0
+        self.protect_hits = protect_hits
         self._key_to_block: dict[CacheKey, int] = {}
         self._subscribers: list[Callable[[BlockEvent], None]] = []
         self.value = value
@@ -176,6 +183,11 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         return len(self._free) + len(self._free_low) + len(self._scored) + len(self._protected)
+
+    @property
+    def num_protected(self) -> int:
+        """Free cached blocks in the protected queue (at most `protected_cap`)."""
+        return len(self._protected)
 
     @property
     def num_cached(self) -> int:
@@ -365,7 +377,7 @@ class BlockPool:
                 if self.value is not None and self.keys[b]:
                     self._push_scored(b)
                     continue
-                if self.protected_cap and self.keys[b] and self.hits[b] >= PROTECT_HITS:
+                if self.protect_hits and self.keys[b] and self.hits[b] >= PROTECT_HITS:
                     self._protect(b)
                     continue
                 self._free[b] = None

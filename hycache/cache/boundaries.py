@@ -308,6 +308,16 @@ class Boundaries:
                 out.update(self.junction_stops(self.resume_limit(h), start, num_prompt_tokens))
         return tuple(sorted(out))
 
+    def reaches_hint(self, hints: Iterable[int], resume: int, num_prompt_tokens: int) -> bool:
+        """Whether a hit resuming at `resume` covers a prefix the request declared: some
+        prefix hint's resume limit (where `hint_stops` keeps its state), above 0, at or below
+        `resume`. `limit` only, as hints are."""
+        if self.effective_policy is not Policy.LIMIT or resume <= 0:
+            return False
+        return any(
+            0 < self.resume_limit(h) <= resume for h in hints if 0 < h <= num_prompt_tokens
+        )
+
     # -- what the scheduler stops at, what the SSM manager keeps ----------------------------
 
     def prefill_stops(

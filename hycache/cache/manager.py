@@ -73,10 +73,11 @@ class CacheManager:
             cost = cache.recompute_cost or RecomputeCost()
             value = FlopValue(cost, cache.groups, cache.block_size, cache.eviction_alpha)
         # flop-aware: decode snapshots are scored too, their value times their observed reuse
-        first, protect = value is None, cache.protect_reused
-        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first, protect=protect)
+        first = value is None
+        protect = {"protect": cache.protect_declared, "protect_hits": cache.protect_reused}
+        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first, **protect)
         self.state_pool = (
-            BlockPool(cache.num_state_pages, value, snapshots_first=first, protect=protect)
+            BlockPool(cache.num_state_pages, value, snapshots_first=first, **protect)
             if cache.num_state_pages is not None
             else self.pool
         )
@@ -90,7 +91,8 @@ class CacheManager:
             else:
                 self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
-        self._live: dict[str, bool] = {}  # live request -> it resumed from a hit
+        self._protected_sources: set[int] = set()  # copy sources a protected path hit
+        self._live: dict[str, bool] = {}  # live request -> its path is protected on free
         # which SSM states earn a page (`hycache.cache.retention`)
         self.retention: Retention = KeepEverything()
         if cache.admission:
@@ -275,15 +277,18 @@ class CacheManager:
         )
         if first:
             assert hit is not None
+            protect = self._live[rid] = PROTECT_PATHS and self._protects(req, resume)
             for i, m in enumerate(self.attention):
                 m.adopt(rid, hit.attention_blocks[i], resume, req.num_prompt_tokens)
             for i, s in enumerate(self.ssm):
-                s.adopt(rid, hit.ssm_blocks[i] if resume else None)
-            self._live[rid] = PROTECT_PATHS and bool(resume)
+                s.adopt(rid, hit.ssm_blocks[i] if resume else None, protect)
             self.retention.on_admit(req, hit)
             self._record_admission(req, hit)
+        copied = len(self._copies)
         for m in self.attention:
             m.grow(rid, total, self._copies)
+        if self._live[rid]:  # the block a protected path copies from is part of its path
+            self._protected_sources.update(src for src, _ in self._copies[copied:])
         t, stops, drop = req.num_prompt_tokens, req.junction_stops, req.drop_stops
         hints = req.hint_stops
         kinds = tuple(self.bounds.state_kind(p, t, stops, drop, hints) for p in internal)
@@ -292,6 +297,15 @@ class CacheManager:
             s.plan_step(rid, end, checkpoint, snapshot, internal, kinds, kind) for s in self.ssm
         )
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
+
+    def _protects(self, req: Request, resume: int) -> bool:
+        """Whether what the request frees joins the protected queue: it resumed from a hit
+        (any, `protect_reused`; one covering a prefix it declared, `protect_declared`)."""
+        if self.config.protect_reused:
+            return resume > 0
+        return self.config.protect_declared and self.bounds.reaches_hint(
+            req.prefix_hints, resume, req.num_prompt_tokens
+        )
 
     def commit(self, req: Request) -> None:
         """After the forward: publish keys for the request's verified tokens (never drafts)."""
@@ -313,7 +327,7 @@ class CacheManager:
         self.retention.on_free(rid)
         if rid not in self._live:
             return
-        reused = self._live.pop(rid)  # its path joins the protected queue (`PROTECT_PATHS`)
+        reused = self._live.pop(rid)  # its path joins the protected queue (`_protects`)
         for s in reversed(self.ssm):
             s.free(rid, req.hashes, reused)
         for m in reversed(self.attention):
@@ -323,7 +337,9 @@ class CacheManager:
         """Block copies (src, dst) for the runner to perform before the next forward. The
         sources were pinned until now; they are released here."""
         copies, self._copies = self._copies, []
-        self.pool.free(src for src, _ in copies)
+        protected, self._protected_sources = self._protected_sources, set()
+        for src, _ in copies:
+            self.pool.free([src], protect=src in protected)
         return copies
 
     # -- accounting ------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ def find_ssm_hit(
 class _State:
     src: int | None = None  # block the next step starts from (None: zeros)
     src_held: bool = False  # src is a hit block or our own checkpoint, referenced by us
+    protected_hit: int | None = None  # the hit block of a protected path
     running: int | None = None
     pending_dst: int | None = None
     pending_end: int = 0
@@ -97,11 +98,14 @@ class SSMManager:
             need += 1
         return need
 
-    def adopt(self, request_id: str, hit_block: int | None) -> None:
+    def adopt(self, request_id: str, hit_block: int | None, protect: bool = False) -> None:
+        """Start the request from `hit_block` (None: zeros); `protect`: a protected path
+        (`BlockPool.free`), which the state it hit is part of when it lets go of it."""
         st = self._states[request_id] = _State()
         if hit_block is not None:
             self.pool.touch([hit_block])
             st.src, st.src_held = hit_block, True
+            st.protected_hit = hit_block if protect else None
 
     def plan_step(
         self,
@@ -155,7 +159,7 @@ class SSMManager:
             self.pool.free([block])
         st.pending_writes = st.pending_kinds = ()
         if st.src_held and st.src is not None and st.src != dst:
-            self.pool.free([st.src])
+            self.pool.free([st.src], protect=st.src == st.protected_hit)
         if st.pending_checkpoint:
             key = CacheKey(self.group, hashes.at(end))
             if self.pool.add_key(dst, key, end, st.pending_kind):

@@ -191,15 +191,23 @@ def _reused_and_one_off(pool: BlockPool) -> tuple[int, int, list[int]]:
     return hot, cold, rest
 
 
-@pytest.mark.parametrize("protect", [False, True])
-def test_a_reused_block_outlives_one_off_blocks_only_when_protected(protect: bool) -> None:
-    pool = BlockPool(8, protect=protect)
+@pytest.mark.parametrize(
+    "knobs",
+    [{}, {"protect": True}, {"protect_hits": True}],
+    ids=["plain", "declared", "reused"],
+)
+def test_a_reused_block_outlives_one_off_blocks_only_when_protected(
+    knobs: dict[str, bool],
+) -> None:
+    """A hit protects a block by itself only with `protect_hits` (`protect_reused`); with the
+    protected queue alone (`protect_declared`) only the owner's `protect=True` does."""
+    pool = BlockPool(8, **knobs)
     hot, cold, rest = _reused_and_one_off(pool)
     pool.check_integrity()
     assert pool.peek_victim() == cold
     order = pool.allocate(pool.num_free)
     evicted = [b for b in order if b in (hot, cold, *rest)]
-    if protect:  # every block never reused goes first
+    if knobs.get("protect_hits"):  # every block never reused goes first
         assert evicted == [cold, *rest, hot]
     else:  # LRU: hot was freed before the one-offs
         assert evicted == [cold, hot, *rest]
@@ -207,7 +215,7 @@ def test_a_reused_block_outlives_one_off_blocks_only_when_protected(protect: boo
 
 
 def test_the_protected_queue_is_bounded_and_hands_back_its_oldest() -> None:
-    pool = BlockPool(65, protect=True)  # at most 64 // PROTECTED_FRACTION = 4 protected
+    pool = BlockPool(65, protect_hits=True)  # at most 64 // PROTECTED_FRACTION = 4 protected
     *blocks, one_off = pool.allocate(7)
     for i, b in enumerate([*blocks, one_off]):
         pool.add_key(b, key(i), 4)

@@ -12,6 +12,7 @@ docs/admission.md's figures must be re-run with it."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -22,14 +23,16 @@ from hycache.sched.scheduler import Scheduler
 from tests.helpers import make_config, new_request, tokens
 
 
-def run_mix(seed: int, num_blocks: int) -> Scheduler:
+def run_mix(seed: int, num_blocks: int, protect_declared: bool = False) -> Scheduler:
     """The mixed workload above, `seed` drawn, on a pool of `num_blocks` pages (`limit`, B=16,
-    u=4, k=2), 3 requests arriving every 2 steps."""
+    u=4, k=2), 3 requests arriving every 2 steps. `protect_declared`: the knob (the pins were
+    recorded before it, with what it protects evicted as any block)."""
     rng = random.Random(seed)
     cfg = make_config(
         block_size=16, unit=4, policy="limit", k=2, num_blocks=num_blocks, max_model_len=512,
         max_num_seqs=8,
     )  # fmt: skip
+    cfg = replace(cfg, cache=cfg.cache.with_knobs(protect_declared=protect_declared))
     sched, ex = Scheduler(cfg), DryRunExecutor()
     families = [tokens(rng, rng.randint(40, 160)) for _ in range(6)]
     sent: list[Request] = []

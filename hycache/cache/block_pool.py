@@ -21,13 +21,13 @@ Frequency (a segmented LRU, issue 47). The protected queue is evicted only once 
 cached block is left: a prefix that several requests reused outlives a flood of prompts no
 one reuses (plain LRU weighs no frequency: twelve clients of one-off prompts turned a 400-page
 pool over between two uses of a shared system prompt). What joins it is the owner's call: a
-request that resumed from a hit frees everything it holds there (`free(..., protect=True)`,
-`refresh(..., protect=True)`; `PROTECT_PATHS`): the path it extends (its new blocks, its
-turn-end state, its decode snapshot) stays with the blocks it hit, since a hybrid hit needs
-both the attention blocks and the state (the cache manager asks it of a hit that covers a
-prefix the request declared, `CacheKnobs.protect_declared`, or of every hit,
-`CacheKnobs.protect_reused`); with `protect_hits` (`protect_reused`) a keyed block freed after
-`PROTECT_HITS` hits since it was keyed joins it too. The protected queue holds at most
+request that resumed from a hit frees what it holds there (`free(..., protect=...)`,
+`refresh(..., protect=...)`; `PROTECT_PATHS`), its attention blocks and its states together,
+since a hybrid hit needs both: the blocks keyed at or below a position (the prefix it
+declared and hit, `CacheKnobs.protect_declared`), or its whole path (`PROTECT_ALL`: its new
+blocks, its turn-end state, its decode snapshot; every hit, `CacheKnobs.protect_reused`).
+With `protect_hits` (`protect_reused`) a keyed block freed after `PROTECT_HITS` hits since
+it was keyed joins it too. The protected queue holds at most
 1/`PROTECTED_FRACTION` of the pool's blocks; past that its least recently freed block goes
 back to the most recently freed end of the ordinary queue, as if freed now (it must be hit
 again to be protected again). A scored pool (`value`) has no protected queue: its score
@@ -67,6 +67,7 @@ entry's value by.
 from __future__ import annotations
 
 import heapq
+import sys
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
@@ -81,6 +82,8 @@ PROTECTED_FRACTION = 16  # the protected queue holds at most 1/16 of the pool's 
 # a request that resumed from a hit frees every cached block it holds (attention blocks, its
 # states, its decode snapshot) into the protected queue: the path it extends stays together
 PROTECT_PATHS = True
+# `free` / `refresh`'s `protect` for a whole path: every keyed block, whatever its positions
+PROTECT_ALL = sys.maxsize
 
 
 class CacheKey(NamedTuple):
@@ -133,8 +136,8 @@ class BlockPool:
     observed chance of their kind (`ReuseStats`); None: LRU. `snapshots_first`: with a value,
     low-priority pages (decode snapshots) still go before every other cached block; False
     scores them like the rest. `protect`: the protected queue (LRU only), which blocks join
-    when freed or refreshed with `protect=True`; `protect_hits`: and every block freed after
-    `PROTECT_HITS` hits (`CacheKnobs.protect_reused`)."""
+    when freed or refreshed with a `protect` depth that reaches them; `protect_hits`: and every
+    block freed after `PROTECT_HITS` hits (`CacheKnobs.protect_reused`)."""
 
     def __init__(
         self,
@@ -343,6 +346,14 @@ class BlockPool:
             return self._free_low
         return self._protected if block_id in self._protected else self._free
 
+    def _protects(self, block_id: int, depth: int) -> bool:
+        """Whether a `protect` depth takes this keyed block into the protected queue: it has
+        one (LRU only) and the block carries a key at or below `depth` (0: none)."""
+        keys = self.keys[block_id]
+        if not (depth and self.protected_cap and keys and self.value is None):
+            return False
+        return depth == PROTECT_ALL or min(pos for _, pos in keys) <= depth
+
     def _protect(self, block_id: int) -> None:
         """Queue a free cached block hit `PROTECT_HITS` times as protected (most recent end);
         past the bound, the least recently freed protected block goes back to the ordinary
@@ -352,13 +363,14 @@ class BlockPool:
             self._free[self._protected.popitem(last=False)[0]] = None
 
     def free(
-        self, block_ids: Iterable[int], low_priority: bool = False, protect: bool = False
+        self, block_ids: Iterable[int], low_priority: bool = False, protect: int = 0
     ) -> None:
         """Drop one reference from each block, in the order given (pass a request's blocks tail
         first, so its tail is evicted before its head). `low_priority` cached blocks are
-        evicted before every other cached block (see the module diagram); `protect`: cached
-        blocks join the protected queue whatever their hits (a reused path, `PROTECT_PATHS`),
-        and win over `low_priority`."""
+        evicted before every other cached block (see the module diagram); `protect`: a
+        position, cached blocks keyed at or below it (`PROTECT_ALL`: every one) join the
+        protected queue whatever their hits (a protected path, `PROTECT_PATHS`), and win over
+        `low_priority`."""
         for b in block_ids:
             if b == NULL_BLOCK:
                 continue
@@ -366,7 +378,7 @@ class BlockPool:
                 raise IntegrityError(f"block {b} freed with ref_cnt {self.ref_cnt[b]}")
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
-                if protect and self.protected_cap and self.keys[b] and self.value is None:
+                if self._protects(b, protect):
                     self._protect(b)
                     continue
                 if low_priority and self.keys[b]:
@@ -400,17 +412,17 @@ class BlockPool:
         wanted = set(kinds)
         return [b for b in self._free if self.keys[b] and self.kind[b] in wanted]
 
-    def refresh(self, block_ids: Iterable[int], protect: bool = False) -> None:
+    def refresh(self, block_ids: Iterable[int], protect: int = 0) -> None:
         """Re-queue free cached blocks as if freed now, in the order given (the first is
         evicted first); referenced, unkeyed and low-priority blocks stay where they are. Not a
-        hit: no reuse is recorded. `protect`: those of the ordinary queue join the protected
-        one (a reused path's states, `PROTECT_PATHS`)."""
+        hit: no reuse is recorded. `protect`: those of the ordinary queue it reaches (as in
+        `free`) join the protected one (a protected path's states, `PROTECT_PATHS`)."""
         for b in block_ids:
             if b == NULL_BLOCK or self.ref_cnt[b] or not self.keys[b]:
                 continue
             if b in self._scored:
                 self._push_scored(b)  # a new entry; the old one is now stale
-            elif b in self._free and protect and self.protected_cap:
+            elif b in self._free and self._protects(b, protect):
                 del self._free[b]
                 self._protect(b)
             elif b in self._free:

@@ -84,9 +84,8 @@ class CacheMachine(RuleBasedStateMachine):
         req.num_computed_tokens = end
         self.cache.commit(req)
         self.live[rid] = req
-        self.declared_hits += self.cache.bounds.reaches_hint(
-            self.hints, hit.resume_point, req.num_prompt_tokens
-        )
+        bounds, t = self.cache.bounds, req.num_prompt_tokens
+        self.declared_hits += bounds.declared_reach(self.hints, hit.resume_point, t) > 0
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), chunk=st.integers(1, 8), drafts=st.integers(0, 2))

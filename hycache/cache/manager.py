@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hycache.cache.attention import AttentionManager
-from hycache.cache.block_pool import PROTECT_ALL, PROTECT_PATHS, BlockEvent, BlockPool
+from hycache.cache.block_pool import BlockEvent, BlockPool
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.eviction import FlopValue
@@ -26,6 +26,7 @@ from hycache.cache.retention.policy import (
     Retention,
     fit_writes,
 )
+from hycache.cache.retention.protection import CopySources, protected_depth
 from hycache.cache.ssm import SSMManager, StateIO
 from hycache.config import CacheConfig, Eviction, GroupKind, RecomputeCost, SpeculativeConfig
 from hycache.request import Request
@@ -91,8 +92,8 @@ class CacheManager:
             else:
                 self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
-        self._protected_sources: dict[int, int] = {}  # copy source -> its path's `protect`
-        self._live: dict[str, int] = {}  # live request -> what it protects on free (`_protects`)
+        self._sources = CopySources()  # the copy sources a protected path frees early
+        self._live: dict[str, int] = {}  # live request -> what it protects (`protected_depth`)
         # which SSM states earn a page (`hycache.cache.retention`)
         self.retention: Retention = KeepEverything()
         if cache.admission:
@@ -277,7 +278,7 @@ class CacheManager:
         )
         if first:
             assert hit is not None
-            protect = self._live[rid] = self._protects(req, resume) if PROTECT_PATHS else 0
+            protect = self._live[rid] = protected_depth(self.config, self.bounds, req, resume)
             for i, m in enumerate(self.attention):
                 m.adopt(rid, hit.attention_blocks[i], resume, req.num_prompt_tokens)
             for i, s in enumerate(self.ssm):
@@ -287,8 +288,7 @@ class CacheManager:
         copied = len(self._copies)
         for m in self.attention:
             m.grow(rid, total, self._copies)
-        if self._live[rid]:  # the block a protected path copies from is part of its path
-            self._protected_sources.update((s, self._live[rid]) for s, _ in self._copies[copied:])
+        self._sources.note(self._copies[copied:], self._live[rid])
         t, stops, drop = req.num_prompt_tokens, req.junction_stops, req.drop_stops
         hints = req.hint_stops
         kinds = tuple(self.bounds.state_kind(p, t, stops, drop, hints) for p in internal)
@@ -297,17 +297,6 @@ class CacheManager:
             s.plan_step(rid, end, checkpoint, snapshot, internal, kinds, kind) for s in self.ssm
         )
         return StepAllocation(tuple(m.block_table(rid) for m in self.attention), states, checkpoint)
-
-    def _protects(self, req: Request, resume: int) -> int:
-        """What the request frees into the protected queue (`BlockPool.free`'s `protect`): a
-        request that resumed from a hit, its whole path (`protect_reused`), or, when the hit
-        covers a prefix it declared (`protect_declared`), what is keyed up to that prefix's
-        end: its blocks and state, not the request's own suffix; 0: nothing."""
-        if self.config.protect_reused:
-            return PROTECT_ALL if resume > 0 else 0
-        if not self.config.protect_declared:
-            return 0
-        return self.bounds.declared_reach(req.prefix_hints, resume, req.num_prompt_tokens)
 
     def commit(self, req: Request) -> None:
         """After the forward: publish keys for the request's verified tokens (never drafts)."""
@@ -329,7 +318,7 @@ class CacheManager:
         self.retention.on_free(rid)
         if rid not in self._live:
             return
-        reused = self._live.pop(rid)  # its path joins the protected queue (`_protects`)
+        reused = self._live.pop(rid)  # its path joins the protected queue (`protected_depth`)
         for s in reversed(self.ssm):
             s.free(rid, req.hashes, reused)
         for m in reversed(self.attention):
@@ -339,9 +328,7 @@ class CacheManager:
         """Block copies (src, dst) for the runner to perform before the next forward. The
         sources were pinned until now; they are released here."""
         copies, self._copies = self._copies, []
-        protected, self._protected_sources = self._protected_sources, {}
-        for src, _ in copies:
-            self.pool.free([src], protect=protected.get(src, 0))
+        self._sources.release(self.pool, copies)
         return copies
 
     # -- accounting ------------------------------------------------------------------------------

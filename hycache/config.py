@@ -150,11 +150,16 @@ class CacheKnobs:
     a hit saves, beats what its page displaces (`hycache.cache.retention`); False keeps every
     one.
 
-    `protect_reused`: under `lru` eviction, a cached block hit at least once is evicted only
-    after every block never reused, and so is all a request that resumed from a hit frees (a
-    protected queue of up to 1/16 of the pool, `hycache.cache.block_pool`): a shared prefix
-    outlives a flood of one-off prompts. Off by default: it costs figures of
-    docs/admission.md's table (its "Hints and floods").
+    `protect_declared`: under `lru` eviction, all a request frees after resuming from a hit
+    that covers a prefix it declared (a prefix hint, `limit`) is evicted only after every
+    block not so protected (a protected queue of up to 1/16 of the pool,
+    `hycache.cache.block_pool`): a declared shared prefix, once reused, outlives a flood of
+    one-off prompts. A request with no hints is never protected, so workloads without hints
+    run as with it off.
+
+    `protect_reused`: the same for every hit, declared or not, and a cached block hit at least
+    once is protected too: an undeclared shared prefix outlives the flood as well. Off by
+    default: it costs figures of docs/admission.md's table (its "Hints and floods").
     """
 
     block_size: int = 64
@@ -167,10 +172,17 @@ class CacheKnobs:
     eviction_alpha: float = DEFAULT_EVICTION_ALPHA
     internal_checkpoints: bool = True
     admission: bool = True
+    protect_declared: bool = True
     protect_reused: bool = False
 
     def __post_init__(self) -> None:
-        names = ("enable_prefix_caching", "internal_checkpoints", "admission", "protect_reused")
+        names = (
+            "enable_prefix_caching",
+            "internal_checkpoints",
+            "admission",
+            "protect_declared",
+            "protect_reused",
+        )
         for name in names:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")

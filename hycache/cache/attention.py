@@ -140,9 +140,9 @@ class AttentionManager:
         block = table.blocks[pos // self.block_size]
         self.pool.add_key(block, CacheKey(self.group, hashes.at(pos)), pos, ATTENTION_KIND)
 
-    def free(self, request_id: str, protect: bool = False) -> None:
-        """Release the request's blocks, tail first; `protect`: into the protected queue (a
-        reused path, `BlockPool.free`)."""
+    def free(self, request_id: str, protect: int = 0) -> None:
+        """Release the request's blocks, tail first; `protect`: those keyed at or below it
+        into the protected queue (a protected path, `BlockPool.free`)."""
         table = self._tables.pop(request_id, None)
         if table is not None:
             self.pool.free((b for b in reversed(table.blocks) if b != NULL_BLOCK), False, protect)

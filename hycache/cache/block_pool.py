@@ -17,19 +17,21 @@ low-priority queue goes before the others only while its head is worth no more t
 cache manager to `Boundaries.hit_saving`; on a chat a fresh snapshot, hit most of the time,
 outlives stale states of kinds nobody hits).
 
-Frequency (a segmented LRU, issue 47). A keyed block freed after `PROTECT_HITS` hits since
-it was keyed joins the protected queue, which is evicted only once no other cached block is
-left: a prefix that several requests reused outlives a flood of prompts no one reuses (plain
-LRU weighs no frequency: twelve clients of one-off prompts turned a 400-page pool over between
-two uses of a shared system prompt). A request that resumed from a hit frees everything it
-holds there too (`free(..., protect=True)`, `refresh(..., protect=True)`; `PROTECT_PATHS`):
-the path it extends (its new blocks, its turn-end state, its decode snapshot) stays with the
-blocks it hit, since a hybrid hit needs both the attention blocks and the state. The
-protected queue holds at most 1/`PROTECTED_FRACTION` of the pool's blocks; past that its least
-recently freed block goes back to the most recently freed end of the ordinary queue, as if
-freed now (it must be hit again to be protected again). A scored pool (`value`) has no
-protected queue: its score already weighs the kind's chance. Only with `protect`
-(`CacheKnobs.protect_reused`: docs/admission.md, "Hints and floods").
+Frequency (a segmented LRU, issue 47). The protected queue is evicted only once no other
+cached block is left: a prefix that several requests reused outlives a flood of prompts no
+one reuses (plain LRU weighs no frequency: twelve clients of one-off prompts turned a 400-page
+pool over between two uses of a shared system prompt). What joins it is the owner's call: a
+request that resumed from a hit frees what it holds there (`free(..., protect=...)`,
+`refresh(..., protect=...)`; `PROTECT_PATHS`), its attention blocks and its states together,
+since a hybrid hit needs both: the blocks keyed at or below a position (the prefix it
+declared and hit, `CacheKnobs.protect_declared`), or its whole path (`PROTECT_ALL`: its new
+blocks, its turn-end state, its decode snapshot; every hit, `CacheKnobs.protect_reused`).
+With `protect_hits` (`protect_reused`) a keyed block freed after `PROTECT_HITS` hits since
+it was keyed joins it too. The protected queue holds at most
+1/`PROTECTED_FRACTION` of the pool's blocks; past that its least recently freed block goes
+back to the most recently freed end of the ordinary queue, as if freed now (it must be hit
+again to be protected again). A scored pool (`value`) has no protected queue: its score
+already weighs the kind's chance. docs/admission.md, "Hints and floods".
 
 `refresh` moves free cached blocks back to the most recently freed end (or re-scores them),
 as if freed now, without counting a hit: an SSM checkpoint is freed to the cache the step it is
@@ -65,6 +67,7 @@ entry's value by.
 from __future__ import annotations
 
 import heapq
+import sys
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
@@ -79,6 +82,8 @@ PROTECTED_FRACTION = 16  # the protected queue holds at most 1/16 of the pool's 
 # a request that resumed from a hit frees every cached block it holds (attention blocks, its
 # states, its decode snapshot) into the protected queue: the path it extends stays together
 PROTECT_PATHS = True
+# `free` / `refresh`'s `protect` for a whole path: every keyed block, whatever its positions
+PROTECT_ALL = sys.maxsize
 
 
 class CacheKey(NamedTuple):
@@ -130,7 +135,9 @@ class BlockPool:
     """`value`: score keyed free blocks for eviction (see the module docstring), times the
     observed chance of their kind (`ReuseStats`); None: LRU. `snapshots_first`: with a value,
     low-priority pages (decode snapshots) still go before every other cached block; False
-    scores them like the rest. `protect`: the protected queue of blocks reused (LRU only)."""
+    scores them like the rest. `protect`: the protected queue (LRU only), which blocks join
+    when freed or refreshed with a `protect` depth that reaches them; `protect_hits`: and every
+    block freed after `PROTECT_HITS` hits (`CacheKnobs.protect_reused`)."""
 
     def __init__(
         self,
@@ -139,6 +146,7 @@ class BlockPool:
         *,
         snapshots_first: bool = True,
         protect: bool = False,
+        protect_hits: bool = False,
     ) -> None:
         if num_blocks < 2:
             raise ValueError(
@@ -151,7 +159,9 @@ class BlockPool:
         self._free_low: OrderedDict[int, None] = OrderedDict()
         # frequency: free cached blocks hit `PROTECT_HITS` times or more, evicted last (LRU)
         self._protected: OrderedDict[int, None] = OrderedDict()
+        protect = protect or protect_hits
         self.protected_cap = max(1, (num_blocks - 1) // PROTECTED_FRACTION) if protect else 0
+        self.protect_hits = protect_hits
         self._key_to_block: dict[CacheKey, int] = {}
         self._subscribers: list[Callable[[BlockEvent], None]] = []
         self.value = value
@@ -176,6 +186,11 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         return len(self._free) + len(self._free_low) + len(self._scored) + len(self._protected)
+
+    @property
+    def num_protected(self) -> int:
+        """Free cached blocks in the protected queue (at most `protected_cap`)."""
+        return len(self._protected)
 
     @property
     def num_cached(self) -> int:
@@ -331,6 +346,14 @@ class BlockPool:
             return self._free_low
         return self._protected if block_id in self._protected else self._free
 
+    def _protects(self, block_id: int, depth: int) -> bool:
+        """Whether a `protect` depth takes this keyed block into the protected queue: it has
+        one (LRU only) and the block carries a key at or below `depth` (0: none)."""
+        keys = self.keys[block_id]
+        if not (depth and self.protected_cap and keys and self.value is None):
+            return False
+        return depth == PROTECT_ALL or min(pos for _, pos in keys) <= depth
+
     def _protect(self, block_id: int) -> None:
         """Queue a free cached block hit `PROTECT_HITS` times as protected (most recent end);
         past the bound, the least recently freed protected block goes back to the ordinary
@@ -340,13 +363,14 @@ class BlockPool:
             self._free[self._protected.popitem(last=False)[0]] = None
 
     def free(
-        self, block_ids: Iterable[int], low_priority: bool = False, protect: bool = False
+        self, block_ids: Iterable[int], low_priority: bool = False, protect: int = 0
     ) -> None:
         """Drop one reference from each block, in the order given (pass a request's blocks tail
         first, so its tail is evicted before its head). `low_priority` cached blocks are
-        evicted before every other cached block (see the module diagram); `protect`: cached
-        blocks join the protected queue whatever their hits (a reused path, `PROTECT_PATHS`),
-        and win over `low_priority`."""
+        evicted before every other cached block (see the module diagram); `protect`: a
+        position, cached blocks keyed at or below it (`PROTECT_ALL`: every one) join the
+        protected queue whatever their hits (a protected path, `PROTECT_PATHS`), and win over
+        `low_priority`."""
         for b in block_ids:
             if b == NULL_BLOCK:
                 continue
@@ -354,7 +378,7 @@ class BlockPool:
                 raise IntegrityError(f"block {b} freed with ref_cnt {self.ref_cnt[b]}")
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
-                if protect and self.protected_cap and self.keys[b] and self.value is None:
+                if self._protects(b, protect):
                     self._protect(b)
                     continue
                 if low_priority and self.keys[b]:
@@ -365,7 +389,7 @@ class BlockPool:
                 if self.value is not None and self.keys[b]:
                     self._push_scored(b)
                     continue
-                if self.protected_cap and self.keys[b] and self.hits[b] >= PROTECT_HITS:
+                if self.protect_hits and self.keys[b] and self.hits[b] >= PROTECT_HITS:
                     self._protect(b)
                     continue
                 self._free[b] = None
@@ -388,17 +412,17 @@ class BlockPool:
         wanted = set(kinds)
         return [b for b in self._free if self.keys[b] and self.kind[b] in wanted]
 
-    def refresh(self, block_ids: Iterable[int], protect: bool = False) -> None:
+    def refresh(self, block_ids: Iterable[int], protect: int = 0) -> None:
         """Re-queue free cached blocks as if freed now, in the order given (the first is
         evicted first); referenced, unkeyed and low-priority blocks stay where they are. Not a
-        hit: no reuse is recorded. `protect`: those of the ordinary queue join the protected
-        one (a reused path's states, `PROTECT_PATHS`)."""
+        hit: no reuse is recorded. `protect`: those of the ordinary queue it reaches (as in
+        `free`) join the protected one (a protected path's states, `PROTECT_PATHS`)."""
         for b in block_ids:
             if b == NULL_BLOCK or self.ref_cnt[b] or not self.keys[b]:
                 continue
             if b in self._scored:
                 self._push_scored(b)  # a new entry; the old one is now stale
-            elif b in self._free and protect and self.protected_cap:
+            elif b in self._free and self._protects(b, protect):
                 del self._free[b]
                 self._protect(b)
             elif b in self._free:

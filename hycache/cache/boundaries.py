@@ -308,6 +308,15 @@ class Boundaries:
                 out.update(self.junction_stops(self.resume_limit(h), start, num_prompt_tokens))
         return tuple(sorted(out))
 
+    def declared_reach(self, hints: Iterable[int], resume: int, num_prompt_tokens: int) -> int:
+        """The deepest prefix a request declared that a hit resuming at `resume` covers: the
+        largest prefix hint's resume limit (where `hint_stops` keeps its state) at or below
+        `resume`; 0: none. `limit` only, as hints are."""
+        if self.effective_policy is not Policy.LIMIT:
+            return 0
+        reach = (self.resume_limit(h) for h in hints if 0 < h <= num_prompt_tokens)
+        return max((r for r in reach if r <= resume), default=0)
+
     # -- what the scheduler stops at, what the SSM manager keeps ----------------------------
 
     def prefill_stops(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hycache.cache.attention import AttentionManager
-from hycache.cache.block_pool import PROTECT_PATHS, BlockEvent, BlockPool
+from hycache.cache.block_pool import BlockEvent, BlockPool
 from hycache.cache.boundaries import Boundaries
 from hycache.cache.coordinator import CacheHit, find_joint_hit, no_hit
 from hycache.cache.eviction import FlopValue
@@ -26,6 +26,7 @@ from hycache.cache.retention.policy import (
     Retention,
     fit_writes,
 )
+from hycache.cache.retention.protection import CopySources, protected_depth
 from hycache.cache.ssm import SSMManager, StateIO
 from hycache.config import CacheConfig, Eviction, GroupKind, RecomputeCost, SpeculativeConfig
 from hycache.request import Request
@@ -73,10 +74,11 @@ class CacheManager:
             cost = cache.recompute_cost or RecomputeCost()
             value = FlopValue(cost, cache.groups, cache.block_size, cache.eviction_alpha)
         # flop-aware: decode snapshots are scored too, their value times their observed reuse
-        first, protect = value is None, cache.protect_reused
-        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first, protect=protect)
+        first = value is None
+        protect = {"protect": cache.protect_declared, "protect_hits": cache.protect_reused}
+        self.pool = BlockPool(cache.num_blocks, value, snapshots_first=first, **protect)
         self.state_pool = (
-            BlockPool(cache.num_state_pages, value, snapshots_first=first, protect=protect)
+            BlockPool(cache.num_state_pages, value, snapshots_first=first, **protect)
             if cache.num_state_pages is not None
             else self.pool
         )
@@ -90,7 +92,8 @@ class CacheManager:
             else:
                 self.ssm.append(SSMManager(gid, self.state_pool, self.bounds))
         self._copies: list[tuple[int, int]] = []
-        self._live: dict[str, bool] = {}  # live request -> it resumed from a hit
+        self._sources = CopySources()  # the copy sources a protected path frees early
+        self._live: dict[str, int] = {}  # live request -> what it protects (`protected_depth`)
         # which SSM states earn a page (`hycache.cache.retention`)
         self.retention: Retention = KeepEverything()
         if cache.admission:
@@ -275,15 +278,17 @@ class CacheManager:
         )
         if first:
             assert hit is not None
+            protect = self._live[rid] = protected_depth(self.config, self.bounds, req, resume)
             for i, m in enumerate(self.attention):
                 m.adopt(rid, hit.attention_blocks[i], resume, req.num_prompt_tokens)
             for i, s in enumerate(self.ssm):
-                s.adopt(rid, hit.ssm_blocks[i] if resume else None)
-            self._live[rid] = PROTECT_PATHS and bool(resume)
+                s.adopt(rid, hit.ssm_blocks[i] if resume else None, protect)
             self.retention.on_admit(req, hit)
             self._record_admission(req, hit)
+        copied = len(self._copies)
         for m in self.attention:
             m.grow(rid, total, self._copies)
+        self._sources.note(self._copies[copied:], self._live[rid])
         t, stops, drop = req.num_prompt_tokens, req.junction_stops, req.drop_stops
         hints = req.hint_stops
         kinds = tuple(self.bounds.state_kind(p, t, stops, drop, hints) for p in internal)
@@ -313,7 +318,7 @@ class CacheManager:
         self.retention.on_free(rid)
         if rid not in self._live:
             return
-        reused = self._live.pop(rid)  # its path joins the protected queue (`PROTECT_PATHS`)
+        reused = self._live.pop(rid)  # its path joins the protected queue (`protected_depth`)
         for s in reversed(self.ssm):
             s.free(rid, req.hashes, reused)
         for m in reversed(self.attention):
@@ -323,7 +328,7 @@ class CacheManager:
         """Block copies (src, dst) for the runner to perform before the next forward. The
         sources were pinned until now; they are released here."""
         copies, self._copies = self._copies, []
-        self.pool.free(src for src, _ in copies)
+        self._sources.release(self.pool, copies)
         return copies
 
     # -- accounting ------------------------------------------------------------------------------

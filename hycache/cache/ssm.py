@@ -45,6 +45,8 @@ def find_ssm_hit(
 class _State:
     src: int | None = None  # block the next step starts from (None: zeros)
     src_held: bool = False  # src is a hit block or our own checkpoint, referenced by us
+    hit: int | None = None  # the block it resumed from, until it lets go of it
+    protect: int = 0  # a protected path: its blocks keyed at or below this (`BlockPool.free`)
     running: int | None = None
     pending_dst: int | None = None
     pending_end: int = 0
@@ -97,8 +99,9 @@ class SSMManager:
             need += 1
         return need
 
-    def adopt(self, request_id: str, hit_block: int | None) -> None:
-        st = self._states[request_id] = _State()
+    def adopt(self, request_id: str, hit_block: int | None, protect: int = 0) -> None:
+        """Start from `hit_block` (None: zeros); `protect`: its path's (`BlockPool.free`)."""
+        st = self._states[request_id] = _State(hit=hit_block, protect=protect)
         if hit_block is not None:
             self.pool.touch([hit_block])
             st.src, st.src_held = hit_block, True
@@ -155,7 +158,8 @@ class SSMManager:
             self.pool.free([block])
         st.pending_writes = st.pending_kinds = ()
         if st.src_held and st.src is not None and st.src != dst:
-            self.pool.free([st.src])
+            self.pool.free([st.src], protect=st.protect if st.src == st.hit else 0)
+            st.hit = None  # released: its block id may come back as one of our own
         if st.pending_checkpoint:
             key = CacheKey(self.group, hashes.at(end))
             if self.pool.add_key(dst, key, end, st.pending_kind):
@@ -165,10 +169,10 @@ class SSMManager:
             st.src, st.src_held = dst, False
         st.pending_dst = None
 
-    def free(self, request_id: str, hashes: PrefixHashes, protect: bool = False) -> None:
+    def free(self, request_id: str, hashes: PrefixHashes, protect: int = 0) -> None:
         """Release the request's blocks; a committed decode snapshot is keyed first (when its
-        key exists: the tokens it covers are known), so it stays cached. `protect`: a reused
-        path's blocks and states join the protected queue (`BlockPool.free`)."""
+        key exists: the tokens it covers are known), so it stays cached. `protect`: those keyed
+        at or below it join the protected queue (a protected path, `BlockPool.free`)."""
         st = self._states.pop(request_id, None)
         if st is None:
             return

@@ -178,12 +178,20 @@ FLAGS: dict[str, dict[str, Any]] = {
         "its kind's observed hit chance times what a hit saves beats what its page displaces; "
         "--no-admission: keep every one",
     },
+    "--protect-declared": {
+        "action": argparse.BooleanOptionalAction,
+        "default": None,
+        "help": "lru: what a request frees after a hit covering a prefix it declared (a prefix "
+        "hint) is evicted only after every other cached block (up to 1/16 of the pool): a "
+        "declared prefix, once reused, outlives a flood of one-off prompts (on by default; "
+        "requests without hints are never protected)",
+    },
     "--protect-reused": {
         "action": argparse.BooleanOptionalAction,
         "default": None,
-        "help": "lru: evict a cached block hit at least once only after every block never "
-        "reused (up to 1/16 of the pool): a shared prefix outlives a flood of one-off prompts "
-        "(off by default: docs/admission.md, 'Hints and floods')",
+        "help": "lru: the same for every hit, declared or not, and for a cached block hit at "
+        "least once: an undeclared shared prefix outlives the flood too (off by default: "
+        "docs/admission.md, 'Hints and floods')",
     },
     "--no-prefix-caching": {
         "action": "store_true",
@@ -223,10 +231,11 @@ def add_flag(g: ArgGroup, name: str, default: Any = _REQUIRED) -> None:
 
 
 def add_eviction_flags(g: ArgGroup) -> None:
-    """`--eviction`, `--eviction-alpha` and `--protect-reused` (simulate, explain, generate,
-    serve, bench)."""
+    """`--eviction`, `--eviction-alpha`, `--protect-declared` and `--protect-reused`
+    (simulate, explain, generate, serve, bench)."""
     add_flag(g, "--eviction")
     add_flag(g, "--eviction-alpha")
+    add_flag(g, "--protect-declared")
     add_flag(g, "--protect-reused")
 
 

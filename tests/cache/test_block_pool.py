@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from hycache.cache.block_pool import BlockPool, CacheKey, IntegrityError, NoFreeBlocksError
+from hycache.cache.block_pool import (
+    PROTECT_ALL,
+    BlockPool,
+    CacheKey,
+    IntegrityError,
+    NoFreeBlocksError,
+)
 
 
 def key(i: int) -> CacheKey:
@@ -191,15 +197,23 @@ def _reused_and_one_off(pool: BlockPool) -> tuple[int, int, list[int]]:
     return hot, cold, rest
 
 
-@pytest.mark.parametrize("protect", [False, True])
-def test_a_reused_block_outlives_one_off_blocks_only_when_protected(protect: bool) -> None:
-    pool = BlockPool(8, protect=protect)
+@pytest.mark.parametrize(
+    "knobs",
+    [{}, {"protect": True}, {"protect_hits": True}],
+    ids=["plain", "declared", "reused"],
+)
+def test_a_reused_block_outlives_one_off_blocks_only_when_protected(
+    knobs: dict[str, bool],
+) -> None:
+    """A hit protects a block by itself only with `protect_hits` (`protect_reused`); with the
+    protected queue alone (`protect_declared`) only the owner's `protect` does."""
+    pool = BlockPool(8, **knobs)
     hot, cold, rest = _reused_and_one_off(pool)
     pool.check_integrity()
     assert pool.peek_victim() == cold
     order = pool.allocate(pool.num_free)
     evicted = [b for b in order if b in (hot, cold, *rest)]
-    if protect:  # every block never reused goes first
+    if knobs.get("protect_hits"):  # every block never reused goes first
         assert evicted == [cold, *rest, hot]
     else:  # LRU: hot was freed before the one-offs
         assert evicted == [cold, hot, *rest]
@@ -207,7 +221,7 @@ def test_a_reused_block_outlives_one_off_blocks_only_when_protected(protect: boo
 
 
 def test_the_protected_queue_is_bounded_and_hands_back_its_oldest() -> None:
-    pool = BlockPool(65, protect=True)  # at most 64 // PROTECTED_FRACTION = 4 protected
+    pool = BlockPool(65, protect_hits=True)  # at most 64 // PROTECTED_FRACTION = 4 protected
     *blocks, one_off = pool.allocate(7)
     for i, b in enumerate([*blocks, one_off]):
         pool.add_key(b, key(i), 4)
@@ -222,18 +236,18 @@ def test_the_protected_queue_is_bounded_and_hands_back_its_oldest() -> None:
 
 
 def test_a_reused_path_is_protected_whole_its_new_blocks_and_states_too() -> None:
-    """`free(..., protect=True)` (a request that resumed from a hit, `PROTECT_PATHS`): its
+    """`free(..., protect=PROTECT_ALL)` (a request that resumed from a hit, `PROTECT_PATHS`): its
     cached blocks join the protected queue though never hit, a decode snapshot too (not the
-    low-priority queue); `refresh(..., protect=True)` moves a released state there. Without
+    low-priority queue); `refresh(..., protect=PROTECT_ALL)` moves a released state there. Without
     a protected queue (or unkeyed blocks) nothing changes."""
     pool = BlockPool(65, protect=True)
     new, snap, state, one_off = pool.allocate(4)
     for i, b in enumerate((new, snap, state, one_off)):
         pool.add_key(b, key(i), 4)
     pool.free([state, one_off])  # a checkpoint freed the step it is written; a one-off
-    pool.free([new], protect=True)
-    pool.free([snap], low_priority=True, protect=True)
-    pool.refresh([state], protect=True)
+    pool.free([new], protect=PROTECT_ALL)
+    pool.free([snap], low_priority=True, protect=PROTECT_ALL)
+    pool.refresh([state], protect=PROTECT_ALL)
     pool.check_integrity()
     assert pool.peek_victim() == one_off
     order = [b for b in pool.allocate(pool.num_free) if b in (new, snap, state, one_off)]
@@ -241,6 +255,34 @@ def test_a_reused_path_is_protected_whole_its_new_blocks_and_states_too() -> Non
     plain = BlockPool(65)
     (b,) = plain.allocate(1)
     plain.add_key(b, key(9), 4)
-    plain.free([b], protect=True)  # no protected queue: the ordinary LRU
+    plain.free([b], protect=PROTECT_ALL)  # no protected queue: the ordinary LRU
     plain.check_integrity()
     assert plain.peek_victim() == b
+
+
+def test_a_declared_prefix_is_protected_up_to_its_end_only() -> None:
+    """`protect` as a position (a hit on a prefix the request declared, `protect_declared`):
+    a block with a key at or below it joins the protected queue (a block the prefix ends in,
+    keyed mid-block there, too); the request's own suffix, keyed past it, and its decode
+    snapshot stay in their ordinary queues. Refresh alike."""
+    pool = BlockPool(65, protect=True)
+    head, end_block, suffix, snap, state, deep_state = pool.allocate(6)
+    pool.add_key(head, key(0), 8)
+    pool.add_key(end_block, key(1), 12)  # the declared prefix ends mid-block, at 12
+    pool.add_key(end_block, key(2), 16)
+    pool.add_key(suffix, key(3), 24)
+    pool.add_key(snap, key(4), 26)
+    pool.add_key(state, key(5), 12)
+    pool.add_key(deep_state, key(6), 20)
+    pool.free([state, deep_state])  # checkpoints freed the step they are written
+    pool.free([suffix, end_block, head], protect=12)
+    pool.free([snap], low_priority=True, protect=12)
+    pool.refresh([deep_state, state], protect=12)
+    pool.check_integrity()
+    assert pool.num_protected == 3
+    mine = (head, end_block, suffix, snap, state, deep_state)
+    order = [b for b in pool.allocate(pool.num_free) if b in mine]
+    # the protected three go after every ordinary cached block, least recently freed first
+    assert [b for b in order if b in (head, end_block, state)] == [end_block, head, state]
+    assert order.index(end_block) > max(order.index(suffix), order.index(deep_state))
+

@@ -20,6 +20,7 @@ FAMILIES = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 9, 9, 9, 9, 8,
 class CacheMachine(RuleBasedStateMachine):
     policy = "junction"
     eviction = "lru"
+    hints: tuple[int, ...] = ()  # the prefix hints every request names
 
     def __init__(self) -> None:
         super().__init__()
@@ -34,6 +35,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = CacheManager(self.cfg, SpeculativeConfig(num_speculative_tokens=2))
         self.live: dict[str, Request] = {}
         self.n = 0
+        self.declared_hits = 0  # requests admitted with a hit covering a prefix they declared
         self.generation = [0] * self.cfg.num_blocks
         self.stored: dict[CacheKey, tuple[int, int]] = {}
         self.cache.pool.subscribe(self._on_event)
@@ -64,7 +66,12 @@ class CacheMachine(RuleBasedStateMachine):
         rid = f"r{self.n}"
         self.n += 1
         req = Request.new(
-            rid, prompt, SamplingParams(max_tokens=4), unit=U, lookahead=self.cache.bounds.lookahead
+            rid,
+            prompt,
+            SamplingParams(max_tokens=4),
+            unit=U,
+            lookahead=self.cache.bounds.lookahead,
+            prefix_hints=self.hints,
         )
         hit = self.cache.lookup(req)
         assert hit.resume_point <= req.num_tokens - 1
@@ -77,6 +84,8 @@ class CacheMachine(RuleBasedStateMachine):
         req.num_computed_tokens = end
         self.cache.commit(req)
         self.live[rid] = req
+        bounds, t = self.cache.bounds, req.num_prompt_tokens
+        self.declared_hits += bounds.declared_reach(self.hints, hit.resume_point, t) > 0
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), chunk=st.integers(1, 8), drafts=st.integers(0, 2))
@@ -112,6 +121,9 @@ class CacheMachine(RuleBasedStateMachine):
         # every live key is on the block it was stored on, and that block was not reused since
         for key, block in pool._key_to_block.items():
             assert self.stored[key] == (block, self.generation[block])
+        # by default (`protect_declared`) only a hit on a declared prefix protects anything
+        if not self.declared_hits:
+            assert pool.num_protected == 0
 
     def teardown(self) -> None:
         for req in list(self.live.values()):
@@ -124,6 +136,14 @@ class LimitCacheMachine(CacheMachine):
     """`limit`: lookahead keys, keys on every unit, decode snapshots published on free."""
 
     policy = "limit"
+
+
+class HintedLimitCacheMachine(LimitCacheMachine):
+    """`limit` with every request naming prefix hints (the families' shared 4 tokens, and 8):
+    declared hits fill the protected queue (`protect_declared`), within its cap and leaking
+    nothing."""
+
+    hints = (4, 8)
 
 
 class FlopAwareLimitCacheMachine(LimitCacheMachine):
@@ -142,5 +162,7 @@ TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = MACHINE_SETTINGS
 TestLimitCacheMachine = LimitCacheMachine.TestCase
 TestLimitCacheMachine.settings = MACHINE_SETTINGS
+TestHintedLimitCacheMachine = HintedLimitCacheMachine.TestCase
+TestHintedLimitCacheMachine.settings = MACHINE_SETTINGS
 TestFlopAwareLimitCacheMachine = FlopAwareLimitCacheMachine.TestCase
 TestFlopAwareLimitCacheMachine.settings = MACHINE_SETTINGS

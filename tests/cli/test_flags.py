@@ -184,12 +184,13 @@ def test_one_function_turns_every_command_s_flags_into_knobs() -> None:
         eviction_alpha=0.5,
         internal_checkpoints=False,
         admission=False,
+        protect_declared=False,
         protect_reused=True,
     )
     assert {f.name for f in fields(CacheKnobs)} - set(vars(every)) == {"enable_prefix_caching"}
     got = knobs_from_cli_args(every, base)
     assert got == CacheKnobs(32, 4, Policy.REPLAY, "dense", False, 7, Eviction.FLOP_AWARE,
-                             0.5, False, False, True)  # fmt: skip
+                             0.5, False, False, False, True)  # fmt: skip
     assert knobs_from_cli_args(every, base, arms=True).policy is base.policy
     assert knobs_from_cli_args(argparse.Namespace(), base) == base  # a command without them
     with pytest.raises(ValueError, match=r"^prefix_match_unit"):

@@ -10,6 +10,7 @@ managers only do their own verbs (state IO; lookup, allocate, commit, free) and 
     ghosts   the keys a pool evicted last, and what an admission would have gained from them
     hints    the bound on client prefix-hint states per request and per cache salt
     aging    where a released request's states go in the eviction order (refresh, demote)
+    protection  what a request's release protects (`protect_declared`, `protect_reused`)
 
 The pools keep the mechanisms the policy drives (`BlockPool`: the queues, `demote`,
 `refresh`, the per-kind `ReuseStats`).

@@ -25,11 +25,12 @@ class ReleaseAging:
         self._rare: frozenset[str] = frozenset()  # the kinds below the demotion bar, last seen
         self._refreshed: dict[int, CacheKey] = {}  # released states left among the cached
 
-    def release(self, kept: list[tuple[int, CacheKey]], protect: bool = False) -> None:
+    def release(self, kept: list[tuple[int, CacheKey]], protect: int = 0) -> None:
         """A request let go of the states it keyed (`kept`: (block, key) pairs, its blocks
         already freed): re-queues those still cached under that key in the pool (demoted or
-        refreshed, in eviction order; `protect`: refreshed into the protected queue, a reused
-        path's), and demotes the released states of a kind newly rare."""
+        refreshed, in eviction order; `protect`: those it reaches refreshed into the protected
+        queue, a protected path's, `BlockPool.refresh`), and demotes the released states of a
+        kind newly rare."""
         low, rest = self._age(kept)
         self.pool.demote(low)
         self.pool.refresh(rest, protect)

@@ -30,6 +30,12 @@ one more step before the request's first token, a step that carries the batch's 
     the deeper resume pays  <=>  cost([floor, end)) - cost([hit, end))
                                    >=  split at boundary + cost(busy tokens beside [boundary, end))
 
+A request's stops are also priced together (`bounded_stops`): each is one pass, and the
+request that observes a junction pays at most `OBSERVER_EXTRA_PASSES` passes more than stock
+vLLM makes for the same prompt (issue 45's bound, the upstream change's own); past it the
+stops that serve least are not made (inside vLLM: the junction's block floor, which serves
+only a request sharing less than the junction, where stock makes no stop there).
+
 `chance` is the expected number of later requests that resume there (admission's per-kind
 chance in hycache's own cache, a prior per kind in vLLM). The prices come from the caller (a
 `PassPricer`: the simulator's cost model, or a flat price a deployment configures), since the
@@ -38,6 +44,7 @@ cache layer cannot import the simulator.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -90,6 +97,30 @@ PRIOR_CHANCE: dict[str, float] = {
     StateKind.REPLAY: 0.5,
     StateKind.TAIL: 0.01,
 }
+
+
+# the most prefill passes the request that observes a junction pays over stock vLLM's for the
+# same prompt (issue 45: the upstream junction change's own bound)
+OBSERVER_EXTRA_PASSES = 2
+
+
+def bounded_stops(
+    stops: Iterable[int],
+    stock: Iterable[int],
+    droppable: Iterable[int],
+    bound: int = OBSERVER_EXTRA_PASSES,
+) -> tuple[int, ...]:
+    """`stops` (chunk ends inside one request's prefill, one pass each) less those of
+    `droppable`, in its order, that take the request more than `bound` passes over stock's
+    `stock` stops (a stop both make costs no pass more; a stock stop not in `stops` is one
+    pass less). A stock stop is never dropped."""
+    kept, theirs = set(stops), set(stock)
+    for s in droppable:
+        if len(kept - theirs) - len(theirs - kept) <= bound:
+            break
+        if s not in theirs:
+            kept.discard(s)
+    return tuple(sorted(kept))
 
 
 def observed_chance(kind: str, sightings: int) -> float:

@@ -50,6 +50,7 @@ from hycache.cache.stops import (
     PRIOR_CHANCE,
     FlatPrice,
     PassPricer,
+    bounded_stops,
     observed_chance,
     resume_pays,
     stop_pays,
@@ -263,6 +264,15 @@ class _Limit:
         assert bounds is not None
         t = request.num_prompt_tokens
         stops = set(bounds.junction_stops(junction, hit, t))
+        if bounds.drop:
+            # priced together (`stops.bounded_stops`): the junction's block floor, which serves
+            # only a request sharing less than the junction, is not made where it takes the
+            # request past stock + 2 passes (stock's block keys observe no junction it floors
+            # to; vLLM's own split still ends there: `_without_vllm_floor`)
+            inside = {s for s in stops if s < t}
+            droppable = (floor_to(junction, bounds.block_size),)
+            stock = self._stock_junction_stops(junction, hit, t)
+            stops = set(bounded_stops(inside, stock, droppable)) | (stops - inside)
         hints = parse_hints(request)
         # a hint names where sharing ends: the block floor below its stop would serve only a
         # request sharing less than it says, and unlike a junction's floor (vLLM's own stop)
@@ -271,6 +281,19 @@ class _Limit:
         below = {floor_to(x, bounds.block_size) for x in limits} - limits
         stops.update(s for s in bounds.hint_stops(hints, hit, t) if s not in below)
         return tuple(sorted(s for s in stops if s > hit))
+
+    def _stock_junction_stops(self, junction: int, hit: int, t: int) -> tuple[int, ...]:
+        """Drop mode: the stop stock vLLM makes for the junction whose drop resume point the
+        unit keys observed at `junction` (match `junction + u`): its block keys match whole
+        blocks only, so it observes the drop one block key lower and stops there with the
+        junction flag, at that junction's block floor without it."""
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        b, u = bounds.block_size, bounds.unit
+        seen = floor_to(junction + u, b) - u
+        flag = self.kv_cache_manager.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
+        stop = seen if flag else floor_to(seen, b)
+        return (stop,) if hit < stop < t else ()
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
@@ -381,6 +404,7 @@ class _Limit:
             + given.get("num_new_local_computed_tokens", 0)
             + given.get("num_external_computed_tokens", 0)
         )
+        n = self._without_vllm_floor(request, start, n, args, kwargs)
         if self._defers_capped(request, start, given.get("num_new_tokens", n)):
             return 0
         stops = stops_of(request)
@@ -402,6 +426,30 @@ class _Limit:
         if cut % bounds.block_size and cut < request.num_prompt_tokens and cut in stops:
             setattr(request, MOVED_ATTR, True)
         return cut - start
+
+    def _without_vllm_floor(
+        self, request: Request, start: int, n: int, args: Any, kwargs: Any
+    ) -> int:
+        """vLLM's chunk `n`, or vLLM's split again without its junction stop where that stop
+        is the junction's block floor (vLLM 0.32 without the junction flag floors the junction
+        it is told to the block grid) and the plugin's stops priced it out (`hycache_stops`);
+        every other stop of vLLM's stays."""
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        junction, end = request.shared_prefix_boundary, start + n
+        if (
+            not bounds.drop
+            or self.kv_cache_manager.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
+            or not start < end < junction
+            or end != start + floor_to(junction - start, bounds.block_size)
+            or end in stops_of(request)
+        ):
+            return n
+        request.shared_prefix_boundary = 0
+        try:
+            return super()._mamba_block_aligned_split(request, *args, **kwargs)  # type: ignore[misc,no-any-return]
+        finally:
+            request.shared_prefix_boundary = junction
 
     def _defers_capped(self, request: Request, start: int, num_new: int) -> bool:
         """Whether a request whose resume was capped at the block floor waits a step instead

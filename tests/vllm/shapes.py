@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from hycache.bench.vllm.reference import VllmSetup
 from hycache.bench.vllm.scenario import RequestTrace, Turn
-from hycache.config import HycacheConfig
+from hycache.config import CacheKnobs, HycacheConfig
 from tests.helpers import make_config, tokens
 
 GEOMETRIES = [(16, 4), (32, 8), (64, 16), (64, 8), (128, 8), (128, 32), (256, 64), (528, 66)]
@@ -141,6 +141,22 @@ def priced_family(rng: random.Random, b: int) -> tuple[list[Turn], bool]:
     shared, private = rng.randint(1, 5 * b), rng.randint(1, 2 * b)
     hint = shared if rng.random() < 0.3 else 0
     return family(rng.randrange(1 << 16), shared, private, 4, hint), bool(hint)
+
+
+def priced_drop_case(seed: int, flag: bool) -> tuple[VllmSetup, list[Turn], bool]:
+    """vLLM 0.32's drop setup (MTP k = 1-3, the plugin's default price), the junction flag
+    `flag`, and a `priced_family` drawn from `seed`; and whether the producer is hinted."""
+    rng = random.Random(seed)
+    b, u = rng.choice(PRICED_GEOMETRIES)
+    turns, hinted = priced_family(rng, b)
+    setup = VllmSetup(
+        CacheKnobs(b, u),
+        budget(rng, b),
+        rng.choice([1, 2, 3]),
+        lookahead=False,
+        shared_prefix_checkpoint=flag,
+    )
+    return setup, turns, hinted
 
 
 def passes_over_stock(stock: list[RequestTrace], plugin: list[RequestTrace]) -> list[int]:

@@ -22,16 +22,16 @@ from hypothesis import strategies as st
 from hycache.bench.vllm.reference import ReferenceScheduler, VllmSetup, run_reference
 from hycache.bench.vllm.scenario import Turn
 from hycache.cache.boundaries import Boundaries
+from hycache.cache.stops import OBSERVER_EXTRA_PASSES, bounded_stops
 from hycache.config import CacheKnobs, Policy
 from tests.helpers import tokens
 from tests.vllm.shapes import (
     GEOMETRIES,
-    PRICED_GEOMETRIES,
     budget,
     family,
     hits,
     passes_over_stock,
-    priced_family,
+    priced_drop_case,
     scenario,
     within_the_pass_bound,
 )
@@ -231,17 +231,7 @@ def test_inert_is_stock_and_says_why_once(
 
 @st.composite
 def priced_drop_families(draw: st.DrawFn) -> tuple[VllmSetup, list[Turn], bool]:
-    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
-    b, u = rng.choice(PRICED_GEOMETRIES)
-    turns, hinted = priced_family(rng, b)
-    setup = VllmSetup(
-        CacheKnobs(b, u),
-        budget(rng, b),
-        rng.choice([1, 2, 3]),
-        lookahead=False,
-        shared_prefix_checkpoint=draw(st.booleans()),
-    )  # the plugin's default price
-    return setup, turns, hinted
+    return priced_drop_case(draw(st.integers(0, 2**32 - 1)), draw(st.booleans()))
 
 
 @pytest.mark.parametrize("flag", [True, False])
@@ -263,6 +253,19 @@ def test_a_junction_stop_vllms_own_split_makes_moves_the_request(flag: bool) -> 
     assert passes_over_stock(stock, plugin) == [0, 2, 1, 1]
 
 
+def _pass_bound_problem(setup: VllmSetup, turns: list[Turn], hinted: bool) -> str | None:
+    """Why the plugin breaks issue 45's pass bound (or resumes below stock) on this family,
+    or None: a sibling at most one prefill pass over stock, the observer (or the hinted
+    producer) at most two."""
+    stock = run_reference(setup, turns)
+    plugin = run_reference(dataclasses.replace(setup, scheduler_cls=PLUGIN), turns)
+    extra = passes_over_stock(stock, plugin)
+    below = any(s > p for s, p in zip(hits(stock), hits(plugin), strict=True))
+    if within_the_pass_bound(extra, hinted) and not below:
+        return None
+    return f"passes over stock {extra}, hits {hits(stock)} / {hits(plugin)}"
+
+
 @given(case=priced_drop_families())
 def test_priced_passes_stay_within_stock_plus_one_the_observer_plus_two(
     case: tuple[VllmSetup, list[Turn], bool],
@@ -271,9 +274,107 @@ def test_priced_passes_stay_within_stock_plus_one_the_observer_plus_two(
     block (the flag on or off): a sibling pays at most one prefill pass more than stock, the
     request that observes the junction (or the hinted producer) at most two; hits never below
     stock's."""
-    setup, turns, hinted = case
+    assert _pass_bound_problem(*case) is None
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize(
+    "b,shared,private,junction,sibling",
+    [(640, 1091, 746, 1024, [1280, 1837]), (1024, 1770, 1870, 1664, [3640])],
+)
+def test_the_junctions_block_floor_is_not_made_past_stock_plus_two(
+    flag: bool, b: int, shared: int, private: int, junction: int, sibling: list[int]
+) -> None:
+    """B=640, u=64, k=2, 1,091 shared + 746 private: stock's block keys observe the drop at
+    576, which floors to no stop without the junction flag: one pass (1,837) for every
+    request. The observer's junction 1,024 (mid-block: vLLM re-aligns at 1,280 after it)
+    costs two passes over that; its block floor 640 would be a third: not made, by the
+    plugin nor by vLLM's own split (which floors the junction it is told). With the flag
+    stock stops at 576, and the floor is kept within stock + 2. The same at B=1,024
+(1,770 shared + 1,870: junction 1,664, floor 1,024, re-alignment 2,048)."""
+    setup = VllmSetup(
+        CacheKnobs(b, 64), 1 << 20, 2, lookahead=False, shared_prefix_checkpoint=flag
+    )
+    turns = family(50, shared, private, 4)
     stock = run_reference(setup, turns)
     plugin = run_reference(dataclasses.replace(setup, scheduler_cls=PLUGIN), turns)
-    extra = passes_over_stock(stock, plugin)
-    assert within_the_pass_bound(extra, hinted), (extra, hits(stock), hits(plugin))
-    assert all(s <= p for s, p in zip(hits(stock), hits(plugin), strict=True))
+    t = shared + private
+    realign = junction // b * b + b
+    assert [s.chunk_ends for s in stock][1] == ([junction // b * b - 64, t] if flag else [t])
+    floor = [junction // b * b] if flag else []
+    assert plugin[1].chunk_ends == [*floor, junction, realign, t]
+    assert [p.chunk_ends for p in plugin[2:]] == [sibling] * 2
+    assert hits(plugin) == [0, 0, junction, junction]
+    assert passes_over_stock(stock, plugin) == [0, 2] + [len(sibling) - 1] * 2
+
+
+# seeds of `priced_drop_case` (of 0-119) whose observer paid stock + 3 without the junction
+# flag (its block floor, junction and re-alignment, where stock's junction floors to no stop),
+# and 20 more of 120-999
+BROKE_THE_BOUND = (50, 53, 88, 101, 104, 122, 230, 233, 234, 346, 350, 449, 495, 513, 529, 597)
+BROKE_THE_BOUND += (608, 638, 649, 682, 695, 742, 756, 834, 900)
+
+
+# seeds (of 0-999) still over the bound, all without the junction flag, open (docs/vllm-plugin.md,
+# "vLLM 0.32: drop mode"): a sibling pays two passes over stock where the observer priced its
+# junction stop out (a unit or so above the block floor it kept) and the next sibling, its
+# second sighting, makes it and the re-alignment after it (133, 307, 338, 362, 378, 414, 435,
+# 453, 580, 684); a sibling resuming at the block floor pays the grid stop after the junction
+# and the tail stop that the lost in-forward export then costs (246, 546); a hinted family
+# whose shared prefix is shorter than a block, every request two passes over stock (140, 144)
+STILL_OVER_THE_BOUND = (133, 140, 144, 246, 307, 338, 362, 378, 414, 435, 453, 546, 580, 684)
+
+
+def test_the_pass_bound_on_the_seeds_that_broke_it() -> None:
+    """Without the junction flag, where they broke it (the flag on: the slow sweep)."""
+    problems = {
+        seed: why
+        for seed in BROKE_THE_BOUND
+        if (why := _pass_bound_problem(*priced_drop_case(seed, False))) is not None
+    }
+    assert not problems, problems
+
+
+@pytest.mark.xfail(strict=True, reason="open: a sibling two passes over stock (see the seeds)")
+@pytest.mark.parametrize("seed", STILL_OVER_THE_BOUND)
+def test_the_pass_bound_on_the_seeds_still_over_it(seed: int) -> None:
+    assert _pass_bound_problem(*priced_drop_case(seed, False)) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", [False, True])
+def test_the_pass_bound_over_a_thousand_seeds(flag: bool) -> None:
+    """The priced families' draw over seeds 0-999 (the property test runs 25 examples), less
+    the open ones."""
+    problems = {
+        seed: why
+        for seed in range(1000)
+        if seed not in STILL_OVER_THE_BOUND
+        and (why := _pass_bound_problem(*priced_drop_case(seed, flag))) is not None
+    }
+    assert not problems, problems
+
+
+@given(
+    stops=st.sets(st.integers(1, 40), max_size=6),
+    stock=st.sets(st.integers(1, 40), max_size=3),
+    droppable=st.lists(st.integers(1, 40), max_size=3, unique=True),
+)
+def test_bounded_stops_drop_only_what_the_bound_needs(
+    stops: set[int], stock: set[int], droppable: list[int]
+) -> None:
+    """`stops.bounded_stops`: a subset of the stops that keeps every stock stop and drops
+    only droppable ones; nothing where the stops are within stock + 2; otherwise it drops
+    until they are, or no droppable stop is left."""
+    kept = set(bounded_stops(stops, stock, droppable))
+
+    def extra(s: set[int]) -> int:
+        return len(s - stock) - len(stock - s)
+
+    assert kept <= stops and stops & stock <= kept and stops - kept <= set(droppable)
+    if extra(stops) <= OBSERVER_EXTRA_PASSES:
+        assert kept == stops
+    else:
+        left = set(droppable) & (kept - stock)
+        assert extra(kept) <= OBSERVER_EXTRA_PASSES or not left
+        assert extra(kept) >= OBSERVER_EXTRA_PASSES  # no more than it needs

@@ -329,19 +329,11 @@ def worker(spec_path: str, out_path: str, arm: str) -> int:
 
 
 def reset(llm: Any) -> bool:
-    """Forget every cached prefix: vLLM's prefix cache, and what `hycache.vllm`'s scheduler
-    remembers of earlier requests (junction sightings, the batch's mean load), so a repeat
-    starts as a fresh engine would. False when vLLM refuses (blocks still held)."""
-    if not llm.reset_prefix_cache():
-        return False
-    # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0); were it not,
-    # `same_in_every_repeat` would show what the scheduler kept
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
-    scheduler = getattr(core, "scheduler", None)
-    if getattr(scheduler, "hycache_bounds", None) is not None:
-        scheduler.hycache_sightings.clear()
-        scheduler.hycache_load = 0.0
-    return True
+    """Forget every cached prefix: vLLM's prefix cache and, through the plugin's scheduler
+    (`hycache.vllm.Scheduler.reset_prefix_cache`), what it remembers of earlier requests
+    (junction sightings, the batch's mean load, its stop states), so a repeat starts as a fresh
+    engine would. False when vLLM refuses (blocks still held)."""
+    return bool(llm.reset_prefix_cache())
 
 
 def serve(spec_path: str, arm: str) -> int:

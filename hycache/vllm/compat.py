@@ -82,6 +82,7 @@ PLUGIN: tuple[Internal, ...] = (
     Internal(ASYNC, "AsyncScheduler"),
     Internal(SCHED, "Scheduler._get_local_prefix_cache_hit", ("request",)),
     Internal(SCHED, "Scheduler.schedule"),
+    Internal(SCHED, "Scheduler.reset_prefix_cache"),
     Internal(
         SCHED,
         "Scheduler._mamba_block_aligned_split",

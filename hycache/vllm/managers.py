@@ -117,6 +117,13 @@ def remember_stop_state(manager: Any, request: Request, num_tokens: int) -> None
         del known[next(iter(known))]
 
 
+def forget_stop_states(kv_cache_manager: Any) -> None:
+    """Forget every recorded stop state (`remember_stop_state`): the prefix cache was reset,
+    and a state keyed the same way later is not one of ours unless a stop makes it again."""
+    for m in kv_cache_manager.coordinator.single_type_managers:
+        m.__dict__.pop("_hycache_stop_states", None)
+
+
 def resumes_at_a_stop_state(kv_cache_manager: Any, request: Request, hit: int) -> bool:
     """Whether `request`'s hit `hit` (mid-block) is a state one of the plugin's sub-block
     stops kept, not one stock vLLM keeps (a prompt's tail checkpoint)."""

@@ -302,6 +302,17 @@ class _Limit:
             self.hycache_load += LOAD_WEIGHT * (load - self.hycache_load)
         return out
 
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        """vLLM's reset, and, where it succeeds, what the plugin remembers of the cache and of
+        earlier requests (junction sightings, the batch's mean load, the stop states kept):
+        after a reset the scheduler decides as a fresh one would."""
+        done: bool = super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
+        if done and self.hycache_bounds is not None:
+            self.hycache_sightings.clear()
+            self.hycache_load = 0.0
+            managers.forget_stop_states(self.kv_cache_manager)  # type: ignore[attr-defined]
+        return done
+
     def hycache_busy(self, request: Request) -> int:
         """The other work a step carries, in tokens, as a request deciding its resume expects
         it: the batch's recent mean load per step while other requests are in it, none when

@@ -144,3 +144,19 @@ def test_a_chat_turn_on_qwen3_next_resumes_no_lower_than_stock() -> None:
     assert all(p.hit >= s.hit for p, s in zip(plugin, stock, strict=True))
     assert [t.hit for t in plugin][2:] == [3_712, 3_328]
     assert plugin[1].chunk_ends == stock[1].chunk_ends == [2_880, 3_328, 3_335]
+
+
+def test_a_prefix_cache_reset_forgets_what_the_plugin_remembered() -> None:
+    """After `reset_prefix_cache` the plugin decides as a fresh scheduler would: the same
+    family, priced as in `test_many_sightings_make_a_junction_stop_pay`, resumes at the same
+    points the second time (sightings, load and stop states forgotten with the cache; kept,
+    the first observer of the second run would already make the junction stop)."""
+    turns = family(1, 10_100, 3_000, 6)
+    setup = VllmSetup(CacheKnobs(1024, 64), 8192, num_speculative_tokens=1, scheduler_cls=SYNC)
+    ref = ReferenceScheduler(setup)
+    ref.scheduler.hycache_pricer = FlatPrice(2_000.0, 1.0)
+    first = [t.hit for t in ref.run_all(turns)]
+    assert ref.scheduler.reset_prefix_cache()
+    assert ref.scheduler.hycache_sightings == {} and ref.scheduler.hycache_load == 0.0
+    again = [t.hit for t in ref.run_all(turns)]
+    assert again == first == [0, 0, 9_216, 9_216, 10_048, 10_048]

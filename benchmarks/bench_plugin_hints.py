@@ -49,7 +49,7 @@ from typing import Any
 
 from hycache.bench.vllm.serve_cpu import serve_argv
 from hycache.bench.vllm.tiny_model import write
-from hycache.vllm.scheduler import HINTS_KEY
+from hycache.vllm.guard import HINTS_KEY
 
 MAX_RATIO = 2.0
 MAX_LOG_LINE = 2000

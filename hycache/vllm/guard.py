@@ -70,7 +70,7 @@ def cap_from_env() -> int:
     raw = os.environ.get(MAX_BODY_ENV, "").strip()
     if not raw:
         return DEFAULT_MAX_BODY_BYTES
-    if not raw.isdigit() or int(raw) <= 0:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0:
         raise ValueError(f"{MAX_BODY_ENV}: a positive number of bytes, got {raw!r}")
     return int(raw)
 
@@ -94,7 +94,10 @@ def _raw_hints_refusal(raw: bytes) -> str | None:
     commas or more cannot be a list of that many ints, and is refused undecoded."""
     if raw.count(b",") >= MAX_PREFIX_HINTS:
         return f"{HINTS_RULE}; got more entries, or entries that are not ints"
-    return hints_refusal(msgspec.json.decode(raw))
+    try:
+        return hints_refusal(msgspec.json.decode(raw))
+    except (msgspec.DecodeError, RecursionError):  # nested past msgspec's depth: not a list of ints
+        return f"{HINTS_RULE}; got a value nested too deep"
 
 
 def body_refusal(body: bytes) -> str | None:

@@ -25,10 +25,10 @@ Arms, side by side in one run:
   back to back: the attacker shares the 2 cores, and one whose 7.5 MiB bodies are refused at
   once spends them on its own copying), small requests whose
   `"vllm_xargs": {"prefix_hints": [...]}` holds that many ints past the prompt (every one bad).
-  The bystander starts once the attacker's first request has been answered, so the attack runs
-  all through the stream. A refusal (the guard's 400 or 413, or a 4xx of vLLM's) is reported as
-  the outcome of that arm; a connection the server closed before taking the whole body (the
-  guard's 413 by `Content-Length`) as "closed";
+  The bystander starts once the attacker process's first request has been answered, so the
+  attack runs all through the stream. A refusal (the guard's 400 or 413, or a 4xx of vLLM's)
+  is reported as the outcome of that arm; a connection the server closed before taking the
+  whole body (the guard's 413 by `Content-Length`) as "closed";
 - unread=30000 and unread=1000000: the same attack with the same list under a `vllm_xargs` key
   nothing reads: what vLLM's own frontend and engine transport cost the bystander for such a
   body, plugin or not, and what the guard lets through (each hints arm is also given as a ratio
@@ -170,13 +170,14 @@ def post(base: str, data: bytes) -> int:
         conn.close()
 
 
-def attacker(base: str, data: bytes, rate: float, stop: Any, out: Any) -> None:
+def attacker(base: str, data: bytes, rate: float, ready: Any, stop: Any, out: Any) -> None:
     """Post `data`, one request after another, at most `rate` a second (0: back to back),
-    until `stop` is set; put the statuses on `out`."""
+    until `stop` is set (`ready` set once the first is answered); put the statuses on `out`."""
     statuses: list[int] = []
     start = time.monotonic()
     while not stop.is_set():
         statuses.append(post(base, data))
+        ready.set()
         if rate > 0:
             stop.wait(max(0.0, start + len(statuses) / rate - time.monotonic()))
     out.put(statuses)
@@ -197,10 +198,11 @@ def attacked(
     first = post(base, data)
     first_s = time.monotonic() - t0
     ctx = mp.get_context("fork")
-    stop, out = ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=attacker, args=(base, data, rate, stop, out), daemon=True)
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=attacker, args=(base, data, rate, ready, stop, out), daemon=True)
     proc.start()
     try:
+        ready.wait(timeout=600)  # the attacker process is posting: the stream starts under attack
         arm_gaps = gaps(base, model, tokens, seeds, repeats)
     finally:
         stop.set()

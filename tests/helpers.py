@@ -4,6 +4,7 @@ imports another: what two folders share lives here)."""
 from __future__ import annotations
 
 import random
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -423,3 +424,22 @@ def assert_no_leaks(llm: LLM) -> None:
     cache.check_integrity()
     assert cache.num_live_requests == 0
     assert cache.pool.num_free == cache.pool.num_blocks - 1  # every block back (cached or not)
+
+
+def raw_exchange(url: str, head: bytes, data: bytes = b"") -> tuple[int, bytes, bool]:
+    """Send `head` (and `data`) on a raw socket, send nothing more; the response's status,
+    its headers, and whether the server then closed the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=HANG_S) as s:
+        s.sendall(head + data)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            part = s.recv(65536)
+            assert part, got
+            got += part
+        headers, _, rest = got.partition(b"\r\n\r\n")
+        length = int(headers.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        while len(rest) < length:
+            rest += s.recv(65536)
+        closed = s.recv(1) == b""  # the server's FIN, not waiting for the body's rest
+    return int(headers.split(b" ")[1]), headers.lower(), closed

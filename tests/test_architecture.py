@@ -35,9 +35,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hycache.vllm": ("sched", "model", "engine", "server", "cli", "bench", "fleet", "sim"),
 }
 
-# what `--scheduler-cls hycache.vllm.Scheduler` loads in a vLLM deployment, and nothing else:
+# what `--scheduler-cls hycache.vllm.Scheduler` (and `--middleware hycache.vllm.guard...`) loads
+# in a vLLM deployment, and nothing else:
 # the harness beside vLLM's real scheduler lives with the benchmarks (hycache/bench/vllm)
-VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "events"}
+VLLM_PLUGIN = {"__init__", "scheduler", "managers", "compat", "events", "guard"}
 
 
 def module_name(path: Path) -> str:

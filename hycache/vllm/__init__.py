@@ -6,7 +6,8 @@ processes on CPU: a package of its own). The harness on vLLM's real scheduler (r
 scenarios, `explain --backend vllm`) is hycache.bench.vllm.
 
 `Scheduler` and `SyncScheduler` are imported on first use, so `import hycache` (and this
-package) never needs vllm.
+package) never needs vllm. `guard.RequestGuard` is the front door `vllm serve --middleware`
+loads before a request reaches vLLM (it imports no vLLM either).
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ from hycache.cache.stops import (
 )
 from hycache.config import Policy
 from hycache.vllm import compat, events, managers
+from hycache.vllm.guard import HINTS_KEY
 from hycache.vllm.managers import STOPS_ATTR, stops_of
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hycache.vllm")
 
-HINTS_KEY = "prefix_hints"  # SamplingParams.extra_args key (`"vllm_xargs"` on the server)
 HINTS_ATTR = "hycache_hints"  # the parsed hints, set on each vLLM request
 HIT_ATTR = "hycache_hit"  # the request's last local hit, set on each vLLM request
 CAPPED_ATTR = "hycache_capped"  # the block floor a priced resume capped the request's hit at

@@ -116,6 +116,12 @@ class Boundaries:
         return self.unit if self.drafter and not self.lookahead else 0
 
     @property
+    def drop_scheme(self) -> bool:
+        """Whether keys follow the EAGLE-drop scheme (vLLM 0.32's drop mode): for callers that
+        schedule differently under it; the drop itself is applied by the coordinator alone."""
+        return self.drop > 0
+
+    @property
     def effective_policy(self) -> Policy:
         if self.policy is Policy.JUNCTION and (self.drop == 0 or self.unit == self.block_size):
             return Policy.REPLAY

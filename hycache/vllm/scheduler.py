@@ -264,7 +264,7 @@ class _Limit:
         assert bounds is not None
         t = request.num_prompt_tokens
         stops = set(bounds.junction_stops(junction, hit, t))
-        if bounds.drop:
+        if bounds.drop_scheme:
             # priced together (`stops.bounded_stops`): the junction's block floor, which serves
             # only a request sharing less than the junction, is not made where it takes the
             # request past stock + 2 passes (stock's block keys observe no junction it floors
@@ -449,7 +449,7 @@ class _Limit:
         assert bounds is not None
         junction, end = request.shared_prefix_boundary, start + n
         if (
-            not bounds.drop
+            not bounds.drop_scheme
             or self.kv_cache_manager.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
             or not start < end < junction
             or end != start + floor_to(junction - start, bounds.block_size)

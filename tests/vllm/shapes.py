@@ -164,12 +164,12 @@ def passes_over_stock(stock: list[RequestTrace], plugin: list[RequestTrace]) -> 
     return [len(p.chunk_ends) - len(s.chunk_ends) for s, p in zip(stock, plugin, strict=True)]
 
 
-def within_the_pass_bound(extra: list[int], hinted: bool) -> bool:
+def within_the_pass_bound(extra: list[int], hinted: bool, sibling: int = 1) -> bool:
     """Issue 45's bound on a family (producer, observer, siblings): a sibling pays at most
-    one pass more than stock, the request that observes the junction (or the producer, for
-    its hint) at most two; an unhinted producer exactly stock's."""
+    `sibling` (the bound: one) passes more than stock, the request that observes the junction
+    (or the producer, for its hint) at most two; an unhinted producer exactly stock's."""
     producer, observer, *siblings = extra
-    return producer <= (2 if hinted else 0) and observer <= 2 and max(siblings) <= 1
+    return producer <= (2 if hinted else 0) and observer <= 2 and max(siblings) <= sibling
 PLUGIN = "hycache.vllm.Scheduler"
 
 

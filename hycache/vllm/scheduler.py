@@ -434,14 +434,15 @@ class _Limit:
                 # here (that stop not made, or the chunk exports in the forward): not a cut
                 continue
             if s % b:
-                if sightings > 1 and self._realigns(request, s, end):
+                if sightings > 1 and self._realigns(request, s):
                     # a later sighting, a sibling (issue 45's bound: one pass over stock),
                     # whose junction stop costs vLLM's re-alignment after it too: not made
                     continue
                 kind = StateKind.JUNCTION
             else:
                 kind = StateKind.GRID
-            if stop_pays(self.hycache_pricer, observed_chance(kind, sightings), prev, s, start, end):
+            chance = observed_chance(kind, sightings)
+            if stop_pays(self.hycache_pricer, chance, prev, s, start, end):
                 cut = s
                 break
         # the chunk ends at a sub-block stop of ours, whoever cut it there: this loop, or
@@ -451,17 +452,19 @@ class _Limit:
             setattr(request, MOVED_ATTR, True)
         return cut - start
 
-    def _realigns(self, request: Request, stop: int, end: int) -> bool:
+    def _realigns(self, request: Request, stop: int) -> bool:
         """Whether a chunk ending at the sub-block `stop` makes vLLM split the next one at the
-        block boundary after it, before `end` (a chunk starting mid-block stops there unless
-        it exports the prompt's checkpoint in the forward): a second pass for the stop."""
+        block boundary after it: the next chunk (up to the prompt's end, or the budget) runs
+        past that boundary and does not export the prompt's checkpoint in the forward (which
+        frees a chunk that starts mid-block from re-aligning). A second pass for the stop."""
         bounds = self.hycache_bounds
         assert bounds is not None
         t = request.num_prompt_tokens
         boundary = floor_to(stop, bounds.block_size) + bounds.block_size
+        reach = min(t, stop + self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
         exports = getattr(self, "mamba_has_prefill_checkpoint_blocks", False)
-        return boundary < end and not (
-            end >= t and exports and bounds.vllm_export(stop, t, t)
+        return boundary < reach and not (
+            reach >= t and exports and bounds.vllm_export(stop, t, t)
         )
 
     def _without_vllm_floor(

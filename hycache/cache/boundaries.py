@@ -51,6 +51,23 @@ LOOKAHEAD_POLICIES = (Policy.LOOKAHEAD, Policy.LIMIT)
 # the most prefix hints one request may give: `hycache serve` refuses more (400), the vLLM
 # plugin reads no more than these (a prompt has few shared-prefix boundaries worth keeping)
 MAX_PREFIX_HINTS = 16
+PREFIX_HINTS_RULE = f"a list of at most {MAX_PREFIX_HINTS} ints >= 0"
+
+
+def prefix_hints_problem(hints: object) -> str | None:
+    """What breaks the prefix-hints rule (`PREFIX_HINTS_RULE`: a list of at most
+    `MAX_PREFIX_HINTS` ints >= 0, a bool being no int) in a decoded value, or None when it
+    keeps it: the one rule `hycache serve`'s bodies and the vLLM plugin's front door apply."""
+    if not isinstance(hints, list):
+        return f"got a {type(hints).__name__}"
+    if len(hints) > MAX_PREFIX_HINTS:
+        return f"got {len(hints)} entries"
+    for i, h in enumerate(hints):
+        if type(h) is not int:
+            return f"entry {i} is a {type(h).__name__}"
+        if h < 0:
+            return f"entry {i} is negative"
+    return None
 
 
 class StateKind(StrEnum):

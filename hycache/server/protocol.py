@@ -10,8 +10,8 @@ refuses and the error shape.
   never answered with other semantics. Bodies keep unknown fields (`model_extra`) so that the
   JSON is parsed once, by pydantic (depth-limited, strict UTF-8).
 - Bounds: `repetition_penalty` in [0.01, 100], at most `MAX_STOP_TOKEN_IDS` stop token ids,
-  `MAX_LOGIT_BIAS` logit_bias entries, `MAX_PREFIX_HINTS` prefix hints (its home is
-  `hycache.cache.boundaries`, which the vLLM plugin shares), chat roles from `CHAT_ROLES`.
+  `MAX_LOGIT_BIAS` logit_bias entries, prefix hints by `prefix_hints_problem` (its home is
+  `hycache.cache.boundaries`, which the vLLM plugin's guard shares), chat roles from `CHAT_ROLES`.
 - `error_response`: OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 - `TokenizeBody` / `DetokenizeBody`: vLLM's tokenizer routes.
 """
@@ -25,12 +25,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    NonNegativeInt,
     ValidationError,
     field_validator,
 )
 
-from hycache.cache.boundaries import MAX_PREFIX_HINTS
+from hycache.cache.boundaries import PREFIX_HINTS_RULE, prefix_hints_problem
 from hycache.request import (
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
@@ -164,7 +163,15 @@ class CompletionBody(GenerationBody):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = None  # only as many as `n`: hycache returns every choice it runs
     # token counts where shared prefixes of the prompt end (hints past the prompt are ignored)
-    prefix_hints: list[NonNegativeInt] = Field(default_factory=list, max_length=MAX_PREFIX_HINTS)
+    prefix_hints: list[int] = Field(default_factory=list)
+
+    @field_validator("prefix_hints", mode="before")
+    @classmethod
+    def _check_prefix_hints(cls, hints: object) -> object:
+        problem = prefix_hints_problem(hints)
+        if problem is not None:
+            raise ValueError(f"prefix_hints must be {PREFIX_HINTS_RULE}; {problem}")
+        return hints
 
     def sampling_params(self) -> SamplingParams:
         if self.best_of is not None and self.best_of != self.n:

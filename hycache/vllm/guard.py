@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from hycache.cache.boundaries import MAX_PREFIX_HINTS
+from hycache.cache.boundaries import MAX_PREFIX_HINTS, PREFIX_HINTS_RULE, prefix_hints_problem
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -52,8 +52,8 @@ MAX_BODY_ENV = "HYCACHE_MAX_BODY_BYTES"
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 HINTS_PARAM = f"vllm_xargs.{HINTS_KEY}"
 HINTS_RULE = (
-    f"{HINTS_PARAM} must be a list of at most {MAX_PREFIX_HINTS} ints >= 0 (token counts where "
-    "the prompt's shared prefixes end)"
+    f"{HINTS_PARAM} must be {PREFIX_HINTS_RULE} (token counts where the prompt's shared "
+    "prefixes end)"
 )
 
 
@@ -77,16 +77,8 @@ def cap_from_env() -> int:
 
 def hints_refusal(hints: object) -> str | None:
     """Why a decoded `prefix_hints` value breaks `HINTS_RULE`, or None when it keeps it."""
-    if not isinstance(hints, list):
-        return f"{HINTS_RULE}; got a {type(hints).__name__}"
-    if len(hints) > MAX_PREFIX_HINTS:
-        return f"{HINTS_RULE}; got {len(hints)} entries"
-    for i, h in enumerate(hints):
-        if type(h) is not int:
-            return f"{HINTS_RULE}; entry {i} is a {type(h).__name__}"
-        if h < 0:
-            return f"{HINTS_RULE}; entry {i} is negative"
-    return None
+    problem = prefix_hints_problem(hints)
+    return None if problem is None else f"{HINTS_RULE}; {problem}"
 
 
 def _raw_hints_refusal(raw: bytes) -> str | None:

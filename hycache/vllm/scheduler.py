@@ -425,9 +425,23 @@ class _Limit:
         # our stops inside vLLM's chunk, each made only where it pays for its pass (a stop
         # not made keeps no state: the next one saves from the chunk's start)
         prev, cut = start, end
+        sightings = getattr(request, SIGHTINGS_ATTR, 1)
+        b = bounds.block_size
         for s in (s for s in stops if start < s < end):
-            kind = StateKind.GRID if s % bounds.block_size == 0 else StateKind.JUNCTION
-            chance = observed_chance(kind, getattr(request, SIGHTINGS_ATTR, 1))
+            if s % b == 0 and any(s - b < x < s for x in stops if x % b):
+                # the block boundary after a sub-block stop is kept where vLLM re-aligns a
+                # chunk that starts mid-block (no pass of ours); vLLM's chunk runs past it
+                # here (that stop not made, or the chunk exports in the forward): not a cut
+                continue
+            if s % b:
+                if sightings > 1 and self._realigns(request, s):
+                    # a later sighting, a sibling (issue 45's bound: one pass over stock),
+                    # whose junction stop costs vLLM's re-alignment after it too: not made
+                    continue
+                kind = StateKind.JUNCTION
+            else:
+                kind = StateKind.GRID
+            chance = observed_chance(kind, sightings)
             if stop_pays(self.hycache_pricer, chance, prev, s, start, end):
                 cut = s
                 break
@@ -437,6 +451,21 @@ class _Limit:
         if cut % bounds.block_size and cut < request.num_prompt_tokens and cut in stops:
             setattr(request, MOVED_ATTR, True)
         return cut - start
+
+    def _realigns(self, request: Request, stop: int) -> bool:
+        """Whether a chunk ending at the sub-block `stop` makes vLLM split the next one at the
+        block boundary after it: the next chunk (up to the prompt's end, or the budget) runs
+        past that boundary and does not export the prompt's checkpoint in the forward (which
+        frees a chunk that starts mid-block from re-aligning). A second pass for the stop."""
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        t = request.num_prompt_tokens
+        boundary = floor_to(stop, bounds.block_size) + bounds.block_size
+        reach = min(t, stop + self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
+        exports = getattr(self, "mamba_has_prefill_checkpoint_blocks", False)
+        return boundary < reach and not (
+            reach >= t and exports and bounds.vllm_export(stop, t, t)
+        )
 
     def _without_vllm_floor(
         self, request: Request, start: int, n: int, args: Any, kwargs: Any

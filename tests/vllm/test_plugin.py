@@ -101,7 +101,9 @@ def test_small_family(cls: str) -> None:
     assert hits(run_reference(setup, family(0, 640, 83, 3))) == [0, 0, 576]
     got = run_reference(with_cls(setup, cls), family(0, 640, 83, 3))
     assert hits(got) == [0, 0, 624]
-    assert got[1].chunk_ends == [576, 624, 640, 723]  # floor(j/B)*B, j, the block after
+    # floor(j/B)*B, j; not the block after (640): the chunk from j exports the tail in the
+    # forward, so vLLM does not re-align there, and a cut of the plugin's own would be a pass
+    assert got[1].chunk_ends == [576, 624, 723]
     assert hits(run_reference(with_cls(setup, cls), family(0, 640, 83, 3, hint=640))) == [
         0,
         624,

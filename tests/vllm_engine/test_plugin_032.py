@@ -101,12 +101,13 @@ def test_a_prefix_off_the_unit_grid_resumes_one_unit_under_the_limit() -> None:
 
 def test_hinted_mid_block_junction() -> None:
     """B=128, u=16, 700 shared: the resume limit 672 (floor(700/16)*16 - 16) lies mid-block;
-    the hint stops the producer at 672 and at the block after (768), not at the block floor
-    640 (a pass stock never makes, for a request sharing less than the hint says)."""
+    the hint stops the producer at 672, not at the block floor 640 (a pass stock never makes,
+    for a request sharing less than the hint says), nor at the block after (768): the chunk
+    from 672 exports the tail in the forward, so vLLM does not re-align there."""
     limit = bounds(128, 16).resume_limit(700)
     assert limit == 672
     hinted = run_reference(drop(128, 16, cls=PLUGIN), family(2, 700, 300, 3, hint=700))
-    assert hinted[0].chunk_ends == [672, 768, 1000]
+    assert hinted[0].chunk_ends == [672, 1000]
     assert hits(hinted) == [0, limit, limit]
     stock = run_reference(drop(128, 16), family(2, 700, 300, 3))
     assert all(s <= p for s, p in zip(hits(stock), hits(hinted), strict=True))
@@ -269,27 +270,29 @@ def _pass_bound_problem(
 
 
 @given(case=priced_drop_families())
-def test_priced_passes_stay_within_stock_plus_two_never_below_stock(
+def test_priced_passes_stay_within_the_bound_never_below_stock(
     case: tuple[VllmSetup, list[Turn], bool],
 ) -> None:
     """Drop mode at the default price, on families whose shared prefix ends anywhere in a
     block (the flag on or off): hits never below stock's, the request that observes the
     junction (or the hinted producer) at most two prefill passes more than stock, a sibling
-    at most two. Issue 45's bound for a sibling is one: it holds on seeds 0-999 but the open
-    ones (`STILL_OVER_THE_BOUND`, strict xfail; `test_the_pass_bound_over_a_thousand_seeds`),
-    and a random draw can land in the same open causes (a sibling at stock + 2: drawn here
-    once, a hinted family, passes over stock 1 / 1 / 2 / 0), so this property asserts what
-    holds on every draw seen."""
-    assert _pass_bound_problem(*case, sibling=2) is None
+    at most one (issue 45's bound)."""
+    assert _pass_bound_problem(*case) is None
 
 
 @pytest.mark.parametrize("flag", [False, True])
 @pytest.mark.parametrize(
-    "b,shared,private,junction,sibling",
-    [(640, 1091, 746, 1024, [1280, 1837]), (1024, 1770, 1870, 1664, [3640])],
+    "b,shared,private,junction,realign,sibling",
+    [(640, 1091, 746, 1024, [1280], [1280, 1837]), (1024, 1770, 1870, 1664, [], [3640])],
 )
 def test_the_junctions_block_floor_is_not_made_past_stock_plus_two(
-    flag: bool, b: int, shared: int, private: int, junction: int, sibling: list[int]
+    flag: bool,
+    b: int,
+    shared: int,
+    private: int,
+    junction: int,
+    realign: list[int],
+    sibling: list[int],
 ) -> None:
     """B=640, u=64, k=2, 1,091 shared + 746 private: stock's block keys observe the drop at
     576, which floors to no stop without the junction flag: one pass (1,837) for every
@@ -297,7 +300,9 @@ def test_the_junctions_block_floor_is_not_made_past_stock_plus_two(
     costs two passes over that; its block floor 640 would be a third: not made, by the
     plugin nor by vLLM's own split (which floors the junction it is told). With the flag
     stock stops at 576, and the floor is kept within stock + 2. The same at B=1,024
-(1,770 shared + 1,870: junction 1,664, floor 1,024, re-alignment 2,048)."""
+    (1,770 shared + 1,870: junction 1,664, floor 1,024), where the chunk from the junction
+    exports the tail in the forward: vLLM does not re-align at 2,048, nor does the plugin
+    (the block after a junction is kept only where vLLM re-aligns)."""
     setup = VllmSetup(
         CacheKnobs(b, 64), 1 << 20, 2, lookahead=False, shared_prefix_checkpoint=flag
     )
@@ -305,13 +310,12 @@ def test_the_junctions_block_floor_is_not_made_past_stock_plus_two(
     stock = run_reference(setup, turns)
     plugin = run_reference(dataclasses.replace(setup, scheduler_cls=PLUGIN), turns)
     t = shared + private
-    realign = junction // b * b + b
     assert [s.chunk_ends for s in stock][1] == ([junction // b * b - 64, t] if flag else [t])
     floor = [junction // b * b] if flag else []
-    assert plugin[1].chunk_ends == [*floor, junction, realign, t]
+    assert plugin[1].chunk_ends == [*floor, junction, *realign, t]
     assert [p.chunk_ends for p in plugin[2:]] == [sibling] * 2
     assert hits(plugin) == [0, 0, junction, junction]
-    assert passes_over_stock(stock, plugin) == [0, 2] + [len(sibling) - 1] * 2
+    assert passes_over_stock(stock, plugin) == [0, 1 + len(realign)] + [len(sibling) - 1] * 2
 
 
 # seeds of `priced_drop_case` (of 0-119) whose observer paid stock + 3 without the junction
@@ -321,42 +325,31 @@ BROKE_THE_BOUND = (50, 53, 88, 101, 104, 122, 230, 233, 234, 346, 350, 449, 495,
 BROKE_THE_BOUND += (608, 638, 649, 682, 695, 742, 756, 834, 900)
 
 
-# seeds (of 0-999) still over the bound, all without the junction flag, open (docs/vllm-plugin.md,
-# "vLLM 0.32: drop mode"): a sibling pays two passes over stock where the observer priced its
-# junction stop out (a unit or so above the block floor it kept) and the next sibling, its
-# second sighting, makes it and the re-alignment after it (133, 307, 338, 362, 378, 414, 435,
-# 453, 580, 684); a sibling resuming at the block floor pays the grid stop after the junction
-# and the tail stop that the lost in-forward export then costs (246, 546); a hinted family
-# whose shared prefix is shorter than a block, every request two passes over stock (140, 144)
-STILL_OVER_THE_BOUND = (133, 140, 144, 246, 307, 338, 362, 378, 414, 435, 453, 546, 580, 684)
+# seeds (of 0-999) where a sibling paid two passes over stock, all without the junction flag:
+# the observer priced its junction stop out and a later sibling, its second or third
+# sighting, made it and the re-alignment after it (133, 307, 338, 362, 378, 414, 435, 453, 580,
+# 684); a request cut at the block boundary after a junction it did not stop at (or whose
+# chunk exports the tail in the forward), losing the export and paying the tail stop (246,
+# 546); a hinted family sharing less than a block, every request two passes over stock (140,
+# 144). The block after a sub-block stop is now kept only where vLLM re-aligns there, and a
+# later sighting makes no junction stop that costs the re-alignment too.
+SIBLING_TWO_OVER = (133, 140, 144, 246, 307, 338, 362, 378, 414, 435, 453, 546, 580, 684)
 
 
-def test_the_pass_bound_on_the_seeds_that_broke_it() -> None:
+@pytest.mark.parametrize("seed", BROKE_THE_BOUND + SIBLING_TWO_OVER)
+def test_the_pass_bound_on_the_seeds_that_broke_it(seed: int) -> None:
     """Without the junction flag, where they broke it (the flag on: the slow sweep)."""
-    problems = {
-        seed: why
-        for seed in BROKE_THE_BOUND
-        if (why := _pass_bound_problem(*priced_drop_case(seed, False))) is not None
-    }
-    assert not problems, problems
-
-
-@pytest.mark.xfail(strict=True, reason="open: a sibling two passes over stock (see the seeds)")
-@pytest.mark.parametrize("seed", STILL_OVER_THE_BOUND)
-def test_the_pass_bound_on_the_seeds_still_over_it(seed: int) -> None:
     assert _pass_bound_problem(*priced_drop_case(seed, False)) is None
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", [False, True])
 def test_the_pass_bound_over_a_thousand_seeds(flag: bool) -> None:
-    """The priced families' draw over seeds 0-999 (the property test runs 25 examples), less
-    the open ones."""
+    """The priced families' draw over seeds 0-999 (the property test runs 25 examples)."""
     problems = {
         seed: why
         for seed in range(1000)
-        if seed not in STILL_OVER_THE_BOUND
-        and (why := _pass_bound_problem(*priced_drop_case(seed, flag))) is not None
+        if (why := _pass_bound_problem(*priced_drop_case(seed, flag))) is not None
     }
     assert not problems, problems
 

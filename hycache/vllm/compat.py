@@ -504,12 +504,17 @@ def num_hash_lookahead_tokens(sched: Any) -> int:
     return int(getattr(sched, "num_hash_lookahead_tokens", 0)) if has_lookahead_keys() else 0
 
 
+def split_exports_prefill_checkpoint(sched: Any) -> bool:
+    """Whether vLLM's own split lets a prompt's final chunk export the checkpoint inside the
+    forward, and so start mid-block without re-aligning at the next block boundary (the
+    scheduler's `mamba_has_prefill_checkpoint_blocks`, which 0.32's split reads too)."""
+    return bool(getattr(sched, "mamba_has_prefill_checkpoint_blocks", False))
+
+
 def exports_prefill_checkpoint(sched: Any) -> bool:
     """Whether every Mamba group writes a prefill checkpoint inside the forward (vLLM's
     `MambaMixer2` spec on 0.33 / 0.34; 0.32 has no export: False)."""
-    if not has_lookahead_keys():
-        return False
-    return bool(getattr(sched, "mamba_has_prefill_checkpoint_blocks", False))
+    return has_lookahead_keys() and split_exports_prefill_checkpoint(sched)
 
 
 def drafter_hashing(lookahead: bool) -> dict[str, Any]:

@@ -462,9 +462,10 @@ class _Limit:
         t = request.num_prompt_tokens
         boundary = floor_to(stop, bounds.block_size) + bounds.block_size
         reach = min(t, stop + self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
-        exports = getattr(self, "mamba_has_prefill_checkpoint_blocks", False)
         return boundary < reach and not (
-            reach >= t and exports and bounds.vllm_export(stop, t, t)
+            reach >= t
+            and compat.split_exports_prefill_checkpoint(self)
+            and bounds.vllm_export(stop, t, t)
         )
 
     def _without_vllm_floor(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
-from hycache.cli.args import UserError, add_flag, positive_int
+from hycache.cli.args import UserError, add_flag, positive_float, positive_int
 from hycache.cli.tables import console, progress_reporter, vllm_priced_table
 from hycache.files import check_writable, write_atomic
 
@@ -28,6 +29,7 @@ def bench_from_cli_args(args: argparse.Namespace) -> object:
         seed=args.seed,
         price=args.price,
         only_arms=tuple(args.arm or ()),
+        request_rate=args.request_rate or math.inf,
     )
     if args.quick:
         bench = quick(bench)
@@ -85,6 +87,11 @@ def add_bench_vllm_parser(targets: argparse._SubParsersAction[argparse.ArgumentP
     add_flag(p, "--max-num-batched-tokens")
     p.add_argument("--concurrency", type=positive_int, nargs="+", default=None,
                    help=f"closed-loop concurrencies (default: {' '.join(map(str, CONCURRENCY))})")
+    p.add_argument("--request-rate", type=positive_float, default=None,
+                   help="the first requests (a chat's sessions) arrive at this Poisson rate per "
+                   "second, admitted while fewer than the concurrency are in flight, TTFT "
+                   "counted from admission, as `vllm bench serve --request-rate R "
+                   "--max-concurrency C` (default: all at once)")
     p.add_argument("--workload", choices=WORKLOADS, action="append", default=None,
                    help="repeat for several (default: all three)")
     p.add_argument("--arm", choices=ARMS, action="append", default=None,

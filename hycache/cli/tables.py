@@ -453,6 +453,7 @@ def vllm_priced_table(doc: Mapping[str, Any]) -> Table:
     t = Table(
         title=f"vLLM {i['vllm']} priced: {i['model']} on {i['gpu']}, B={i['block_size']}, "
         f"u={i['unit']}, k={i['num_speculative_tokens']}, budget {i['budget']}"
+        + (f", {i['request_rate']:g} arrivals/s" if i.get("request_rate") else "")
     )
     for col in ("workload", "conc", "arm", "out tok/s", "TTFT p50", "TTFT p95", "passes",
                 "prefill tok", "hit tok", "vs stock"):  # fmt: skip

@@ -41,6 +41,7 @@ __all__ = [
     "multi_turn_workload",
     "parse_int_or_range",
     "poisson_arrivals",
+    "poisson_times",
     "system_prompt_workload",
 ]
 
@@ -453,12 +454,17 @@ def poisson_arrivals(
     requests: Sequence[RequestSpec], rate_per_s: float, seed: int, start_s: float = 0.0
 ) -> list[RequestSpec]:
     """Copies of ``requests`` with open-loop Poisson arrivals at ``rate_per_s``, in order."""
+    times = poisson_times(len(requests), rate_per_s, seed, start_s)
+    return [replace(r, arrival_s=float(t)) for r, t in zip(requests, times, strict=True)]
+
+
+def poisson_times(n: int, rate_per_s: float, seed: int, start_s: float = 0.0) -> np.ndarray:
+    """``n`` arrival times of a Poisson process at ``rate_per_s``, the first at ``start_s``."""
     if rate_per_s <= 0:
         raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
     rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate_per_s, len(requests))
-    times = start_s + np.cumsum(gaps) - (gaps[0] if len(requests) else 0.0)
-    return [replace(r, arrival_s=float(t)) for r, t in zip(requests, times, strict=True)]
+    gaps = rng.exponential(1.0 / rate_per_s, n)
+    return start_s + np.cumsum(gaps) - (gaps[0] if n else 0.0)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ the simulator's cost model, on tiny workloads: the table's invariants, not its f
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -92,3 +93,34 @@ def test_the_filters_pick_workloads_concurrencies_arms_and_the_seed(tmp_path: Pa
     assert [j.prompt for j in jobs_of(BENCH.shape("multi-turn"), 3)[0]] != [j.prompt for j in other]
     # vLLM's junction flag needs a drafter
     assert main([*quick_run, "--arm", "stock+flag", "--num-speculative-tokens", "0"]) == 2
+
+
+def test_a_request_rate_spreads_the_first_requests_and_leaves_the_burst_as_it_was() -> None:
+    """`--request-rate`: the first requests (a chat's sessions) arrive as a seeded Poisson
+    process, the same for every arm; the default (all at once) is the run without it."""
+    shape = BENCH.shape("multi-turn")
+    cost = BENCH.cost()
+    burst = run_arm(BENCH, "plugin", shape, 4, cost, BENCH.num_blocks(cost))
+    assert BENCH.arrivals(3) == [0.0, 0.0, 0.0]
+    slow = replace(BENCH, request_rate=0.5)  # a session every 2 s: each runs alone
+    times = slow.arrivals(3)
+    assert times[0] == 0.0 and times == sorted(times) and times[-1] > 0
+    assert times == slow.arrivals(3) and times != replace(slow, seed=1).arrivals(3)
+    spread = run_arm(slow, "plugin", shape, 4, cost, BENCH.num_blocks(cost))
+    # the same requests and tokens; the clock waits for the last session to arrive
+    assert spread.output_tokens == burst.output_tokens
+    assert sorted(spread.hits) == sorted(burst.hits)
+    assert spread.seconds > times[-1]
+    # no session arrives while another is in flight (the gaps exceed a session's run):
+    # each request alone, so its TTFT is its own prefill passes, as at concurrency 1
+    alone = run_arm(BENCH, "plugin", shape, 1, cost, BENCH.num_blocks(cost))
+    assert min(b - a for a, b in itertools.pairwise(times)) > alone.seconds / 3
+    assert sorted(spread.ttft) == pytest.approx(sorted(alone.ttft), rel=1e-9)
+    with pytest.raises(ValueError, match="request rate"):
+        replace(BENCH, request_rate=0.0)
+    argv = ["bench", "vllm", "--request-rate", "8"]
+    bench = bench_from_cli_args(make_parser("bench").parse_args(argv))
+    assert isinstance(bench, PricedBench) and bench.request_rate == 8.0
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "vllm", "--quick", "--request-rate", "0"])
+    assert exc.value.code == 2

@@ -1,7 +1,9 @@
 """The plugin priced on vLLM's real pass structure (`hycache bench vllm`, issue 45 item 1).
 
 vLLM's real scheduler (0.33 or 0.34, whichever is installed; `hycache.bench.vllm.reference`)
-runs a bench workload closed-loop at a concurrency, one arm at a time: stock vLLM, stock with
+runs a bench workload closed-loop at a concurrency, one arm at a time (its first requests, a
+chat's sessions, all at once, or arriving at a Poisson rate as `vllm bench serve
+--request-rate R --max-concurrency C` sends them): stock vLLM, stock with
 `enable_mamba_shared_prefix_checkpoint` (with a drafter: the flag needs one), and
 `hycache.vllm.SyncScheduler`, its stops priced by the same cost model (or its default
 price). Every step vLLM schedules is costed with the simulator's cost model
@@ -21,6 +23,7 @@ preemptions) for each arm, so the only difference between arms is the scheduler 
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -40,6 +43,7 @@ from hycache.sim.workloads import (
     RequestSpec,
     SessionSpec,
     SystemPromptShape,
+    poisson_times,
 )
 from hycache.vllm import compat
 
@@ -101,6 +105,11 @@ class PricedBench:
     # `DEFAULT_PRICE` (a pass = 96 prefill tokens: a 9B hybrid on an H200)
     price: str = "model"
     only_arms: tuple[str, ...] = ()  # `--arm`: these of `arms` only (); every arm)
+    # `--request-rate`: the first requests (a chat's sessions; each later turn follows its
+    # previous one) arrive at this Poisson rate per second, admitted while fewer than the
+    # concurrency are in flight, TTFT counted from admission (`vllm bench serve
+    # --request-rate R --max-concurrency C`); inf: all at once (its default)
+    request_rate: float = math.inf
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -112,6 +121,8 @@ class PricedBench:
             raise ValueError(f"acceptance rate must lie in [0, 1], got {self.acceptance_rate}")
         if self.price not in ("model", "default"):
             raise ValueError(f"--price: model or default, got {self.price!r}")
+        if not self.request_rate > 0:
+            raise ValueError(f"request rate must be > 0 per second, got {self.request_rate}")
         if any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         bad = [a for a in self.only_arms if a not in ARMS]
@@ -163,6 +174,13 @@ class PricedBench:
 
     def shape(self, workload: str) -> Any:
         return (QUICK_SHAPES if self.quick else SHAPES)[workload]
+
+    def arrivals(self, n: int) -> list[float]:
+        """When each of `n` first requests arrives (seconds): all at 0 at an infinite rate,
+        else a Poisson process from 0 (seeded by `seed`, the same for every arm)."""
+        if math.isinf(self.request_rate):
+            return [0.0] * n
+        return [float(t) for t in poisson_times(n, self.request_rate, self.seed + 2)]
 
 
 @dataclass
@@ -255,7 +273,9 @@ class _ClosedLoop:
         self.bench, self.cost, self.concurrency = bench, cost, concurrency
         self.result = ArmResult(arm, concurrency)
         pending, self.chat = jobs_of(workload, bench.seed)
-        self.ready: deque[Job] = deque(pending)
+        # first requests not yet arrived (when, job), and those arrived or a chat's next turns
+        self.arrivals = deque(zip(bench.arrivals(len(pending)), pending, strict=True))
+        self.ready: deque[Job] = deque()
         self.rng = random.Random(bench.seed + 1)  # chat answers after the first turns
         self.live: dict[str, tuple[Any, Job, float]] = {}  # id -> (vLLM request, job, arrival)
         self.passes: dict[str, list[float]] = {}  # id -> priced seconds of its prefill passes
@@ -268,6 +288,8 @@ class _ClosedLoop:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
+        while self.arrivals and self.arrivals[0][0] <= self.result.seconds:
+            self.ready.append(self.arrivals.popleft()[1])
         while self.ready and len(self.live) < self.concurrency:
             job = self.ready.popleft()
             rid = f"q{self.serial}"
@@ -354,9 +376,12 @@ def run_arm(
     """Run `workload` closed-loop at `concurrency` on one arm's vLLM scheduler, pricing every
     step it schedules."""
     loop = _ClosedLoop(bench, arm, workload, concurrency, cost, num_blocks)
-    while loop.ready or loop.live:
+    while loop.arrivals or loop.ready or loop.live:
         loop.admit()
-        loop.step()
+        if loop.live:
+            loop.step()
+        else:  # idle until the next first request arrives
+            loop.result.seconds = max(loop.result.seconds, loop.arrivals[0][0])
     return loop.result
 
 
@@ -387,6 +412,7 @@ def run(bench: PricedBench, progress: Callable[[str], None] | None = None) -> di
             "num_blocks": num_blocks,
             "price": bench.price,
             "quick": bench.quick,
+            "request_rate": None if math.isinf(bench.request_rate) else bench.request_rate,
             "shapes": {w: repr(bench.shape(w)) for w in bench.workloads},
         },
         "rows": rows,

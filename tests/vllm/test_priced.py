@@ -10,9 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from hycache.bench.vllm.priced import ARMS, PricedBench, accepted, jobs_of, quick, run, run_arm
+from hycache.bench.vllm.priced import (
+    ARMS,
+    PricedBench,
+    _ClosedLoop,
+    accepted,
+    jobs_of,
+    quick,
+    run,
+    run_arm,
+)
 from hycache.cli.bench_vllm import bench_from_cli_args
 from hycache.cli.main import command_of, main, make_parser
+from hycache.sim.workloads import ChatShape
 
 BENCH = quick(PricedBench())
 
@@ -124,3 +134,36 @@ def test_a_request_rate_spreads_the_first_requests_and_leaves_the_burst_as_it_wa
     with pytest.raises(SystemExit) as exc:
         main(["bench", "vllm", "--quick", "--request-rate", "0"])
     assert exc.value.code == 2
+
+
+def test_a_chats_later_turns_resume_and_pass_as_on_stock() -> None:
+    """Nemotron-H's chat (docs/vllm-plugin.md, the multi-turn cell at concurrency 64): the
+    plugin's gain is the first turns, which resume at the system prompt's junction; every
+    later turn resumes where stock resumes it (the previous prompt's tail) in as many passes,
+    so a TTFT difference there is the batch around it, not the plugin's schedule."""
+    bench = replace(PricedBench(), workloads=("multi-turn",), concurrency=(8,))
+    shape = ChatShape(sessions=8, turns=(2, 4))
+    cost = bench.cost()
+    seen: dict[str, dict[tuple[int, int], tuple[int, int]]] = {}
+    for arm in ("stock", "plugin"):
+        loop = _ClosedLoop(bench, arm, shape, 8, cost, bench.num_blocks(cost))
+        session = {id(job.session): i for i, (_, job) in enumerate(loop.arrivals)}
+        keys: dict[str, tuple[int, int]] = {}
+        while loop.arrivals or loop.ready or loop.live:
+            before = set(loop.live)
+            loop.admit()
+            for rid in set(loop.live) - before:
+                job = loop.live[rid][1]
+                keys[rid] = (session[id(job.session)], job.turn)
+            loop.step()
+        seen[arm] = {k: (loop.hit[rid], len(loop.passes[rid])) for rid, k in keys.items()}
+    stock, plugin = seen["stock"], seen["plugin"]
+    assert stock.keys() == plugin.keys()
+    later = [k for k in stock if k[1] > 0]
+    assert len(later) > 8
+    assert all(plugin[k] == stock[k] for k in later), [
+        (k, stock[k], plugin[k]) for k in later if plugin[k] != stock[k]
+    ]
+    firsts = sorted(plugin[k][0] for k in plugin if k[1] == 0)
+    assert all(stock[k][0] == 0 for k in stock if k[1] == 0)
+    assert firsts.count(2_944) >= 6  # the 3,000-token system prompt's junction, floor(2999/64)*64

@@ -8,7 +8,7 @@ import json
 import math
 
 from hycache.cli.args import UserError, add_flag, positive_float, positive_int
-from hycache.cli.tables import console, progress_reporter, vllm_priced_table
+from hycache.cli.tables import console, progress_reporter, vllm_draws_table, vllm_priced_table
 from hycache.files import check_writable, write_atomic
 
 
@@ -47,13 +47,15 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
 
     if not available():
         raise UserError("hycache bench vllm: vllm is not installed here; `make setup` installs it")
-    from hycache.bench.vllm.priced import run
+    from hycache.bench.vllm.priced import PricedBench, run, run_draws
 
     check_writable(args.json, "--json")
     bench = bench_from_cli_args(args)
+    assert isinstance(bench, PricedBench)
+    many = args.draws > 1
     with progress_reporter("vllm priced") as progress:
-        doc = run(bench, progress)  # type: ignore[arg-type]
-    console.print(vllm_priced_table(doc))
+        doc = run_draws(bench, args.draws, progress) if many else run(bench, progress)
+    console.print(vllm_draws_table(doc) if many else vllm_priced_table(doc))
     if args.json:
         write_atomic(args.json, json.dumps(doc, indent=2) + "\n")
         console.print(f"wrote {args.json}")
@@ -98,6 +100,10 @@ def add_bench_vllm_parser(targets: argparse._SubParsersAction[argparse.ArgumentP
                    help="repeat for several (default: every arm; stock+flag needs a drafter); "
                    "the ratios need stock and plugin")
     add_flag(p, "--seed")
+    p.add_argument("--draws", type=positive_int, default=1,
+                   help="run the workload draws --seed, --seed + 1, ... (this many) and print, "
+                   "per cell, plugin / stock as the median (min-max) over them and how many "
+                   "meet the bar (>= 0.99x output tok/s, <= 1.01x TTFT p50)")
     p.add_argument("--price", choices=("model", "default"), default="model",
                    help="what prices the plugin's stops: the cost model the steps are priced "
                    "with (a deployment's --additional-config price), or its default (a pass = "

@@ -445,6 +445,31 @@ def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any])
     return t
 
 
+def vllm_draws_table(doc: Mapping[str, Any]) -> Table:
+    """`hycache bench vllm --draws N`: per workload and concurrency, plugin / stock over the
+    workload draws, median (min-max), and how many draws meet the bar (`!` where one does not)."""
+    i = doc["inputs"]
+    seeds = i["seeds"]
+    t = Table(
+        title=f"vLLM {i['vllm']} priced: {i['model']} on {i['gpu']}, B={i['block_size']}, "
+        f"u={i['unit']}, plugin / stock over seeds {seeds[0]}-{seeds[-1]}"
+        + (f", {i['request_rate']:g} arrivals/s" if i.get("request_rate") else "")
+    )
+    for col in ("workload", "conc", "out tok/s", "TTFT p50", "TTFT p95", "meet the bar"):
+        t.add_column(col, justify="left" if col == "workload" else "right", no_wrap=True)
+
+    def cell(s: Mapping[str, float]) -> str:
+        return f"{s['median']:.3f}x ({s['min']:.3f}-{s['max']:.3f})"
+
+    for r in doc["across_draws"]:
+        bar = f"{r['ok']} of {r['draws']}" + ("" if r["ok"] == r["draws"] else " !")
+        t.add_row(
+            r["workload"], str(r["concurrency"]), cell(r["output_tok_s"]), cell(r["ttft_p50"]),
+            cell(r["ttft_p95"]), bar,
+        )  # fmt: skip
+    return t
+
+
 def vllm_priced_table(doc: Mapping[str, Any]) -> Table:
     """`hycache bench vllm`: per workload, concurrency and arm, the priced figures; the
     plugin's row ends with its ratios to stock (output tok/s, TTFT p50; `!` below the bar:

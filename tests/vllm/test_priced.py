@@ -19,6 +19,7 @@ from hycache.bench.vllm.priced import (
     quick,
     run,
     run_arm,
+    run_draws,
 )
 from hycache.cli.bench_vllm import bench_from_cli_args
 from hycache.cli.main import command_of, main, make_parser
@@ -167,3 +168,31 @@ def test_a_chats_later_turns_resume_and_pass_as_on_stock() -> None:
     firsts = sorted(plugin[k][0] for k in plugin if k[1] == 0)
     assert all(stock[k][0] == 0 for k in stock if k[1] == 0)
     assert firsts.count(2_944) >= 6  # the 3,000-token system prompt's junction, floor(2999/64)*64
+
+
+def test_draws_give_each_cells_spread_over_the_workload_draws(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--draws N`: the run on seeds --seed .. --seed + N - 1, each draw's document whole, and
+    per cell plugin / stock as median (min-max) over the draws, with how many meet the bar."""
+    path = tmp_path / "draws.json"
+    argv = ["bench", "vllm", "--quick", "--workload", "family", "--concurrency", "1", "4"]
+    assert main([*argv, "--arm", "stock", "--arm", "plugin", "--seed", "5", "--draws", "3",
+                 "--json", str(path)]) == 0  # fmt: skip
+    doc = json.loads(path.read_text())
+    assert doc["inputs"]["seeds"] == [5, 6, 7]
+    assert len(doc["draws"]) == 3
+    single = run(replace(BENCH, workloads=("family",), concurrency=(1, 4), seed=6,
+                         only_arms=("stock", "plugin")))  # fmt: skip
+    assert doc["draws"][1]["rows"] == single["rows"]  # a draw is the single run of its seed
+    cells = {(c["workload"], c["concurrency"]): c for c in doc["across_draws"]}
+    assert set(cells) == {("family", 1), ("family", 4)}
+    for (_, c), cell in cells.items():
+        per = [next(r for r in d["ratios"] if r["concurrency"] == c) for d in doc["draws"]]
+        tok = sorted(r["output_tok_s"] for r in per)
+        assert cell["output_tok_s"] == {"median": tok[1], "min": tok[0], "max": tok[2]}
+        assert cell["draws"] == 3 and cell["ok"] == sum(r["ok"] for r in per)
+    out = capsys.readouterr().out
+    assert "seeds 5-7" in out and "of 3" in out
+    with pytest.raises(ValueError, match="draws"):
+        run_draws(BENCH, 0)

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from hycache.bench.repeats import spread
 from hycache.bench.vllm.reference import NEMOTRON_H, QWEN3_NEXT, ReferenceScheduler, VllmSetup
 from hycache.bench.vllm.scenario import VOCAB, propose, verify
 from hycache.config import CacheKnobs
@@ -418,6 +419,43 @@ def run(bench: PricedBench, progress: Callable[[str], None] | None = None) -> di
         "rows": rows,
         "ratios": ratios(rows),
     }
+
+
+def run_draws(
+    bench: PricedBench, draws: int, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """`run` on the workload draws `bench.seed`, ..., `bench.seed + draws - 1` (each exact: the
+    virtual clock makes a run the same every time, so the spread is the draws', not noise),
+    and per cell the ratios' spread over them (`across_draws`)."""
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    seeds = [bench.seed + i for i in range(draws)]
+
+    def tagged(seed: int) -> Callable[[str], None] | None:
+        if progress is None:
+            return None
+        return lambda msg: progress(f"seed {seed}: {msg}")
+
+    docs = [run(replace(bench, seed=seed), tagged(seed)) for seed in seeds]
+    inputs = {**docs[0]["inputs"], "seeds": seeds}
+    return {"inputs": inputs, "draws": docs, "across_draws": across_draws(docs)}
+
+
+def across_draws(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload and concurrency, plugin / stock over the draws' documents: the median and
+    min-max of output tok/s, TTFT p50 and p95 (`hycache.bench.repeats.spread`), and how many
+    draws meet the bar."""
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for doc in docs:
+        for r in doc["ratios"]:
+            cells.setdefault((r["workload"], r["concurrency"]), []).append(r)
+    return [
+        {
+            "workload": w, "concurrency": c, "draws": len(rs), "ok": sum(r["ok"] for r in rs),
+            **{k: spread([r[k] for r in rs]) for k in ("output_tok_s", "ttft_p50", "ttft_p95")},
+        }
+        for (w, c), rs in cells.items()
+    ]  # fmt: skip
 
 
 def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -445,16 +445,22 @@ def engine_prediction_table(measured: dict[str, Any], predicted: dict[str, Any])
     return t
 
 
+def _priced_title(i: Mapping[str, Any], what: str) -> str:
+    """A `hycache bench vllm` table's title: the release, model, GPU and grid, `what`, and the
+    arrival rate where one was set."""
+    rate = f", {i['request_rate']:g} arrivals/s" if i.get("request_rate") else ""
+    return (
+        f"vLLM {i['vllm']} priced: {i['model']} on {i['gpu']}, B={i['block_size']}, "
+        f"u={i['unit']}, {what}{rate}"
+    )
+
+
 def vllm_draws_table(doc: Mapping[str, Any]) -> Table:
     """`hycache bench vllm --draws N`: per workload and concurrency, plugin / stock over the
     workload draws, median (min-max), and how many draws meet the bar (`!` where one does not)."""
     i = doc["inputs"]
     seeds = i["seeds"]
-    t = Table(
-        title=f"vLLM {i['vllm']} priced: {i['model']} on {i['gpu']}, B={i['block_size']}, "
-        f"u={i['unit']}, plugin / stock over seeds {seeds[0]}-{seeds[-1]}"
-        + (f", {i['request_rate']:g} arrivals/s" if i.get("request_rate") else "")
-    )
+    t = Table(title=_priced_title(i, f"plugin / stock over seeds {seeds[0]}-{seeds[-1]}"))
     for col in ("workload", "conc", "out tok/s", "TTFT p50", "TTFT p95", "meet the bar"):
         t.add_column(col, justify="left" if col == "workload" else "right", no_wrap=True)
 
@@ -475,11 +481,7 @@ def vllm_priced_table(doc: Mapping[str, Any]) -> Table:
     plugin's row ends with its ratios to stock (output tok/s, TTFT p50; `!` below the bar:
     < 0.99x tok/s or > 1.01x TTFT p50)."""
     i = doc["inputs"]
-    t = Table(
-        title=f"vLLM {i['vllm']} priced: {i['model']} on {i['gpu']}, B={i['block_size']}, "
-        f"u={i['unit']}, k={i['num_speculative_tokens']}, budget {i['budget']}"
-        + (f", {i['request_rate']:g} arrivals/s" if i.get("request_rate") else "")
-    )
+    t = Table(title=_priced_title(i, f"k={i['num_speculative_tokens']}, budget {i['budget']}"))
     for col in ("workload", "conc", "arm", "out tok/s", "TTFT p50", "TTFT p95", "passes",
                 "prefill tok", "hit tok", "vs stock"):  # fmt: skip
         left = col in ("workload", "arm")

@@ -1,6 +1,6 @@
 """Whether a prefill stop earns its forward pass (DESIGN §9, "a pass has a price"): one rule,
-used by `hycache.vllm`'s scheduler (its own stops and vLLM's tail stop after a mid-block
-resume) and by hycache's own scheduler where it splits prefill (`limit-split`).
+used by `hycache.vllm`'s scheduler (its own stops and vLLM's tail stops) and by hycache's
+own scheduler where it splits prefill (`limit-split`).
 
 A stop ends a chunk: one more forward pass for the request (one more step before its first
 token, one more read of the weights). What it buys is a kept state at the stop, which a later
@@ -29,6 +29,12 @@ one more step before the request's first token, a step that carries the batch's 
 
     the deeper resume pays  <=>  cost([floor, end)) - cost([hit, end))
                                    >=  split at boundary + cost(busy tokens beside [boundary, end))
+
+vLLM's own tail stop, where the chunk that reaches the prompt's tail checkpoint starts at
+the tail's block floor (`tail_pays`), is priced like a resume: the next turn of a
+conversation saves [floor, tail) at the tails' observed use (`observed_use`), against the
+split and the step the prompt's last tokens then wait for; without it that turn resumes at
+the block floor, on the grid.
 
 A request's stops are also priced together (`bounded_stops`): each is one pass, and the
 request that observes a junction pays at most `OBSERVER_EXTRA_PASSES` passes more than stock
@@ -123,6 +129,15 @@ def bounded_stops(
     return tuple(sorted(kept))
 
 
+def observed_use(used: int, left: int) -> float:
+    """The observed chance a state of one kind is resumed from: `used` requests resumed from
+    (or, where the state was not kept, observed) one of the `left` states requests left, with
+    one use expected before any is seen (the prior of `observed_chance`). A prompt's tail
+    checkpoint inside vLLM: a conversation's next turn resumes from it, a one-shot prompt's is
+    never used."""
+    return (used + 1) / (left + 1)
+
+
 def observed_chance(kind: str, sightings: int) -> float:
     """`PRIOR_CHANCE` scaled by what was observed: `sightings` requests (this one included)
     shared the stop's prefix without finding a state there, and as many more are expected
@@ -159,10 +174,30 @@ def resume_pays(
     its first token then waits for. A resume that forces no split always pays."""
     if not floor < hit < boundary < end:
         return True
-    rest = end - boundary
-    wait = pricer.prefill_cost(boundary, rest + busy) - pricer.prefill_cost(boundary, rest)
-    split = pricer.split_cost(hit, boundary - hit, rest)
-    return _saved(pricer, floor, hit, end) >= split + max(wait, 0.0)
+    split = pricer.split_cost(hit, boundary - hit, end - boundary)
+    return _saved(pricer, floor, hit, end) >= split + _wait(pricer, boundary, end, busy)
+
+
+def tail_pays(
+    pricer: PassPricer, chance: float, floor: int, tail: int, end: int, busy: int
+) -> bool:
+    """Whether the stop at a prompt's tail checkpoint `tail` pays for its pass, where the
+    chunk that reaches it starts at `floor`, the tail's block floor, a block-grid state kept:
+    `chance` (`observed_use`) times what a later request (a conversation's next turn)
+    resuming at `tail` instead of `floor` saves, against the split and the step with the
+    batch's other work (`busy` tokens) that the prompt's last tokens [tail, end) then wait
+    for, before the request's first token (as `resume_pays` prices that step). Without the
+    stop the next turn resumes at `floor`, on the block grid: it needs no re-alignment there."""
+    if not floor < tail < end:
+        return True
+    split = pricer.split_cost(floor, tail - floor, end - tail)
+    return chance * _saved(pricer, floor, tail, end) >= split + _wait(pricer, tail, end, busy)
+
+
+def _wait(pricer: PassPricer, at: int, end: int, busy: int) -> float:
+    """What `busy` tokens of other work add to the step that prefills [at, end)."""
+    rest = end - at
+    return max(pricer.prefill_cost(at, rest + busy) - pricer.prefill_cost(at, rest), 0.0)
 
 
 def _saved(pricer: PassPricer, prev: int, stop: int, end: int) -> float:

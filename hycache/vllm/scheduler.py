@@ -16,6 +16,9 @@ else:
                                      `SamplingParams.extra_args["prefix_hints"]`; a sighting of
                                      j counted (`stops.observed_chance` prices its stops)
     _mamba_block_aligned_split   ──▶ vLLM's split, then ended at the first of those stops
+                                     that pays; vLLM's tail stop priced where the chunk
+                                     starts at the tail's block floor (`stops.tail_pays`, at
+                                     the tails' observed use) or the plugin moved the request
     Mamba manager                    keeps the state at each stop (`managers.StopKeepingMamba`)
 
 vLLM's in-forward export (one Mamba2 checkpoint per forward, `MambaMixer2`'s spec) stays
@@ -52,8 +55,10 @@ from hycache.cache.stops import (
     PassPricer,
     bounded_stops,
     observed_chance,
+    observed_use,
     resume_pays,
     stop_pays,
+    tail_pays,
 )
 from hycache.config import Policy
 from hycache.vllm import compat, events, managers
@@ -71,6 +76,9 @@ CAPPED_ATTR = "hycache_capped"  # the block floor a priced resume capped the req
 MOVED_ATTR = "hycache_moved"  # a chunk ended at one of its sub-block stops (not only planned)
 KEEP_TAIL_ATTR = "hycache_keep_tail"  # a resume priced with the tail stop it costs kept it
 SIGHTINGS_ATTR = "hycache_sightings"  # requests that observed the request's junction so far
+TAIL_SEEN_ATTR = "hycache_tail_seen"  # the request's lookup counted for the tails' use
+TAIL_LEFT_ATTR = "hycache_tail_left"  # the request's prefill reached its tail (counted)
+DROPPED_TAIL_ATTR = "hycache_dropped_tail"  # its junction: a prompt tail the plugin priced out
 # how many junction prefixes the scheduler counts sightings of (the newest; a forgotten one
 # starts again from one sighting, the prior)
 JUNCTIONS_REMEMBERED = 1 << 16
@@ -227,6 +235,8 @@ class _Limit:
     hycache_vllm_base = "Scheduler"  # the vLLM class behaved as when inert (for the log line)
     hycache_load: float  # tokens a step schedules, a moving average (`hycache_busy`)
     hycache_sightings: dict[Any, int]  # junction prefix key -> requests that observed it
+    hycache_tails: list[int]  # [prompt tails requests left, of them resumed from or observed]
+    hycache_dropped_tails: dict[Any, int]  # tail key -> position, tail stops priced out
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -247,6 +257,8 @@ class _Limit:
         self.hycache_pricer = pass_price(self)
         self.hycache_load = 0.0
         self.hycache_sightings = {}
+        self.hycache_tails = [0, 0]
+        self.hycache_dropped_tails = {}
         managers.install(self.kv_cache_manager)  # type: ignore[attr-defined]
         logger.info(
             "hycache.vllm.%s: limit on (vLLM %s; block_size %d, unit %d): keys on every unit, "
@@ -309,6 +321,8 @@ class _Limit:
         done: bool = super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
         if done and self.hycache_bounds is not None:
             self.hycache_sightings.clear()
+            self.hycache_tails = [0, 0]
+            self.hycache_dropped_tails.clear()
             self.hycache_load = 0.0
             managers.forget_stop_states(self.kv_cache_manager)  # type: ignore[attr-defined]
         return done
@@ -326,6 +340,7 @@ class _Limit:
         # inert scheduler must be exactly vLLM's there too
         out = super()._get_local_prefix_cache_hit(request, *args, **kwargs)  # type: ignore[misc]
         if self.hycache_bounds is not None:
+            self._count_tail_use(request, out[1], out[2])
             out = self._priced_resume(request, out, *args, **kwargs)
             _, hit, junction, _ = out
             setattr(request, STOPS_ATTR, self.hycache_stops(request, hit, junction))
@@ -350,6 +365,33 @@ class _Limit:
         if len(self.hycache_sightings) > JUNCTIONS_REMEMBERED:
             del self.hycache_sightings[next(iter(self.hycache_sightings))]
         setattr(request, SIGHTINGS_ATTR, seen)
+
+    def _count_tail_use(self, request: Request, hit: int, junction: int) -> None:
+        """Count `request` (once: a preempted one looks up again) as a use of a prompt's tail
+        where its lookup hit one (a mid-block state no stop of ours kept: a conversation's
+        next turn), or observed one the plugin priced out (its junction is that tail: the
+        prompt's unit keys end there); mark the latter, whose stop is then a tail's."""
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        if not compat.has_lookahead_keys() or hasattr(request, TAIL_SEEN_ATTR):
+            return
+        setattr(request, TAIL_SEEN_ATTR, True)
+        u = bounds.unit
+        index = junction // u - 1
+        if (
+            junction > hit
+            and 0 <= index < len(request.block_hashes)
+            and request.block_hashes[index] in self.hycache_dropped_tails
+        ):
+            setattr(request, DROPPED_TAIL_ATTR, junction)
+            self.hycache_tails[1] += 1
+            return
+        if hit % bounds.block_size and not managers.resumes_at_a_stop_state(
+            self.kv_cache_manager,  # type: ignore[attr-defined]
+            request,
+            hit,
+        ):
+            self.hycache_tails[1] += 1
 
     def _priced_resume(self, request: Request, out: Any, *args: Any, **kwargs: Any) -> Any:
         """The lookup `out`, or the same lookup capped at the block floor of its hit where the
@@ -422,6 +464,7 @@ class _Limit:
         end = start + n
         if self._drops_vllm_tail(request, start, end, given.get("num_new_tokens", n)):
             end = start + given["num_new_tokens"]
+        self._count_tail_left(request, end)
         # our stops inside vLLM's chunk, each made only where it pays for its pass (a stop
         # not made keeps no state: the next one saves from the chunk's start)
         prev, cut = start, end
@@ -433,7 +476,11 @@ class _Limit:
                 # chunk that starts mid-block (no pass of ours); vLLM's chunk runs past it
                 # here (that stop not made, or the chunk exports in the forward): not a cut
                 continue
-            if s % b:
+            if s == getattr(request, DROPPED_TAIL_ATTR, None):
+                # the tail of a prompt this request continues, its stop priced out: a state
+                # for a resend of that prompt, not a sibling's junction
+                kind = StateKind.TAIL
+            elif s % b:
                 if sightings > 1 and self._realigns(request, s):
                     # a later sighting, a sibling (issue 45's bound: one pass over stock),
                     # whose junction stop costs vLLM's re-alignment after it too: not made
@@ -451,6 +498,18 @@ class _Limit:
         if cut % bounds.block_size and cut < request.num_prompt_tokens and cut in stops:
             setattr(request, MOVED_ATTR, True)
         return cut - start
+
+    def _count_tail_left(self, request: Request, end: int) -> None:
+        """Count the prompt tail `request` leaves once its prefill reaches it (kept or priced
+        out): the denominator of the tails' observed use (`stops.observed_use`)."""
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        t = request.num_prompt_tokens
+        if not compat.has_lookahead_keys() or hasattr(request, TAIL_LEFT_ATTR):
+            return
+        if end >= bounds.tail_checkpoint(t) and request.num_tokens <= t:
+            setattr(request, TAIL_LEFT_ATTR, True)
+            self.hycache_tails[0] += 1
 
     def _realigns(self, request: Request, stop: int) -> bool:
         """Whether a chunk ending at the sub-block `stop` makes vLLM split the next one at the
@@ -511,8 +570,9 @@ class _Limit:
         export it in the forward: a mid-block resume, a start in the prompt's last block
         column) runs on to the prompt's end instead, for a request the plugin moved (a
         sub-block resume, or stops of its own): the tail serves only an identical resend, a
-        pass it does not pay for (`stop_pays`, `PRIOR_CHANCE`). Stock vLLM makes the stop
-        where the plugin changed nothing."""
+        pass it does not pay for (`stop_pays`, `PRIOR_CHANCE`). Where the plugin changed
+        nothing (or stock stops there too), the stop is stock's own, priced where the chunk
+        starts at the tail's block floor (`_tail_priced_out`)."""
         bounds = self.hycache_bounds
         assert bounds is not None
         t = request.num_prompt_tokens
@@ -526,25 +586,53 @@ class _Limit:
         # moved: a sub-block stop of its own made (a junction, a hint; one planned but priced
         # out leaves stock's grid), or a resume at a state such
         # a stop kept (a family's later sibling). A resume at a prompt's tail checkpoint (a
-        # chat's next turn) is stock's own: its tail stop is kept, the next turn resumes there
+        # chat's next turn) is stock's own: its tail stop is priced as stock's (the next turn
+        # resumes there, or at the block start below it)
         hit = getattr(request, HIT_ATTR, 0)
         own = getattr(request, MOVED_ATTR, False)
         if not own and not managers.resumes_at_a_stop_state(self.kv_cache_manager, request, hit):  # type: ignore[attr-defined]
-            return False
+            return self._tail_priced_out(request, start, tail)
         # on 0.33 / 0.34 only a tail stop the move made is priced: from the block floor of its
         # hit, vLLM would export the tail inside the single final forward. Where stock stops
         # there too (no export: a prompt within one block, a non-exporting spec), the stop
-        # costs no pass more than stock's: kept. (0.32 exports nothing, and its stock makes no
-        # such stop from a block start: priced.)
+        # costs no pass more than stock's: priced as stock's. (0.32 exports nothing, and its
+        # stock makes no such stop from a block start: priced.)
         if compat.has_lookahead_keys() and not (
             compat.exports_prefill_checkpoint(self)
             and bounds.vllm_export(floor_to(hit, bounds.block_size), t, t)
         ):
-            return False
+            return self._tail_priced_out(request, start, tail)
         prev = max(start, floor_to(tail, bounds.block_size))
         return not stop_pays(
             self.hycache_pricer, PRIOR_CHANCE[StateKind.TAIL], prev, tail, start, t
         )
+
+    def _tail_priced_out(self, request: Request, start: int, tail: int) -> bool:
+        """Stock's own tail stop (a request the plugin did not move), where the chunk vLLM
+        ended there starts at the tail's block floor (a block-grid state, kept): made only
+        where it pays for its pass and the step its last tokens then wait for
+        (`stops.tail_pays`), at the tails' observed use (a conversation's turns resume from
+        them, one-shot prompts never). Without it the next turn resumes at that block start,
+        from which vLLM needs no re-alignment: one or two passes fewer than from the tail. A
+        tail priced out is remembered (as the junctions' sightings are), so that the turn
+        which observes it there prices its stop as a tail's, not a sibling's junction."""
+        bounds = self.hycache_bounds
+        assert bounds is not None
+        t, b, u = request.num_prompt_tokens, bounds.block_size, bounds.unit
+        if not compat.has_lookahead_keys() or start != floor_to(tail, b):
+            return False
+        chance = observed_use(self.hycache_tails[1], self.hycache_tails[0])
+        busy = self.hycache_busy(request)
+        if tail_pays(self.hycache_pricer, chance, start, tail, t, busy):
+            return False
+        index = tail // u - 1
+        if 0 <= index < len(request.block_hashes):
+            key = request.block_hashes[index]
+            self.hycache_dropped_tails.pop(key, None)
+            self.hycache_dropped_tails[key] = tail  # newest last
+            if len(self.hycache_dropped_tails) > JUNCTIONS_REMEMBERED:
+                del self.hycache_dropped_tails[next(iter(self.hycache_dropped_tails))]
+        return True
 
 
 class Scheduler(_Limit, AsyncBase):  # type: ignore[misc,valid-type]

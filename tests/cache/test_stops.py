@@ -12,8 +12,10 @@ from hycache.cache.stops import (
     PRIOR_CHANCE,
     FlatPrice,
     observed_chance,
+    observed_use,
     resume_pays,
     stop_pays,
+    tail_pays,
 )
 
 
@@ -97,3 +99,44 @@ def test_observed_chance_scales_the_prior() -> None:
     price = FlatPrice(1_500.0, 1.0)
     assert not stop_pays(price, observed_chance(StateKind.JUNCTION, 1), 0, 256, 0, 576)
     assert stop_pays(price, observed_chance(StateKind.JUNCTION, 6), 0, 256, 0, 576)
+
+
+def test_observed_use_starts_at_one_and_follows_what_was_seen() -> None:
+    """One use expected before anything is seen; then uses over tails left: a chat whose
+    every turn is continued stays near 1, a stream of one-shot prompts falls toward 0."""
+    assert observed_use(0, 0) == 1.0
+    assert observed_use(2, 3) == 0.75
+    assert observed_use(0, 99) == 0.01
+    assert observed_use(128, 192) == pytest.approx(0.67, abs=0.01)
+
+
+def test_tail_seed_shape_alone_and_busy() -> None:
+    """A chat turn whose last chunk starts at the block start 4,416 and reaches its tail
+    checkpoint 4,480 (prompt 4,482): the tail saves the next turn 64 tokens, below a pass of
+    96 even if every turn is continued; a tail 1,024 tokens above the floor pays alone, and
+    not when the step its last tokens then wait for carries 2,000 tokens of other work at
+    an even chance. A tail on the block grid, or past the prompt, costs no pass."""
+    price = FlatPrice(96.0, 1.0)
+    assert not tail_pays(price, 1.0, 4_416, 4_480, 4_482, busy=0)
+    assert tail_pays(price, 1.0, 4_416, 5_440, 5_442, busy=0)
+    assert not tail_pays(price, 0.5, 4_416, 5_440, 5_442, busy=2_000)
+    assert tail_pays(price, 0.5, 4_416, 4_416, 4_482, busy=2_000)
+    assert tail_pays(price, 0.0, 4_416, 4_482, 4_482, busy=2_000)
+
+
+@given(
+    gap=st.integers(1, 4_000),
+    rest=st.integers(1, 64),
+    busy=st.integers(0, 10_000),
+    chance=st.floats(0, 2),
+    pass_cost=st.floats(0, 1_000),
+)
+def test_tail_flat_price_is_saving_against_pass_and_wait(
+    gap: int, rest: int, busy: int, chance: float, pass_cost: float
+) -> None:
+    floor = 8_192
+    tail, end = floor + gap, floor + gap + rest
+    pays = tail_pays(FlatPrice(pass_cost, 1.0), chance, floor, tail, end, busy)
+    assert pays == (chance * gap >= pass_cost + busy)
+    if pays:  # more use, less load or a cheaper pass never turns a paying tail down
+        assert tail_pays(FlatPrice(pass_cost / 2, 1.0), chance * 2, floor, tail, end, busy // 2)

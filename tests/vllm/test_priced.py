@@ -137,11 +137,13 @@ def test_a_request_rate_spreads_the_first_requests_and_leaves_the_burst_as_it_wa
     assert exc.value.code == 2
 
 
-def test_a_chats_later_turns_resume_and_pass_as_on_stock() -> None:
-    """Nemotron-H's chat (docs/vllm-plugin.md, the multi-turn cell at concurrency 64): the
-    plugin's gain is the first turns, which resume at the system prompt's junction; every
-    later turn resumes where stock resumes it (the previous prompt's tail) in as many passes,
-    so a TTFT difference there is the batch around it, not the plugin's schedule."""
+def test_a_chats_later_turns_take_no_more_passes_than_on_stock() -> None:
+    """Nemotron-H's chat (docs/vllm-plugin.md, the multi-turn cell): the first turns resume
+    at the system prompt's junction; a later turn resumes where stock resumes it (the
+    previous prompt's tail), or, where that tail's stop was priced out (its chunk started at
+    the tail's block floor, and the next turn's saving did not pay for the pass), at that
+    block start, on the grid. No later turn takes a pass more than on stock, and some take
+    one fewer."""
     bench = replace(PricedBench(), workloads=("multi-turn",), concurrency=(8,))
     shape = ChatShape(sessions=8, turns=(2, 4))
     cost = bench.cost()
@@ -162,9 +164,12 @@ def test_a_chats_later_turns_resume_and_pass_as_on_stock() -> None:
     assert stock.keys() == plugin.keys()
     later = [k for k in stock if k[1] > 0]
     assert len(later) > 8
-    assert all(plugin[k] == stock[k] for k in later), [
-        (k, stock[k], plugin[k]) for k in later if plugin[k] != stock[k]
-    ]
+    b = bench.b
+    for k in later:
+        (s_hit, s_passes), (p_hit, p_passes) = stock[k], plugin[k]
+        assert p_passes <= s_passes, (k, stock[k], plugin[k])
+        assert p_hit in (s_hit, s_hit // b * b), (k, stock[k], plugin[k])
+    assert sum(plugin[k][1] for k in later) < sum(stock[k][1] for k in later)
     firsts = sorted(plugin[k][0] for k in plugin if k[1] == 0)
     assert all(stock[k][0] == 0 for k in stock if k[1] == 0)
     assert firsts.count(2_944) >= 6  # the 3,000-token system prompt's junction, floor(2999/64)*64

@@ -376,13 +376,7 @@ class _Limit:
         if not compat.has_lookahead_keys() or hasattr(request, TAIL_SEEN_ATTR):
             return
         setattr(request, TAIL_SEEN_ATTR, True)
-        u = bounds.unit
-        index = junction // u - 1
-        if (
-            junction > hit
-            and 0 <= index < len(request.block_hashes)
-            and request.block_hashes[index] in self.hycache_dropped_tails
-        ):
+        if junction > hit and self._at_dropped_tail(request, junction):
             setattr(request, DROPPED_TAIL_ATTR, junction)
             self.hycache_tails[1] += 1
             return
@@ -392,6 +386,19 @@ class _Limit:
             hit,
         ):
             self.hycache_tails[1] += 1
+
+    def _at_dropped_tail(self, request: Request, junction: int) -> bool:
+        """Whether the junction `request` observed is where a prompt whose tail stop was
+        priced out ends its unit keys: at that tail, or one unit past it where the prompt
+        ends on the unit grid (its last key's lookahead is the first output token, which only
+        a continuation shares)."""
+        u = self.hycache_bounds.unit  # type: ignore[union-attr]
+        hashes = request.block_hashes
+        return any(
+            0 < tail // u <= len(hashes)
+            and self.hycache_dropped_tails.get(hashes[tail // u - 1]) == tail
+            for tail in (junction, junction - u)
+        )
 
     def _priced_resume(self, request: Request, out: Any, *args: Any, **kwargs: Any) -> Any:
         """The lookup `out`, or the same lookup capped at the block floor of its hit where the
@@ -579,8 +586,10 @@ class _Limit:
         tail = bounds.tail_checkpoint(t)
         if end != tail or tail % bounds.block_size == 0 or start + num_new < t:
             return False
-        if request.num_tokens > t or tail in stops_of(request):
-            return False  # a resumed request replaying outputs, or our own stop
+        if request.num_tokens > t:
+            return False  # a resumed request replaying outputs
+        if tail in stops_of(request) and tail != getattr(request, DROPPED_TAIL_ATTR, None):
+            return False  # our own stop (a previous prompt's priced-out tail is a tail here)
         if getattr(request, KEEP_TAIL_ATTR, False):
             return False  # its deeper resume paid for it (`_priced_resume`)
         # moved: a sub-block stop of its own made (a junction, a hint; one planned but priced
@@ -620,6 +629,10 @@ class _Limit:
         assert bounds is not None
         t, b, u = request.num_prompt_tokens, bounds.block_size, bounds.unit
         if not compat.has_lookahead_keys() or start != floor_to(tail, b):
+            return False
+        if self.max_num_scheduled_tokens < b:  # type: ignore[attr-defined]
+            # a budget below a block cuts chunks off the grid: from the floor the next turn
+            # may need a budget pass more than from the tail, which the saving does not price
             return False
         chance = observed_use(self.hycache_tails[1], self.hycache_tails[0])
         busy = self.hycache_busy(request)

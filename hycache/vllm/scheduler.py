@@ -617,14 +617,16 @@ class _Limit:
         )
 
     def _tail_priced_out(self, request: Request, start: int, tail: int) -> bool:
-        """Stock's own tail stop (a request the plugin did not move), where the chunk vLLM
-        ended there starts at the tail's block floor (a block-grid state, kept): made only
-        where it pays for its pass and the step its last tokens then wait for
-        (`stops.tail_pays`), at the tails' observed use (a conversation's turns resume from
-        them, one-shot prompts never). Without it the next turn resumes at that block start,
-        from which vLLM needs no re-alignment: one or two passes fewer than from the tail. A
-        tail priced out is remembered (as the junctions' sightings are), so that the turn
-        which observes it there prices its stop as a tail's, not a sibling's junction."""
+        """Stock's own tail stop (a request the plugin did not move, or one where stock stops
+        there too), where the chunk vLLM ended there starts at the tail's block floor (a
+        block-grid state, kept): made only where it pays for its pass and the step its last
+        tokens then wait for (`stops.tail_pays`), at the tails' observed use (a
+        conversation's turns resume from them, one-shot prompts never). Without it the next
+        turn resumes at that block start, from which vLLM needs no re-alignment: as many
+        passes as from the tail or fewer, but for a budget pass where its prefill from the
+        block start exceeds the budget. A tail priced out is remembered (as the junctions'
+        sightings are), so that the turn which observes it there prices its stop as a
+        tail's, not a sibling's junction."""
         bounds = self.hycache_bounds
         assert bounds is not None
         t, b, u = request.num_prompt_tokens, bounds.block_size, bounds.unit

@@ -46,7 +46,13 @@ from hycache.sim.build import (
     WorkloadSpec,
     build_workload,
 )
-from hycache.sim.workloads import ChatShape, FamilyShape, SessionSpec, SystemPromptShape
+from hycache.sim.workloads import (
+    ChatShape,
+    FamilyShape,
+    SessionSpec,
+    SystemPromptShape,
+    poisson_times,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -175,15 +181,6 @@ def build_plan(
         for i, s in enumerate(built.requests)
     ]
     return Plan(workload, reqs)
-
-
-def poisson_times(n: int, rate_per_s: float, seed: int) -> list[float]:
-    """`n` seeded Poisson arrival times at `rate_per_s`, the first at 0."""
-    if n == 0:
-        return []
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, n)
-    gaps[0] = 0.0
-    return np.cumsum(gaps).tolist()
 
 
 # ---------------------------------------------------------------------------------- results
@@ -491,7 +488,7 @@ class _Jobs:
         those in flight."""
         opts, n = self.opts, self.plan.num_jobs
         if opts.request_rate is not None:
-            times = poisson_times(n, opts.request_rate, opts.seed)
+            times = poisson_times(n, opts.request_rate, opts.seed).tolist()
         else:
             times = list(self.plan.arrivals_s or [0.0] * n)
         gate = asyncio.Semaphore(opts.concurrency) if opts.concurrency else None

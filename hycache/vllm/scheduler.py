@@ -225,6 +225,15 @@ def _bounded_repr(value: object) -> str:
         return f"<{type(value).__name__}>"
 
 
+def _remember(table: dict[Any, int], key: Any, value: int) -> None:
+    """Set `table[key]` as its newest entry, keeping the newest `JUNCTIONS_REMEMBERED` (a
+    dict keeps insertion order: the oldest is first)."""
+    table.pop(key, None)
+    table[key] = value
+    if len(table) > JUNCTIONS_REMEMBERED:
+        del table[next(iter(table))]
+
+
 class _Limit:
     """The mechanisms, over either vLLM scheduler class (see the module docstring)."""
 
@@ -360,10 +369,8 @@ class _Limit:
         if not 0 <= index < len(request.block_hashes):
             return
         key = request.block_hashes[index]
-        seen = self.hycache_sightings.pop(key, 0) + 1
-        self.hycache_sightings[key] = seen  # newest last
-        if len(self.hycache_sightings) > JUNCTIONS_REMEMBERED:
-            del self.hycache_sightings[next(iter(self.hycache_sightings))]
+        seen = self.hycache_sightings.get(key, 0) + 1
+        _remember(self.hycache_sightings, key, seen)
         setattr(request, SIGHTINGS_ATTR, seen)
 
     def _count_tail_use(self, request: Request, hit: int, junction: int) -> None:
@@ -642,11 +649,7 @@ class _Limit:
             return False
         index = tail // u - 1
         if 0 <= index < len(request.block_hashes):
-            key = request.block_hashes[index]
-            self.hycache_dropped_tails.pop(key, None)
-            self.hycache_dropped_tails[key] = tail  # newest last
-            if len(self.hycache_dropped_tails) > JUNCTIONS_REMEMBERED:
-                del self.hycache_dropped_tails[next(iter(self.hycache_dropped_tails))]
+            _remember(self.hycache_dropped_tails, request.block_hashes[index], tail)
         return True
 
 
